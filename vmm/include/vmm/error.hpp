@@ -1,0 +1,72 @@
+#pragma once
+/// @file
+/// The exceptions vmm throws. Every public function reports failure with one of these:
+///  - vmm::out_of_memory (a std::bad_alloc): the driver or the OS had no memory left, or a
+///    pool's cap was reached;
+///  - vmm::invalid_argument (a std::invalid_argument): the caller passed a bad size,
+///    address, device, flag or handle; nothing was changed;
+///  - vmm::driver_error: a CUDA driver call failed for another reason; carries the
+///    CUresult, its name and the call;
+///  - vmm::driver_unavailable (a driver_error): there is no libcuda, no GPU, or the driver
+///    is too old for an entry point;
+///  - vmm::os_error (a std::system_error): an OS call failed; carries errno.
+/// Destructors never throw; they report failures through vmm::report_cleanup_failure.
+
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+namespace vmm {
+
+/// Out of memory: CUDA_ERROR_OUT_OF_MEMORY, ENOMEM/ENOSPC, or a pool cap reached.
+class out_of_memory : public std::bad_alloc {
+ public:
+  explicit out_of_memory(std::string message) : message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+/// A bad argument (size, alignment, device, flag, handle). Nothing was changed.
+class invalid_argument : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// A CUDA driver call failed. what() names the call, its arguments and the error.
+class driver_error : public std::runtime_error {
+ public:
+  driver_error(int result, std::string message)
+      : std::runtime_error(std::move(message)), result_(result) {}
+  /// The CUresult the driver returned (0 when the failure happened before any call).
+  [[nodiscard]] int result() const noexcept { return result_; }
+
+ private:
+  int result_;
+};
+
+/// No libcuda.so.1, no GPU, or a driver too old for an entry point.
+class driver_unavailable : public driver_error {
+ public:
+  using driver_error::driver_error;
+};
+
+/// An OS call failed; code() holds errno.
+class os_error : public std::system_error {
+ public:
+  os_error(int errno_value, const std::string& message)
+      : std::system_error(errno_value, std::generic_category(), message) {}
+};
+
+/// Reports a failure that a destructor or other noexcept cleanup path cannot throw.
+/// Writes one line to stderr unless a handler was installed.
+void report_cleanup_failure(const char* what) noexcept;
+
+/// Installs a handler for cleanup failures (nullptr restores the stderr default).
+/// Returns the previous handler. Tests use it to count failures.
+using cleanup_failure_handler = void (*)(const char* what) noexcept;
+cleanup_failure_handler set_cleanup_failure_handler(cleanup_failure_handler handler) noexcept;
+
+}  // namespace vmm
