@@ -1,0 +1,19 @@
+# Warnings and sanitizers, applied to every target of the project (not exported).
+add_library(vmm_build_flags INTERFACE)
+target_compile_options(vmm_build_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>)
+
+if(VMM_SANITIZE AND VMM_TSAN)
+  message(FATAL_ERROR "VMM_SANITIZE and VMM_TSAN cannot be combined")
+endif()
+if(VMM_SANITIZE)
+  target_compile_options(vmm_build_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer>)
+  target_link_options(vmm_build_flags INTERFACE -fsanitize=address,undefined)
+endif()
+if(VMM_TSAN)
+  target_compile_options(vmm_build_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer>)
+  target_link_options(vmm_build_flags INTERFACE -fsanitize=thread)
+endif()
+install(TARGETS vmm_build_flags EXPORT vmmTargets)

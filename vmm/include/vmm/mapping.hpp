@@ -1,0 +1,57 @@
+#pragma once
+/// @file
+/// Physical memory mapped at an address, with its access set.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "vmm/physical_allocation.hpp"
+#include "vmm/provider.hpp"
+
+namespace vmm {
+
+/// Maps a whole physical allocation at an address inside a reservation and sets its access;
+/// unmaps on destruction. The mapping does not own the allocation: the allocation may be
+/// released first, and the memory lives on until this unmaps it. Move-only.
+///
+/// Unmapping is immediate: destroy a mapping only once no queued GPU work uses it
+/// (cuMemUnmap does not wait for running kernels).
+class mapping {
+ public:
+  mapping() noexcept = default;
+  /// Maps `memory` at `address` and grants `mode` to the provider's default accessors.
+  /// A failure to set access unmaps again: nothing is left behind.
+  /// @throws vmm::invalid_argument the address is unaligned, not reserved, already mapped,
+  ///         or the provider differs from the allocation's.
+  mapping(const physical_allocation& memory, std::uintptr_t address, access_mode mode);
+  /// Maps `memory` at `address` and applies `grants` (an empty span: no access yet; the
+  /// caller sets it later over a larger range, one call for many mappings).
+  mapping(const physical_allocation& memory, std::uintptr_t address,
+          std::span<const access_grant> grants);
+  mapping(mapping&& other) noexcept;
+  mapping& operator=(mapping&& other) noexcept;
+  mapping(const mapping&) = delete;
+  mapping& operator=(const mapping&) = delete;
+  ~mapping();
+
+  [[nodiscard]] std::uintptr_t get() const noexcept { return address_; }
+  [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address_); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
+  /// Changes the access of the whole mapping.
+  void set_access(access_mode mode);
+  /// Gives up ownership: the caller must unmap [get(), get() + size()).
+  std::uintptr_t release() noexcept;
+  /// Unmaps now (reporting, not throwing, on failure) and becomes empty.
+  void reset() noexcept;
+
+ private:
+  mapping(const physical_allocation& memory, std::uintptr_t address);  // maps, no access
+  std::shared_ptr<memory_provider> provider_;
+  std::uintptr_t address_ = 0;
+  std::size_t size_ = 0;
+};
+
+}  // namespace vmm

@@ -1,0 +1,57 @@
+#pragma once
+/// @file
+/// A piece of physical memory (cuMemCreate / memfd), not yet at any address.
+
+#include <cstddef>
+#include <memory>
+
+#include "vmm/provider.hpp"
+#include "vmm/unique_fd.hpp"
+
+namespace vmm {
+
+/// Owns a physical memory handle; releases it on destruction. Mappings of it stay valid
+/// after release (the memory lives until its last mapping goes). Move-only.
+class physical_allocation {
+ public:
+  /// An empty allocation.
+  physical_allocation() noexcept = default;
+  /// Creates at least `size` bytes (rounded up to the granularity), committed now.
+  /// @throws vmm::invalid_argument size is 0 or the provider is null.
+  /// @throws vmm::out_of_memory the memory is not there.
+  physical_allocation(std::shared_ptr<memory_provider> provider, std::size_t size);
+  /// Imports `size` bytes of physical memory from an fd made by export_fd(), possibly in
+  /// another process. The caller keeps `fd`.
+  /// @throws vmm::invalid_argument the fd is not such memory, or the size does not match.
+  [[nodiscard]] static physical_allocation import_fd(std::shared_ptr<memory_provider> provider,
+                                                     int fd, std::size_t size);
+  physical_allocation(physical_allocation&& other) noexcept;
+  physical_allocation& operator=(physical_allocation&& other) noexcept;
+  physical_allocation(const physical_allocation&) = delete;
+  physical_allocation& operator=(const physical_allocation&) = delete;
+  ~physical_allocation();
+
+  /// The handle (0 when empty).
+  [[nodiscard]] physical_handle get() const noexcept { return handle_; }
+  /// Size in bytes (a multiple of the granularity).
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
+  /// Whether this holds a handle.
+  explicit operator bool() const noexcept { return provider_ != nullptr; }
+  /// Exports the memory as a new file descriptor (send it to another process).
+  /// @throws vmm::invalid_argument the memory cannot be exported, or this is empty.
+  [[nodiscard]] unique_fd export_fd() const;
+  /// Gives up ownership of the handle: the caller must release it through the provider.
+  physical_handle release() noexcept;
+  /// Releases the handle now (reporting, not throwing, on failure) and becomes empty.
+  void reset() noexcept;
+
+ private:
+  physical_allocation(std::shared_ptr<memory_provider> provider, physical_handle handle,
+                      std::size_t size) noexcept;
+  std::shared_ptr<memory_provider> provider_;
+  physical_handle handle_ = 0;
+  std::size_t size_ = 0;
+};
+
+}  // namespace vmm

@@ -1,0 +1,21 @@
+#pragma once
+// Cleanup paths (destructors, reset()) never throw: they run the call and report a failure.
+
+#include <utility>
+
+namespace vmm::detail {
+
+// Reports the exception being handled, unless it only says the driver has already shut
+// down (process exit: the driver freed everything itself).
+void report_current_exception(const char* context) noexcept;
+
+template <class Fn>
+void cleanup(const char* context, Fn&& fn) noexcept {
+  try {
+    std::forward<Fn>(fn)();
+  } catch (...) {
+    report_current_exception(context);
+  }
+}
+
+}  // namespace vmm::detail

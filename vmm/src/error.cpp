@@ -1,0 +1,44 @@
+#include "vmm/error.hpp"
+
+#include <atomic>
+#include <cstdio>
+
+namespace vmm {
+namespace {
+
+void print_to_stderr(const char* what) noexcept { std::fprintf(stderr, "vmm: cleanup failed: %s\n", what); }
+
+std::atomic<cleanup_failure_handler> handler{&print_to_stderr};
+
+}  // namespace
+
+void report_cleanup_failure(const char* what) noexcept { handler.load()(what); }
+
+cleanup_failure_handler set_cleanup_failure_handler(cleanup_failure_handler next) noexcept {
+  return handler.exchange(next != nullptr ? next : &print_to_stderr);
+}
+
+}  // namespace vmm
+
+#include <exception>
+#include <string>
+
+#include "cleanup.hpp"
+
+namespace vmm::detail {
+
+void report_current_exception(const char* context) noexcept {
+  constexpr int cuda_error_deinitialized = 4;
+  try {
+    throw;
+  } catch (const driver_error& error) {
+    if (error.result() == cuda_error_deinitialized) return;
+    report_cleanup_failure((std::string(context) + ": " + error.what()).c_str());
+  } catch (const std::exception& error) {
+    report_cleanup_failure((std::string(context) + ": " + error.what()).c_str());
+  } catch (...) {
+    report_cleanup_failure(context);
+  }
+}
+
+}  // namespace vmm::detail

@@ -1,0 +1,222 @@
+#include "providers/driver_provider.hpp"
+
+#include <fmt/format.h>
+
+#include "driver/driver_api.hpp"
+#include "vmm/error.hpp"
+
+namespace vmm::detail {
+namespace {
+
+int context_device(const location& where) {
+  if (where.kind == memory_kind::device) return where.id;
+  if (where.kind == memory_kind::pinned_host) return 0;
+  throw invalid_argument("the driver provider serves device and pinned host memory only");
+}
+
+void require_support(const location& where, int ordinal) {
+  const CUdevice device = driver::device_at(ordinal);
+  if (driver::attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == 0)
+    throw driver_unavailable(CUDA_ERROR_NOT_SUPPORTED,
+                             fmt::format("gpu {} does not support virtual memory management", ordinal));
+  if (where.kind == memory_kind::pinned_host &&
+      driver::attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == 0)
+    throw driver_unavailable(CUDA_ERROR_NOT_SUPPORTED,
+                             fmt::format("gpu {} does not support host-NUMA virtual memory", ordinal));
+}
+
+bool exportable(const location& where, int ordinal) {
+  return where.kind == memory_kind::device &&
+         driver::attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                           driver::device_at(ordinal)) != 0;
+}
+
+CUmemAccess_flags access_flags(access_mode mode) {
+  switch (mode) {
+    case access_mode::none:
+      return CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    case access_mode::read_only:
+      return CU_MEM_ACCESS_FLAGS_PROT_READ;
+    case access_mode::read_write:
+      return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  throw invalid_argument(fmt::format("unknown access mode {}", static_cast<int>(mode)));
+}
+
+}  // namespace
+
+driver_provider::driver_provider(location where)
+    : where_(where),
+      device_ordinal_(context_device(where)),
+      context_((require_support(where, device_ordinal_), device_ordinal_)),
+      exportable_(exportable(where, device_ordinal_)),
+      properties_(driver::allocation_properties(where, exportable_)),
+      granularity_(driver::granularity(properties_, CU_MEM_ALLOC_GRANULARITY_MINIMUM)),
+      recommended_granularity_(driver::granularity(properties_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)),
+      name_(to_string(where)),
+      registry_(granularity_, name_.c_str()) {
+  default_accessors_.push_back(location::device(device_ordinal_));
+  if (where.kind == memory_kind::pinned_host) default_accessors_.push_back(where);
+}
+
+std::uintptr_t driver_provider::reserve(std::size_t size, std::size_t alignment) {
+  registry_.check_size(size, "reserve");
+  alignment = registry_.check_alignment(alignment);
+  driver::scoped_context current(context_.get());
+  CUdeviceptr address = 0;
+  VMM_DRIVER_CHECK(
+      cuMemAddressReserve,
+      [&] { return fmt::format("cuMemAddressReserve(size={}, alignment={}) for {}", size, alignment, name_); },
+      &address, size, alignment, CUdeviceptr{0}, 0ULL);
+  std::lock_guard lock(mutex_);
+  registry_.add_reservation(address, size);
+  return address;
+}
+
+void driver_provider::free_range(std::uintptr_t address, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  registry_.check_free(address, size);
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuMemAddressFree,
+      [&] { return fmt::format("cuMemAddressFree(address={:#x}, size={}) for {}", address, size, name_); },
+      CUdeviceptr{address}, size);
+  registry_.remove_reservation(address);
+}
+
+physical_handle driver_provider::create(std::size_t size) {
+  registry_.check_size(size, "create");
+  driver::scoped_context current(context_.get());
+  CUmemGenericAllocationHandle handle = 0;
+  VMM_DRIVER_CHECK(
+      cuMemCreate, [&] { return fmt::format("cuMemCreate(size={}) on {}", size, name_); },
+      &handle, size, &properties_, 0ULL);
+  std::lock_guard lock(mutex_);
+  registry_.add_handle(handle, size);
+  return handle;
+}
+
+void driver_provider::release(physical_handle handle) {
+  std::lock_guard lock(mutex_);
+  const std::size_t size = registry_.handle_size(handle);
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuMemRelease,
+      [&] { return fmt::format("cuMemRelease(handle={:#x}, size={}) on {}", handle, size, name_); },
+      CUmemGenericAllocationHandle{handle});
+  registry_.remove_handle(handle);
+}
+
+std::size_t driver_provider::size_of(physical_handle handle) const {
+  std::lock_guard lock(mutex_);
+  return registry_.handle_size(handle);
+}
+
+void driver_provider::map(std::uintptr_t address, std::size_t size, physical_handle handle) {
+  std::lock_guard lock(mutex_);
+  registry_.check_map(address, size, handle);
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuMemMap,
+      [&] { return fmt::format("cuMemMap(address={:#x}, size={}) on {}", address, size, name_); },
+      CUdeviceptr{address}, size, std::size_t{0}, CUmemGenericAllocationHandle{handle}, 0ULL);
+  registry_.add_mapping(address, size, handle);
+}
+
+void driver_provider::unmap(std::uintptr_t address, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  registry_.check_covered(address, size, "unmap");
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuMemUnmap,
+      [&] { return fmt::format("cuMemUnmap(address={:#x}, size={}) on {}", address, size, name_); },
+      CUdeviceptr{address}, size);
+  registry_.remove_mappings(address, size);
+}
+
+void driver_provider::set_access(std::uintptr_t address, std::size_t size,
+                                 std::span<const access_grant> grants) {
+  std::vector<CUmemAccessDesc> descriptors;
+  descriptors.reserve(grants.size());
+  for (const access_grant& grant : grants) {
+    const location& who = grant.accessor;
+    if (who.kind == memory_kind::device) {
+      (void)driver::device_at(who.id);
+    } else if (who.kind == memory_kind::os_host || where_.kind == memory_kind::device) {
+      throw invalid_argument(fmt::format("{}: {} cannot be given access to this memory", name_,
+                                         to_string(who)));
+    }
+    descriptors.push_back(CUmemAccessDesc{driver::memory_location(who), access_flags(grant.mode)});
+  }
+  if (descriptors.empty()) throw invalid_argument(fmt::format("{}: set_access with no grants", name_));
+  std::lock_guard lock(mutex_);
+  registry_.check_covered(address, size, "set_access");
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuMemSetAccess,
+      [&] {
+        return fmt::format("cuMemSetAccess(address={:#x}, size={}, {} grant(s), first {} {}) on {}",
+                           address, size, grants.size(), to_string(grants[0].accessor),
+                           to_string(grants[0].mode), name_);
+      },
+      CUdeviceptr{address}, size, descriptors.data(), descriptors.size());
+}
+
+int driver_provider::export_fd(physical_handle handle) {
+  if (!exportable_)
+    throw invalid_argument(fmt::format(
+        "{}: this memory cannot be exported as a file descriptor{}", name_,
+        where_.kind == memory_kind::pinned_host ? " (the driver does not export host-NUMA handles)"
+                                                : " (the device lacks POSIX-fd handles)"));
+  std::lock_guard lock(mutex_);
+  const std::size_t size = registry_.handle_size(handle);
+  driver::scoped_context current(context_.get());
+  int fd = -1;
+  VMM_DRIVER_CHECK(
+      cuMemExportToShareableHandle,
+      [&] { return fmt::format("cuMemExportToShareableHandle(size={}, POSIX fd) on {}", size, name_); },
+      static_cast<void*>(&fd), CUmemGenericAllocationHandle{handle},
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0ULL);
+  return fd;
+}
+
+physical_handle driver_provider::import_fd(int fd, std::size_t size) {
+  registry_.check_size(size, "import");
+  if (!exportable_)
+    throw invalid_argument(fmt::format("{}: this memory cannot be imported from a file descriptor", name_));
+  driver::scoped_context current(context_.get());
+  CUmemGenericAllocationHandle handle = 0;
+  VMM_DRIVER_CHECK(
+      cuMemImportFromShareableHandle,
+      [&] { return fmt::format("cuMemImportFromShareableHandle(fd={}, size={}) on {}", fd, size, name_); },
+      &handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  std::lock_guard lock(mutex_);
+  registry_.add_handle(handle, size);
+  return handle;
+}
+
+void driver_provider::copy(void* destination, const void* source, std::size_t n, stream_handle stream) {
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuMemcpyAsync, [&] { return fmt::format("cuMemcpyAsync(bytes={}) on {}", n, name_); },
+      reinterpret_cast<CUdeviceptr>(destination), reinterpret_cast<CUdeviceptr>(source), n,
+      static_cast<CUstream>(stream));
+}
+
+void driver_provider::fill(void* destination, std::uint8_t value, std::size_t n, stream_handle stream) {
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuMemsetD8Async, [&] { return fmt::format("cuMemsetD8Async(bytes={}) on {}", n, name_); },
+      reinterpret_cast<CUdeviceptr>(destination), static_cast<unsigned char>(value), n,
+      static_cast<CUstream>(stream));
+}
+
+void driver_provider::synchronize(stream_handle stream) {
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(
+      cuStreamSynchronize, [&] { return fmt::format("cuStreamSynchronize() on {}", name_); },
+      static_cast<CUstream>(stream));
+}
+
+}  // namespace vmm::detail

@@ -1,0 +1,63 @@
+#pragma once
+// Physical memory through the CUDA driver's VMM API: GPU memory (location DEVICE) and
+// pinned host memory (location HOST_NUMA, accessible from the GPU). One class serves both:
+// they differ only in the allocation's location, who gets access by default, and whether
+// the handle can be exported. Each call runs with the owning device's primary context
+// current and restores the caller's.
+
+#include <mutex>
+#include <vector>
+
+#include "driver/device.hpp"
+#include "providers/range_registry.hpp"
+#include "vmm/provider.hpp"
+
+namespace vmm::detail {
+
+class driver_provider final : public memory_provider {
+ public:
+  // where: a device, or pinned host memory made accessible to device 0.
+  explicit driver_provider(location where);
+  ~driver_provider() override = default;
+
+  [[nodiscard]] location where() const noexcept override { return where_; }
+  [[nodiscard]] std::size_t granularity() const noexcept override { return granularity_; }
+  [[nodiscard]] std::size_t recommended_granularity() const noexcept override {
+    return recommended_granularity_;
+  }
+  [[nodiscard]] std::span<const location> default_accessors() const noexcept override {
+    return default_accessors_;
+  }
+  [[nodiscard]] bool can_export() const noexcept override { return exportable_; }
+
+  [[nodiscard]] std::uintptr_t reserve(std::size_t size, std::size_t alignment) override;
+  void free_range(std::uintptr_t address, std::size_t size) override;
+  [[nodiscard]] physical_handle create(std::size_t size) override;
+  void release(physical_handle handle) override;
+  [[nodiscard]] std::size_t size_of(physical_handle handle) const override;
+  void map(std::uintptr_t address, std::size_t size, physical_handle handle) override;
+  void unmap(std::uintptr_t address, std::size_t size) override;
+  void set_access(std::uintptr_t address, std::size_t size,
+                  std::span<const access_grant> grants) override;
+  using memory_provider::set_access;
+  [[nodiscard]] int export_fd(physical_handle handle) override;
+  [[nodiscard]] physical_handle import_fd(int fd, std::size_t size) override;
+  void copy(void* destination, const void* source, std::size_t n, stream_handle stream) override;
+  void fill(void* destination, std::uint8_t value, std::size_t n, stream_handle stream) override;
+  void synchronize(stream_handle stream) override;
+
+ private:
+  location where_;
+  int device_ordinal_;  // the device whose context the calls run in
+  driver::primary_context context_;
+  bool exportable_;
+  CUmemAllocationProp properties_;
+  std::size_t granularity_;
+  std::size_t recommended_granularity_;
+  std::vector<location> default_accessors_;
+  std::string name_;
+  mutable std::mutex mutex_;
+  range_registry registry_;
+};
+
+}  // namespace vmm::detail
