@@ -34,6 +34,10 @@ using stream_handle = ::CUstream_st*;
 /// An opaque handle to physical memory: a CUmemGenericAllocationHandle, or a memfd.
 using physical_handle = std::uint64_t;
 
+/// An opaque handle to a point in a stream's work (a CUevent; 0 where there is no stream:
+/// host providers work synchronously, so every point is already passed).
+using event_handle = std::uint64_t;
+
 /// Access granted to one accessor (a device, or the host) over a mapped range.
 struct access_grant {
   location accessor;
@@ -109,6 +113,20 @@ class memory_provider {
                     stream_handle stream = nullptr) = 0;
   /// Waits for all work queued on `stream`.
   virtual void synchronize(stream_handle stream = nullptr) = 0;
+
+  /// Records the point `stream` has reached in its queued work. Destroy the handle with
+  /// destroy_event(); vmm::stream_event does both.
+  [[nodiscard]] virtual event_handle record_event(stream_handle stream) = 0;
+  /// Whether the work queued before `event` is done (never blocks).
+  [[nodiscard]] virtual bool event_done(event_handle event) = 0;
+  /// Blocks until the work queued before `event` is done.
+  virtual void wait_event(event_handle event) = 0;
+  /// Destroys a handle from record_event(). Never throws.
+  virtual void destroy_event(event_handle event) noexcept = 0;
+
+  /// Bytes of physical memory at this location (the GPU's total memory, or the host's RAM):
+  /// the basis for default reservation sizes.
+  [[nodiscard]] virtual std::size_t physical_memory_size() const = 0;
 
  protected:
   memory_provider() = default;

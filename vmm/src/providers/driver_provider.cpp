@@ -1,6 +1,7 @@
 #include "providers/driver_provider.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "driver/driver_api.hpp"
 #include "vmm/error.hpp"
@@ -217,6 +218,50 @@ void driver_provider::synchronize(stream_handle stream) {
   VMM_DRIVER_CHECK(
       cuStreamSynchronize, [&] { return fmt::format("cuStreamSynchronize() on {}", name_); },
       static_cast<CUstream>(stream));
+}
+
+}  // namespace vmm::detail
+
+namespace vmm::detail {
+
+event_handle driver_provider::record_event(stream_handle stream) {
+  driver::scoped_context current(context_.get());
+  CUevent event = nullptr;
+  VMM_DRIVER_CHECK(cuEventCreate, [&] { return fmt::format("cuEventCreate() on {}", name_); },
+                   &event, static_cast<unsigned>(CU_EVENT_DISABLE_TIMING));
+  if (CUresult result = driver::try_call(driver::api().cuEventRecord, event, static_cast<CUstream>(stream));
+      result != CUDA_SUCCESS) {
+    driver::try_call(driver::api().cuEventDestroy, event);
+    driver::throw_error(result, fmt::format("cuEventRecord() on {}", name_));
+  }
+  return reinterpret_cast<event_handle>(event);
+}
+
+bool driver_provider::event_done(event_handle event) {
+  const CUresult result = driver::try_call(driver::api().cuEventQuery, reinterpret_cast<CUevent>(event));
+  if (result == CUDA_SUCCESS) return true;
+  if (result == CUDA_ERROR_NOT_READY) return false;
+  driver::throw_error(result, fmt::format("cuEventQuery() on {}", name_));
+}
+
+void driver_provider::wait_event(event_handle event) {
+  VMM_DRIVER_CHECK(cuEventSynchronize, [&] { return fmt::format("cuEventSynchronize() on {}", name_); },
+                   reinterpret_cast<CUevent>(event));
+}
+
+void driver_provider::destroy_event(event_handle event) noexcept {
+  if (event != 0 && driver::try_call(driver::api().cuEventDestroy, reinterpret_cast<CUevent>(event)) != CUDA_SUCCESS)
+    report_cleanup_failure("cuEventDestroy failed");
+}
+
+std::size_t driver_provider::physical_memory_size() const {
+  if (where_.kind == memory_kind::pinned_host)
+    return static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) *
+           static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::size_t bytes = 0;
+  VMM_DRIVER_CHECK(cuDeviceTotalMem, [&] { return fmt::format("cuDeviceTotalMem() for {}", name_); },
+                   &bytes, driver::device_at(where_.id));
+  return bytes;
 }
 
 }  // namespace vmm::detail

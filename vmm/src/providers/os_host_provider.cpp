@@ -170,4 +170,14 @@ void os_host_provider::fill(void* destination, std::uint8_t value, std::size_t n
 
 void os_host_provider::synchronize(stream_handle) {}
 
+event_handle os_host_provider::record_event(stream_handle) { return 0; }
+bool os_host_provider::event_done(event_handle) { return true; }
+void os_host_provider::wait_event(event_handle) {}
+void os_host_provider::destroy_event(event_handle) noexcept {}
+
+std::size_t os_host_provider::physical_memory_size() const {
+  return static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) *
+         static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
 }  // namespace vmm::detail

@@ -42,6 +42,11 @@ class os_host_provider final : public memory_provider {
   void copy(void* destination, const void* source, std::size_t n, stream_handle stream) override;
   void fill(void* destination, std::uint8_t value, std::size_t n, stream_handle stream) override;
   void synchronize(stream_handle stream) override;
+  [[nodiscard]] event_handle record_event(stream_handle stream) override;
+  [[nodiscard]] bool event_done(event_handle event) override;
+  void wait_event(event_handle event) override;
+  void destroy_event(event_handle event) noexcept override;
+  [[nodiscard]] std::size_t physical_memory_size() const override;
 
  private:
   std::size_t granularity_;

@@ -1,0 +1,178 @@
+// growable_buffer on every provider: stable address, contents, policies, rollback, sharing.
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+
+#include "memory_io.hpp"
+#include "provider_kinds.hpp"
+#include "vmm/error.hpp"
+#include "vmm/growable_buffer.hpp"
+
+namespace vmm::testing {
+namespace {
+
+template <class Kind>
+class growable_buffers : public provider_test<Kind> {
+ protected:
+  void SetUp() override {
+    provider_test<Kind>::SetUp();
+    if (this->provider_ != nullptr) pool_ = chunk_pool::create(this->provider_);
+  }
+  growable_buffer make(std::size_t max_chunks, chunk_policy policy = chunk_policy::geometric()) {
+    return growable_buffer(pool_, {.max_size = max_chunks * this->granularity_, .policy = policy});
+  }
+  void write(const growable_buffer& buffer, std::size_t offset, const std::vector<std::uint8_t>& bytes) {
+    write_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(buffer.data()) + offset, bytes);
+  }
+  std::vector<std::uint8_t> read(const growable_buffer& buffer, std::size_t offset, std::size_t n) {
+    return read_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(buffer.data()) + offset, n);
+  }
+  std::shared_ptr<chunk_pool> pool_;
+};
+TYPED_TEST_SUITE(growable_buffers, all_memory_kinds, memory_kind_names);
+
+TYPED_TEST(growable_buffers, growing_keeps_the_address_and_every_byte) {
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make(64);
+  void* const address = buffer.data();
+  ASSERT_NE(address, nullptr);
+  EXPECT_EQ(buffer.size(), 0u);
+  EXPECT_EQ(buffer.capacity(), 0u);
+  std::vector<std::uint8_t> expected;
+  // Appends of uneven sizes, some inside a chunk, some across several.
+  for (std::size_t step : {g / 3, g, 5 * g / 2, std::size_t{100}, 7 * g, g + 17}) {
+    const std::size_t old_size = buffer.size();
+    buffer.resize(old_size + step);
+    ASSERT_EQ(buffer.data(), address);
+    ASSERT_GE(buffer.capacity(), buffer.size());
+    const auto slice = pattern(step, static_cast<std::uint32_t>(old_size));
+    this->write(buffer, old_size, slice);
+    expected.insert(expected.end(), slice.begin(), slice.end());
+    ASSERT_EQ(this->read(buffer, 0, buffer.size()), expected);
+  }
+  EXPECT_EQ(this->pool_->statistics().used_current, buffer.capacity());
+}
+
+TYPED_TEST(growable_buffers, shrinking_keeps_the_prefix_and_regrowing_reuses_the_chunks) {
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make(32, chunk_policy::fixed(g));
+  buffer.resize(8 * g);
+  const auto bytes = pattern(8 * g, 21);
+  this->write(buffer, 0, bytes);
+  EXPECT_EQ(buffer.chunk_count(), 8u);
+  buffer.resize(3 * g + 1);
+  EXPECT_EQ(buffer.capacity(), 4 * g);
+  EXPECT_EQ(this->read(buffer, 0, 3 * g + 1), std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
+  buffer.release_retired();
+  EXPECT_EQ(buffer.chunk_count(), 4u);
+  EXPECT_EQ(this->pool_->statistics().used_current, 4 * g);
+  const std::size_t created = this->pool_->statistics().chunks_created;
+  buffer.resize(8 * g);  // the four idle chunks come back from the pool
+  EXPECT_EQ(this->pool_->statistics().chunks_created, created);
+  EXPECT_EQ(this->read(buffer, 0, 3 * g + 1), std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
+  buffer.resize(0);
+  buffer.release_retired();
+  EXPECT_EQ(buffer.capacity(), 0u);
+  EXPECT_EQ(this->pool_->statistics().used_current, 0u);
+}
+
+TYPED_TEST(growable_buffers, geometric_chunks_keep_handles_logarithmic_and_slack_under_an_eighth) {
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make(1024);
+  // 512 appends of a quarter chunk each: 128 chunks' worth.
+  for (int i = 0; i < 512; ++i) {
+    buffer.resize(buffer.size() + g / 4);
+    const std::size_t slack = buffer.capacity() - buffer.size();
+    ASSERT_LT(slack, std::max(g, buffer.size() / 8 + 1)) << "after append " << i;
+  }
+  // Each chunk is at least 1/16 of the size it was made for: about 11 chunks a doubling.
+  const double doublings = std::log2(static_cast<double>(buffer.size()) / static_cast<double>(g));
+  EXPECT_LE(static_cast<double>(buffer.chunk_count()), 8 + 12 * doublings) << buffer.chunk_count();
+  EXPECT_LT(buffer.chunk_count(), 128u / 2);
+}
+
+TYPED_TEST(growable_buffers, a_fixed_policy_maps_chunks_of_that_size) {
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make(64, chunk_policy::fixed(2 * g));
+  buffer.resize(5 * g);
+  EXPECT_EQ(buffer.chunk_count(), 3u);
+  EXPECT_EQ(buffer.capacity(), 6 * g);
+}
+
+TYPED_TEST(growable_buffers, a_failed_grow_leaves_the_buffer_exactly_as_it_was) {
+  const std::size_t g = this->granularity_;
+  this->pool_->set_cap(8 * g);
+  growable_buffer buffer = this->make(64, chunk_policy::fixed(g));
+  buffer.resize(5 * g);
+  const auto bytes = pattern(5 * g, 31);
+  this->write(buffer, 0, bytes);
+  const pool_statistics before = this->pool_->statistics();
+  void* const address = buffer.data();
+  EXPECT_THROW(buffer.resize(12 * g), out_of_memory);    // the pool's cap
+  EXPECT_THROW(buffer.reserve(65 * g), out_of_memory);   // past max_size
+  EXPECT_EQ(buffer.data(), address);
+  EXPECT_EQ(buffer.size(), 5 * g);
+  EXPECT_EQ(buffer.capacity(), 5 * g);
+  EXPECT_EQ(buffer.chunk_count(), 5u);
+  EXPECT_EQ(this->read(buffer, 0, 5 * g), bytes);
+  const pool_statistics after = this->pool_->statistics();
+  EXPECT_EQ(after.used_current, before.used_current);
+  EXPECT_EQ(after.reserved_current - before.reserved_current, 3 * g);  // idle in the pool now
+  buffer.resize(8 * g);  // exactly the cap: works, from the idle chunks
+  EXPECT_EQ(this->pool_->statistics().chunks_created, after.chunks_created);
+}
+
+TYPED_TEST(growable_buffers, tasks_sharing_a_pool_pass_physical_memory_between_them) {
+  // A server: each task reserves address space for its largest size and maps memory only
+  // while it needs it. Four tasks of 6 chunks each fit a pool capped at 8 chunks only
+  // because each gives its memory back when it is done.
+  const std::size_t g = this->granularity_;
+  this->pool_->set_cap(8 * g);
+  std::vector<growable_buffer> tasks;
+  for (int i = 0; i < 4; ++i) tasks.push_back(this->make(6, chunk_policy::fixed(g)));
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      tasks[i].resize(6 * g);
+      const auto bytes = pattern(6 * g, static_cast<std::uint32_t>(round * 10 + i));
+      this->write(tasks[i], 0, bytes);
+      ASSERT_EQ(this->read(tasks[i], 0, 6 * g), bytes);
+      tasks[i].resize(0);
+      tasks[i].release_retired();
+    }
+  }
+  const pool_statistics s = this->pool_->statistics();
+  EXPECT_LE(s.reserved_high, 8 * g);
+  EXPECT_EQ(s.used_current, 0u);
+  EXPECT_EQ(s.chunks_created, 6u);  // every later task reused the first one's chunks
+}
+
+TYPED_TEST(growable_buffers, destruction_and_moves_give_everything_back) {
+  const std::size_t g = this->granularity_;
+  {
+    growable_buffer buffer = this->make(16);
+    buffer.resize(5 * g);
+    void* const address = buffer.data();
+    growable_buffer moved = std::move(buffer);
+    EXPECT_EQ(moved.data(), address);
+    EXPECT_EQ(moved.size(), 5 * g);
+    EXPECT_EQ(buffer.data(), nullptr);  // NOLINT(bugprone-use-after-move): the contract under test
+    EXPECT_EQ(buffer.size(), 0u);       // NOLINT(bugprone-use-after-move)
+    growable_buffer other = this->make(16);
+    other.resize(g);
+    other = std::move(moved);
+    EXPECT_EQ(other.data(), address);
+    EXPECT_EQ(this->pool_->statistics().used_current, other.capacity());
+  }
+  EXPECT_EQ(this->pool_->statistics().used_current, 0u);
+}
+
+TYPED_TEST(growable_buffers, the_default_maximum_is_the_locations_memory) {
+  growable_buffer buffer(this->pool_);
+  EXPECT_EQ(buffer.max_size(), round_up(this->provider_->physical_memory_size(), this->granularity_));
+  EXPECT_THROW(growable_buffer(std::shared_ptr<chunk_pool>{}), invalid_argument);
+}
+
+}  // namespace
+}  // namespace vmm::testing

@@ -1,0 +1,20 @@
+// Maps host memory through an installed vmm and checks what it reads back.
+#include <cstdio>
+#include <cstring>
+
+#include <vmm/address_range.hpp>
+#include <vmm/ipc/fd_channel.hpp>
+#include <vmm/mapping.hpp>
+#include <vmm/physical_allocation.hpp>
+
+int main() {
+  auto provider = vmm::provider_for(vmm::location::os_host());
+  vmm::address_range range(provider, 1);
+  vmm::physical_allocation memory(provider, range.size());
+  vmm::mapping mapped(memory, range.get(), vmm::access_mode::read_write);
+  std::memset(mapped.data(), 7, mapped.size());
+  auto [a, b] = vmm::ipc::make_socket_pair();
+  const bool ok = static_cast<unsigned char*>(mapped.data())[mapped.size() - 1] == 7 && a && b;
+  std::puts(ok ? "consumer: ok" : "consumer: wrong bytes");
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,144 @@
+#pragma once
+/// @file
+/// A per-location cache of physical chunks, shared by buffers, with statistics.
+///
+/// Creating and releasing physical memory costs the driver tens of microseconds a handle
+/// (more for large ones); a pool keeps chunks that buffers give back and hands them out
+/// again without calling cuMemCreate/cuMemRelease. Its knobs and counters mean what the
+/// CUDA stream-ordered allocator's do:
+///  - release_threshold (cudaMemPoolAttrReleaseThreshold): idle bytes the pool may hold;
+///    after a give-back that leaves more reserved than this, idle chunks are released;
+///  - trim_to(n) (cudaMemPoolTrimTo): release idle chunks until at most n bytes are reserved;
+///  - reserved / used, current and high (cudaMemPoolAttr{Reserved,Used}Mem{Current,High});
+///  - cap: reserved bytes never exceed it; a request that would is vmm::out_of_memory.
+/// Stream order: a chunk given back with a stream is handed to a request on another stream
+/// only once the giving stream has passed the point where it gave the chunk back; a request
+/// on the same stream may take it at once (its work is ordered after). Thread-safe.
+
+#include <cstddef>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "vmm/physical_allocation.hpp"
+#include "vmm/provider.hpp"
+#include "vmm/stream_event.hpp"
+
+namespace vmm {
+
+/// Counters with the meaning of cudaMemPoolAttr{Reserved,Used}Mem{Current,High}.
+struct pool_statistics {
+  std::size_t reserved_current = 0;  ///< physical bytes the pool holds, in use or idle
+  std::size_t reserved_high = 0;
+  std::size_t used_current = 0;  ///< bytes handed out and not given back
+  std::size_t used_high = 0;
+  std::size_t chunks_created = 0;   ///< cuMemCreate calls made (lifetime)
+  std::size_t chunks_reused = 0;    ///< requests served from idle chunks (lifetime)
+  std::size_t chunks_released = 0;  ///< cuMemRelease calls made (lifetime)
+};
+
+/// Settings of a pool.
+struct chunk_pool_options {
+  /// Idle bytes are released whenever reserved memory exceeds this after a give-back.
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+  /// Reserved memory never exceeds this.
+  std::size_t cap = std::numeric_limits<std::size_t>::max();
+};
+
+class chunk_pool;
+
+/// A physical chunk lent by a pool. Move-only; destroying it gives it back at once
+/// (give_back(stream) gives it back in stream order instead).
+class pooled_chunk {
+ public:
+  pooled_chunk() noexcept = default;
+  pooled_chunk(pooled_chunk&&) noexcept = default;
+  pooled_chunk& operator=(pooled_chunk&& other) noexcept;
+  pooled_chunk(const pooled_chunk&) = delete;
+  pooled_chunk& operator=(const pooled_chunk&) = delete;
+  ~pooled_chunk();
+
+  [[nodiscard]] const physical_allocation& memory() const noexcept { return memory_; }
+  [[nodiscard]] std::size_t size() const noexcept { return memory_.size(); }
+  explicit operator bool() const noexcept { return static_cast<bool>(memory_); }
+  /// Gives the chunk back; other streams get it once `stream` passes this point.
+  void give_back(stream_handle stream);
+
+ private:
+  friend class chunk_pool;
+  pooled_chunk(std::shared_ptr<chunk_pool> pool, physical_allocation memory) noexcept
+      : pool_(std::move(pool)), memory_(std::move(memory)) {}
+  std::shared_ptr<chunk_pool> pool_;
+  physical_allocation memory_;
+};
+
+/// See the file comment. Always held by std::shared_ptr (chunks keep their pool alive).
+class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
+  struct private_tag {};
+
+ public:
+  /// A new pool over `provider`.
+  /// @throws vmm::invalid_argument the provider is null.
+  [[nodiscard]] static std::shared_ptr<chunk_pool> create(std::shared_ptr<memory_provider> provider,
+                                                          chunk_pool_options options = {});
+  chunk_pool(private_tag, std::shared_ptr<memory_provider> provider, chunk_pool_options options);
+  chunk_pool(const chunk_pool&) = delete;
+  chunk_pool& operator=(const chunk_pool&) = delete;
+  ~chunk_pool();
+
+  /// A chunk of exactly `size` bytes (rounded up to the granularity) for use on `stream`:
+  /// an idle one when there is one this stream may use, else a new one. Running out
+  /// releases idle chunks and tries once more.
+  /// @throws vmm::out_of_memory the cap or the memory is exhausted.
+  /// @throws vmm::invalid_argument size is 0.
+  [[nodiscard]] pooled_chunk acquire(std::size_t size, stream_handle stream = nullptr);
+  /// The largest idle chunk of at most `max_size` bytes that `stream` may use, or an empty
+  /// chunk. Never creates memory.
+  [[nodiscard]] pooled_chunk acquire_idle(std::size_t max_size, stream_handle stream = nullptr);
+
+  /// Releases idle chunks (those no stream still has to pass) until at most
+  /// `bytes_to_keep` bytes are reserved or none is left to release.
+  void trim_to(std::size_t bytes_to_keep);
+  [[nodiscard]] pool_statistics statistics() const;
+  /// Sets reserved_high and used_high to the current values.
+  void reset_high_water_marks();
+  void set_release_threshold(std::size_t bytes);
+  /// A cap below what is reserved now only stops further growth.
+  void set_cap(std::size_t bytes);
+  [[nodiscard]] chunk_pool_options options() const;
+
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
+  [[nodiscard]] std::size_t granularity() const noexcept { return provider_->granularity(); }
+
+ private:
+  friend class pooled_chunk;
+  struct idle_chunk {
+    physical_allocation memory;
+    stream_handle stream = nullptr;
+    bool ordered = false;  // given back with a stream: others wait for `ready`
+    stream_event ready;
+  };
+  using idle_map = std::multimap<std::size_t, idle_chunk>;
+
+  void give_back(physical_allocation memory, bool ordered, stream_handle stream) noexcept;
+  // Picks a usable idle chunk in [first, last), or last.
+  idle_map::iterator find_usable(idle_map::iterator first, idle_map::iterator last,
+                                 stream_handle stream) const;
+  pooled_chunk lend(idle_map::iterator it);  // under the lock
+  // Moves idle chunks nobody waits for out of the pool until reserved <= target.
+  std::vector<physical_allocation> evict_until(std::size_t target);  // under the lock
+  void note_usage();  // under the lock
+
+  std::shared_ptr<memory_provider> provider_;
+  mutable std::mutex mutex_;
+  chunk_pool_options options_;
+  pool_statistics statistics_;
+  idle_map idle_;
+};
+
+/// The process-wide pool for `where` (created on first use, never destroyed).
+[[nodiscard]] std::shared_ptr<chunk_pool> default_pool(location where);
+
+}  // namespace vmm

@@ -1,0 +1,212 @@
+#include "vmm/chunk_pool.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cleanup.hpp"
+#include "vmm/error.hpp"
+
+namespace vmm {
+
+pooled_chunk& pooled_chunk::operator=(pooled_chunk&& other) noexcept {
+  if (this != &other) {
+    if (pool_ != nullptr) pool_->give_back(std::move(memory_), false, nullptr);
+    pool_ = std::move(other.pool_);
+    memory_ = std::move(other.memory_);
+  }
+  return *this;
+}
+
+pooled_chunk::~pooled_chunk() {
+  if (pool_ != nullptr) pool_->give_back(std::move(memory_), false, nullptr);
+}
+
+void pooled_chunk::give_back(stream_handle stream) {
+  if (pool_ == nullptr) throw invalid_argument("pooled_chunk: give_back of an empty chunk");
+  std::shared_ptr<chunk_pool> pool = std::move(pool_);
+  pool->give_back(std::move(memory_), true, stream);
+}
+
+std::shared_ptr<chunk_pool> chunk_pool::create(std::shared_ptr<memory_provider> provider,
+                                               chunk_pool_options options) {
+  if (provider == nullptr) throw invalid_argument("chunk_pool: the provider is null");
+  return std::make_shared<chunk_pool>(private_tag{}, std::move(provider), options);
+}
+
+chunk_pool::chunk_pool(private_tag, std::shared_ptr<memory_provider> provider,
+                       chunk_pool_options options)
+    : provider_(std::move(provider)), options_(options) {}
+
+chunk_pool::~chunk_pool() = default;  // idle chunks release themselves
+
+chunk_pool::idle_map::iterator chunk_pool::find_usable(idle_map::iterator first,
+                                                       idle_map::iterator last,
+                                                       stream_handle stream) const {
+  // Same stream first: no waiting. Then any chunk whose giving stream has moved on.
+  for (auto it = first; it != last; ++it)
+    if (!it->second.ordered || it->second.stream == stream) return it;
+  for (auto it = first; it != last; ++it)
+    if (it->second.ready.done()) return it;
+  return last;
+}
+
+pooled_chunk chunk_pool::lend(idle_map::iterator it) {
+  physical_allocation memory = std::move(it->second.memory);
+  idle_.erase(it);
+  statistics_.used_current += memory.size();
+  ++statistics_.chunks_reused;
+  note_usage();
+  return pooled_chunk(shared_from_this(), std::move(memory));
+}
+
+pooled_chunk chunk_pool::acquire(std::size_t size, stream_handle stream) {
+  if (size == 0) throw invalid_argument("chunk_pool: acquire of 0 bytes");
+  size = round_up(size, granularity());
+  std::vector<physical_allocation> evicted;  // released after the lock is dropped
+  {
+    std::lock_guard lock(mutex_);
+    auto [first, last] = idle_.equal_range(size);
+    if (auto it = find_usable(first, last, stream); it != last) return lend(it);
+    if (size > options_.cap || statistics_.reserved_current > options_.cap - size) {
+      evicted = evict_until(options_.cap > size ? options_.cap - size : 0);
+      if (statistics_.reserved_current + size > options_.cap)
+        throw out_of_memory(fmt::format(
+            "chunk_pool on {}: a chunk of {} bytes would pass the cap of {} bytes ({} reserved, {} in use)",
+            to_string(provider_->where()), size, options_.cap, statistics_.reserved_current,
+            statistics_.used_current));
+    }
+    // Counted now, so that concurrent requests cannot pass the cap together.
+    statistics_.reserved_current += size;
+    statistics_.used_current += size;
+    note_usage();
+  }
+  evicted.clear();
+  auto uncount = [&] {
+    std::lock_guard lock(mutex_);
+    statistics_.reserved_current -= size;
+    statistics_.used_current -= size;
+  };
+  for (int attempt = 0;; ++attempt) {
+    try {
+      physical_allocation memory(provider_, size);
+      std::lock_guard lock(mutex_);
+      ++statistics_.chunks_created;
+      return pooled_chunk(shared_from_this(), std::move(memory));
+    } catch (const out_of_memory&) {
+      // The device is full: give back what sits idle here and try once more.
+      std::vector<physical_allocation> idle;
+      {
+        std::lock_guard lock(mutex_);
+        idle = evict_until(0);
+      }
+      if (attempt > 0 || idle.empty()) {
+        uncount();
+        throw;
+      }
+    } catch (...) {
+      uncount();
+      throw;
+    }
+  }
+}
+
+pooled_chunk chunk_pool::acquire_idle(std::size_t max_size, stream_handle stream) {
+  std::lock_guard lock(mutex_);
+  auto end = idle_.upper_bound(max_size);
+  // Largest first: walk the sizes downwards.
+  while (end != idle_.begin()) {
+    const std::size_t size = std::prev(end)->first;
+    auto first = idle_.lower_bound(size);
+    if (auto it = find_usable(first, end, stream); it != end) return lend(it);
+    end = first;
+  }
+  return {};
+}
+
+void chunk_pool::give_back(physical_allocation memory, bool ordered, stream_handle stream) noexcept {
+  if (!memory) return;
+  std::vector<physical_allocation> evicted;
+  detail::cleanup("chunk_pool: give_back", [&] {
+    stream_event ready = ordered ? stream_event(provider_, stream) : stream_event();
+    std::lock_guard lock(mutex_);
+    const std::size_t size = memory.size();
+    statistics_.used_current -= size;
+    idle_.emplace(size, idle_chunk{std::move(memory), stream, ordered, std::move(ready)});
+    if (statistics_.reserved_current > options_.release_threshold)
+      evicted = evict_until(options_.release_threshold);
+  });
+  // If recording the event failed, `memory` was not moved: it is released here, uncounted
+  // as idle; keep the books right.
+  if (memory) {
+    std::lock_guard lock(mutex_);
+    statistics_.used_current -= memory.size();
+    statistics_.reserved_current -= memory.size();
+    ++statistics_.chunks_released;
+  }
+}
+
+std::vector<physical_allocation> chunk_pool::evict_until(std::size_t target) {
+  std::vector<physical_allocation> evicted;
+  // Largest first: fewest handles released for the bytes.
+  for (auto it = idle_.end(); it != idle_.begin() && statistics_.reserved_current > target;) {
+    --it;
+    if (it->second.ordered && !it->second.ready.done()) continue;
+    statistics_.reserved_current -= it->first;
+    ++statistics_.chunks_released;
+    evicted.push_back(std::move(it->second.memory));
+    it = idle_.erase(it);
+  }
+  return evicted;
+}
+
+void chunk_pool::note_usage() {
+  statistics_.reserved_high = std::max(statistics_.reserved_high, statistics_.reserved_current);
+  statistics_.used_high = std::max(statistics_.used_high, statistics_.used_current);
+}
+
+void chunk_pool::trim_to(std::size_t bytes_to_keep) {
+  std::vector<physical_allocation> evicted;
+  std::lock_guard lock(mutex_);
+  evicted = evict_until(bytes_to_keep);
+}
+
+pool_statistics chunk_pool::statistics() const {
+  std::lock_guard lock(mutex_);
+  return statistics_;
+}
+
+void chunk_pool::reset_high_water_marks() {
+  std::lock_guard lock(mutex_);
+  statistics_.reserved_high = statistics_.reserved_current;
+  statistics_.used_high = statistics_.used_current;
+}
+
+void chunk_pool::set_release_threshold(std::size_t bytes) {
+  std::vector<physical_allocation> evicted;
+  std::lock_guard lock(mutex_);
+  options_.release_threshold = bytes;
+  if (statistics_.reserved_current > bytes) evicted = evict_until(bytes);
+}
+
+void chunk_pool::set_cap(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  options_.cap = bytes;
+}
+
+chunk_pool_options chunk_pool::options() const {
+  std::lock_guard lock(mutex_);
+  return options_;
+}
+
+std::shared_ptr<chunk_pool> default_pool(location where) {
+  static auto* const pools = new std::map<location, std::shared_ptr<chunk_pool>>();
+  static auto* const mutex = new std::mutex();
+  std::lock_guard lock(*mutex);
+  auto& pool = (*pools)[where];
+  if (pool == nullptr) pool = chunk_pool::create(provider_for(where));
+  return pool;
+}
+
+}  // namespace vmm

@@ -1,0 +1,185 @@
+#include "vmm/growable_buffer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <limits>
+
+#include "cleanup.hpp"
+#include "vmm/error.hpp"
+
+namespace vmm {
+
+std::size_t chunk_policy::next_chunk(std::size_t mapped, std::size_t required,
+                                     std::size_t granularity) const {
+  if (fixed_size_ != 0) return round_up(fixed_size_, granularity);
+  const std::size_t needed = round_up(required - mapped, granularity);
+  const std::size_t amortized = std::bit_floor(required / slack_divisor_);
+  return std::max({needed, amortized, granularity});
+}
+
+namespace {
+
+std::shared_ptr<chunk_pool> require(std::shared_ptr<chunk_pool> pool) {
+  if (pool == nullptr) throw invalid_argument("growable_buffer: the pool is null");
+  return pool;
+}
+
+growable_buffer_options checked(growable_buffer_options options, const memory_provider& provider) {
+  if (options.max_size == 0) options.max_size = provider.physical_memory_size();
+  options.max_size = round_up(options.max_size, provider.granularity());
+  return options;
+}
+
+}  // namespace
+
+growable_buffer::growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buffer_options options)
+    : pool_(require(std::move(pool))),
+      options_(checked(std::move(options), *pool_->provider())),
+      range_(pool_->provider(), options_.max_size) {}
+
+growable_buffer::growable_buffer(location where, growable_buffer_options options)
+    : growable_buffer(default_pool(where), std::move(options)) {}
+
+growable_buffer::growable_buffer(growable_buffer&& other) noexcept
+    : pool_(std::move(other.pool_)),
+      options_(std::move(other.options_)),
+      range_(std::move(other.range_)),
+      chunks_(std::move(other.chunks_)),
+      retirements_(std::move(other.retirements_)),
+      mapped_(std::exchange(other.mapped_, 0)),
+      size_(std::exchange(other.size_, 0)) {}
+
+growable_buffer& growable_buffer::operator=(growable_buffer&& other) noexcept {
+  if (this != &other) {
+    growable_buffer old(std::move(*this));  // released by old's destructor
+    pool_ = std::move(other.pool_);
+    options_ = std::move(other.options_);
+    range_ = std::move(other.range_);
+    chunks_ = std::move(other.chunks_);
+    retirements_ = std::move(other.retirements_);
+    mapped_ = std::exchange(other.mapped_, 0);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+growable_buffer::~growable_buffer() {
+  if (chunks_.empty()) return;
+  detail::cleanup("growable_buffer: release", [&] {
+    retire_beyond(0);
+    release_retired(true);
+  });
+}
+
+std::size_t growable_buffer::active_chunks() const noexcept {
+  return retirements_.empty() ? chunks_.size() : retirements_.front().first_chunk;
+}
+
+std::vector<access_grant> growable_buffer::grants() const {
+  if (!options_.access.empty()) return options_.access;
+  std::vector<access_grant> result;
+  for (const location& accessor : provider()->default_accessors())
+    result.push_back({accessor, access_mode::read_write});
+  return result;
+}
+
+void growable_buffer::resize(std::size_t bytes) {
+  if (bytes > mapped_) grow_mapping(bytes);
+  size_ = bytes;
+  if (bytes < mapped_) {
+    retire_beyond(bytes);
+    release_retired(false);
+  }
+}
+
+void growable_buffer::reserve(std::size_t bytes) {
+  if (bytes > mapped_) grow_mapping(bytes);
+}
+
+void growable_buffer::shrink_to_fit() {
+  retire_beyond(size_);
+  release_retired(false);
+}
+
+void growable_buffer::take_back_retired(std::size_t required) {
+  // Retired chunks are still mapped with access: growing over them costs no driver call.
+  while (mapped_ < required && !retirements_.empty()) {
+    retirement& front = retirements_.front();
+    mapped_ += chunks_[front.first_chunk].memory.size();
+    ++front.first_chunk;
+    const std::size_t end = retirements_.size() > 1 ? retirements_[1].first_chunk : chunks_.size();
+    if (front.first_chunk == end) retirements_.erase(retirements_.begin());
+  }
+}
+
+void growable_buffer::grow_mapping(std::size_t required) {
+  if (required > range_.size())
+    throw out_of_memory(fmt::format(
+        "growable_buffer: {} bytes asked for, but its address range holds {} (max_size)", required,
+        range_.size()));
+  take_back_retired(required);
+  if (mapped_ >= required) return;
+
+  const std::size_t granularity = pool_->granularity();
+  const std::uintptr_t start = range_.get() + mapped_;
+  std::size_t added = 0;
+  std::size_t limit = std::numeric_limits<std::size_t>::max();  // lowered when memory runs short
+  std::vector<mapped_chunk> fresh;  // unmapped and given back if this grow fails
+  while (mapped_ + added < required) {
+    const std::size_t needed = round_up(required - mapped_ - added, granularity);
+    std::size_t size = std::min({options_.policy.next_chunk(mapped_ + added, required, granularity),
+                                 limit, range_.size() - mapped_ - added});
+    pooled_chunk chunk = pool_->acquire_idle(size, options_.stream);
+    if (!chunk) {
+      try {
+        chunk = pool_->acquire(size, options_.stream);
+      } catch (const out_of_memory&) {
+        // Fall back to the exact need, then to halves, down to the granularity.
+        if (size == granularity || options_.policy.is_fixed()) throw;
+        limit = size > needed ? needed : std::max(granularity, round_up(size / 2, granularity));
+        continue;
+      }
+    }
+    const std::uintptr_t address = start + added;
+    added += chunk.size();
+    mapping view(chunk.memory(), address, std::span<const access_grant>{});
+    fresh.push_back({std::move(chunk), std::move(view)});
+  }
+  // One access call over the whole new range: the driver's cost is per call and handle.
+  const std::vector<access_grant> access = grants();
+  pool_->provider()->set_access(start, added, access);
+  chunks_.reserve(chunks_.size() + fresh.size());
+  for (mapped_chunk& chunk : fresh) chunks_.push_back(std::move(chunk));
+  mapped_ += added;
+}
+
+void growable_buffer::retire_beyond(std::size_t bytes) {
+  std::size_t first = active_chunks();
+  std::size_t end_of_first = mapped_;
+  while (first > 0 && end_of_first - chunks_[first - 1].memory.size() >= bytes) {
+    --first;
+    end_of_first -= chunks_[first].memory.size();
+  }
+  if (first == active_chunks()) return;
+  retirements_.insert(retirements_.begin(),
+                      retirement{first, stream_event(provider(), options_.stream)});
+  mapped_ = end_of_first;
+}
+
+void growable_buffer::release_retired(bool wait) {
+  // From the highest addresses down: each retirement covers its chunks up to the next one's.
+  while (!retirements_.empty()) {
+    retirement& last = retirements_.back();
+    if (wait) {
+      last.passed.wait();
+    } else if (!last.passed.done()) {
+      return;
+    }
+    chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(last.first_chunk), chunks_.end());
+    retirements_.pop_back();
+  }
+}
+
+}  // namespace vmm
