@@ -168,6 +168,26 @@ TYPED_TEST(growable_buffers, destruction_and_moves_give_everything_back) {
   EXPECT_EQ(this->pool_->statistics().used_current, 0u);
 }
 
+TYPED_TEST(growable_buffers, chunk_ranges_must_be_whole_chunks_and_keep_memory_out_of_the_pool) {
+  const std::size_t g = this->granularity_;
+  std::vector<shared_chunk> kept;
+  {
+    growable_buffer buffer = this->make(16, chunk_policy::fixed(g));
+    buffer.resize(4 * g);
+    EXPECT_EQ(buffer.chunks(g, 2 * g).size(), 2u);
+    EXPECT_EQ(buffer.chunks(0, 4 * g).size(), 4u);
+    EXPECT_THROW((void)buffer.chunks(0, 0), invalid_argument);
+    EXPECT_THROW((void)buffer.chunks(g / 2, g), invalid_argument);
+    EXPECT_THROW((void)buffer.chunks(g, g + 1), invalid_argument);
+    EXPECT_THROW((void)buffer.chunks(3 * g, 2 * g), invalid_argument);
+    kept = buffer.chunks(2 * g, g);
+  }
+  // The buffer is gone, but the chunk someone still holds is not back in the pool.
+  EXPECT_EQ(this->pool_->statistics().used_current, g);
+  kept.clear();
+  EXPECT_EQ(this->pool_->statistics().used_current, 0u);
+}
+
 TYPED_TEST(growable_buffers, the_default_maximum_is_the_locations_memory) {
   growable_buffer buffer(this->pool_);
   EXPECT_EQ(buffer.max_size(), round_up(this->provider_->physical_memory_size(), this->granularity_));

@@ -107,7 +107,7 @@ void growable_buffer::take_back_retired(std::size_t required) {
   // Retired chunks are still mapped with access: growing over them costs no driver call.
   while (mapped_ < required && !retirements_.empty()) {
     retirement& front = retirements_.front();
-    mapped_ += chunks_[front.first_chunk].memory.size();
+    mapped_ += chunks_[front.first_chunk].memory->size();
     ++front.first_chunk;
     const std::size_t end = retirements_.size() > 1 ? retirements_[1].first_chunk : chunks_.size();
     if (front.first_chunk == end) retirements_.erase(retirements_.begin());
@@ -144,8 +144,9 @@ void growable_buffer::grow_mapping(std::size_t required) {
     }
     const std::uintptr_t address = start + added;
     added += chunk.size();
-    mapping view(chunk.memory(), address, std::span<const access_grant>{});
-    fresh.push_back({std::move(chunk), std::move(view)});
+    auto shared = std::make_shared<const pooled_chunk>(std::move(chunk));
+    mapping view(shared->memory(), address, std::span<const access_grant>{});
+    fresh.push_back({std::move(shared), std::move(view)});
   }
   // One access call over the whole new range: the driver's cost is per call and handle.
   const std::vector<access_grant> access = grants();
@@ -158,9 +159,9 @@ void growable_buffer::grow_mapping(std::size_t required) {
 void growable_buffer::retire_beyond(std::size_t bytes) {
   std::size_t first = active_chunks();
   std::size_t end_of_first = mapped_;
-  while (first > 0 && end_of_first - chunks_[first - 1].memory.size() >= bytes) {
+  while (first > 0 && end_of_first - chunks_[first - 1].memory->size() >= bytes) {
     --first;
-    end_of_first -= chunks_[first].memory.size();
+    end_of_first -= chunks_[first].memory->size();
   }
   if (first == active_chunks()) return;
   retirements_.insert(retirements_.begin(),
@@ -180,6 +181,27 @@ void growable_buffer::release_retired(bool wait) {
     chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(last.first_chunk), chunks_.end());
     retirements_.pop_back();
   }
+}
+
+std::vector<shared_chunk> growable_buffer::chunks(std::size_t offset, std::size_t length) const {
+  if (length == 0) throw invalid_argument("growable_buffer: a chunk range of length 0");
+  if (offset > mapped_ || length > mapped_ - offset)
+    throw invalid_argument(fmt::format(
+        "growable_buffer: chunk range [{}, +{}) runs past the {} bytes mapped", offset, length, mapped_));
+  std::vector<shared_chunk> result;
+  std::size_t position = 0;
+  for (std::size_t i = 0; i < active_chunks() && position < offset + length; ++i) {
+    const std::size_t size = chunks_[i].memory->size();
+    const bool starts_inside = offset > position && offset < position + size;
+    const bool ends_inside = offset + length > position && offset + length < position + size;
+    if (starts_inside || ends_inside)
+      throw invalid_argument(fmt::format(
+          "growable_buffer: chunk range [{}, +{}) is not on chunk boundaries (chunk [{}, +{}))",
+          offset, length, position, size));
+    if (position >= offset) result.push_back(chunks_[i].memory);
+    position += size;
+  }
+  return result;
 }
 
 }  // namespace vmm

@@ -74,6 +74,10 @@ struct growable_buffer_options {
   std::vector<access_grant> access;
 };
 
+/// A physical chunk shared by the buffer that mapped it and every view that maps it too
+/// (vmm/chunk_view.hpp): it goes back to its pool when the last of them lets go.
+using shared_chunk = std::shared_ptr<const pooled_chunk>;
+
 /// See the file comment. Move-only.
 class growable_buffer {
  public:
@@ -123,9 +127,16 @@ class growable_buffer {
   /// stream has passed their retirement; without, releases only those it has passed.
   void release_retired(bool wait = true);
 
+  /// The chunks that back [offset, offset + length), in address order, for mapping the same
+  /// physical memory elsewhere (aliases, re-layout). The range must start and end on chunk
+  /// boundaries within capacity().
+  /// @throws vmm::invalid_argument zero length, past capacity(), or not on chunk boundaries
+  ///         (the message names the nearest boundaries).
+  [[nodiscard]] std::vector<shared_chunk> chunks(std::size_t offset, std::size_t length) const;
+
  private:
   struct mapped_chunk {
-    pooled_chunk memory;
+    shared_chunk memory;
     mapping view;
   };
   struct retirement {
