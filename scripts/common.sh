@@ -2,7 +2,7 @@
 # Usage: source scripts/common.sh; vmm_prepare BUILD_DIR [extra cmake arguments...]
 
 vmm_install_missing() {
-  local wanted=(cmake ninja-build g++ libfmt-dev libgtest-dev pkg-config)
+  local wanted=(cmake ninja-build g++ libfmt-dev libgtest-dev libbenchmark-dev python3)
   local missing=()
   for package in "${wanted[@]}"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
