@@ -44,6 +44,16 @@ CUmemAccess_flags access_flags(access_mode mode) {
   throw invalid_argument(fmt::format("unknown access mode {}", static_cast<int>(mode)));
 }
 
+struct address_space {
+  std::mutex mutex;
+  range_registry registry;
+};
+
+address_space& shared_address_space() {
+  static auto* const space = new address_space();  // never destroyed: see provider_for
+  return *space;
+}
+
 }  // namespace
 
 driver_provider::driver_provider(location where)
@@ -55,14 +65,16 @@ driver_provider::driver_provider(location where)
       granularity_(driver::granularity(properties_, CU_MEM_ALLOC_GRANULARITY_MINIMUM)),
       recommended_granularity_(driver::granularity(properties_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)),
       name_(to_string(where)),
-      registry_(granularity_, name_.c_str()) {
+      rules_{granularity_, name_.c_str()},
+      mutex_(shared_address_space().mutex),
+      registry_(shared_address_space().registry) {
   default_accessors_.push_back(location::device(device_ordinal_));
   if (where.kind == memory_kind::pinned_host) default_accessors_.push_back(where);
 }
 
 std::uintptr_t driver_provider::reserve(std::size_t size, std::size_t alignment) {
-  registry_.check_size(size, "reserve");
-  alignment = registry_.check_alignment(alignment);
+  rules_.check_size(size, "reserve");
+  alignment = rules_.check_alignment(alignment);
   driver::scoped_context current(context_.get());
   CUdeviceptr address = 0;
   VMM_DRIVER_CHECK(
@@ -76,7 +88,7 @@ std::uintptr_t driver_provider::reserve(std::size_t size, std::size_t alignment)
 
 void driver_provider::free_range(std::uintptr_t address, std::size_t size) {
   std::lock_guard lock(mutex_);
-  registry_.check_free(address, size);
+  registry_.check_free(rules_, address, size);
   driver::scoped_context current(context_.get());
   VMM_DRIVER_CHECK(
       cuMemAddressFree,
@@ -86,7 +98,7 @@ void driver_provider::free_range(std::uintptr_t address, std::size_t size) {
 }
 
 physical_handle driver_provider::create(std::size_t size) {
-  registry_.check_size(size, "create");
+  rules_.check_size(size, "create");
   driver::scoped_context current(context_.get());
   CUmemGenericAllocationHandle handle = 0;
   VMM_DRIVER_CHECK(
@@ -99,7 +111,7 @@ physical_handle driver_provider::create(std::size_t size) {
 
 void driver_provider::release(physical_handle handle) {
   std::lock_guard lock(mutex_);
-  const std::size_t size = registry_.handle_size(handle);
+  const std::size_t size = registry_.handle_size(rules_, handle);
   driver::scoped_context current(context_.get());
   VMM_DRIVER_CHECK(
       cuMemRelease,
@@ -110,12 +122,12 @@ void driver_provider::release(physical_handle handle) {
 
 std::size_t driver_provider::size_of(physical_handle handle) const {
   std::lock_guard lock(mutex_);
-  return registry_.handle_size(handle);
+  return registry_.handle_size(rules_, handle);
 }
 
 void driver_provider::map(std::uintptr_t address, std::size_t size, physical_handle handle) {
   std::lock_guard lock(mutex_);
-  registry_.check_map(address, size, handle);
+  registry_.check_map(rules_, address, size, handle);
   driver::scoped_context current(context_.get());
   VMM_DRIVER_CHECK(
       cuMemMap,
@@ -126,7 +138,7 @@ void driver_provider::map(std::uintptr_t address, std::size_t size, physical_han
 
 void driver_provider::unmap(std::uintptr_t address, std::size_t size) {
   std::lock_guard lock(mutex_);
-  registry_.check_covered(address, size, "unmap");
+  registry_.check_covered(rules_, address, size, "unmap");
   driver::scoped_context current(context_.get());
   VMM_DRIVER_CHECK(
       cuMemUnmap,
@@ -151,7 +163,7 @@ void driver_provider::set_access(std::uintptr_t address, std::size_t size,
   }
   if (descriptors.empty()) throw invalid_argument(fmt::format("{}: set_access with no grants", name_));
   std::lock_guard lock(mutex_);
-  registry_.check_covered(address, size, "set_access");
+  registry_.check_covered(rules_, address, size, "set_access");
   driver::scoped_context current(context_.get());
   VMM_DRIVER_CHECK(
       cuMemSetAccess,
@@ -170,7 +182,7 @@ int driver_provider::export_fd(physical_handle handle) {
         where_.kind == memory_kind::pinned_host ? " (the driver does not export host-NUMA handles)"
                                                 : " (the device lacks POSIX-fd handles)"));
   std::lock_guard lock(mutex_);
-  const std::size_t size = registry_.handle_size(handle);
+  const std::size_t size = registry_.handle_size(rules_, handle);
   driver::scoped_context current(context_.get());
   int fd = -1;
   VMM_DRIVER_CHECK(
@@ -182,7 +194,7 @@ int driver_provider::export_fd(physical_handle handle) {
 }
 
 physical_handle driver_provider::import_fd(int fd, std::size_t size) {
-  registry_.check_size(size, "import");
+  rules_.check_size(size, "import");
   if (!exportable_)
     throw invalid_argument(fmt::format("{}: this memory cannot be imported from a file descriptor", name_));
   driver::scoped_context current(context_.get());

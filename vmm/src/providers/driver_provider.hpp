@@ -61,8 +61,10 @@ class driver_provider final : public memory_provider {
   std::size_t recommended_granularity_;
   std::vector<location> default_accessors_;
   std::string name_;
-  mutable std::mutex mutex_;
-  range_registry registry_;
+  range_rules rules_;
+  // The one registry of the GPU address space, shared by every driver provider.
+  std::mutex& mutex_;
+  range_registry& registry_;
 };
 
 }  // namespace vmm::detail

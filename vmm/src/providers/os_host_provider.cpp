@@ -38,7 +38,7 @@ std::size_t checked_granularity(std::size_t granularity) {
 }  // namespace
 
 os_host_provider::os_host_provider(std::size_t granularity)
-    : granularity_(checked_granularity(granularity)), registry_(granularity_, provider_name) {}
+    : granularity_(checked_granularity(granularity)), rules_{granularity_, provider_name} {}
 
 std::span<const location> os_host_provider::default_accessors() const noexcept {
   static constexpr location host[] = {location::os_host()};
@@ -46,8 +46,8 @@ std::span<const location> os_host_provider::default_accessors() const noexcept {
 }
 
 std::uintptr_t os_host_provider::reserve(std::size_t size, std::size_t alignment) {
-  registry_.check_size(size, "reserve");
-  alignment = registry_.check_alignment(alignment);
+  rules_.check_size(size, "reserve");
+  alignment = rules_.check_alignment(alignment);
   // Over-reserve by the alignment, then give back the unaligned head and the tail.
   const std::size_t padded = size + alignment - granularity_;
   if (padded < size) throw out_of_memory(fmt::format("os host: reserve of {} bytes overflows", size));
@@ -66,14 +66,14 @@ std::uintptr_t os_host_provider::reserve(std::size_t size, std::size_t alignment
 
 void os_host_provider::free_range(std::uintptr_t address, std::size_t size) {
   std::lock_guard lock(mutex_);
-  registry_.check_free(address, size);
+  registry_.check_free(rules_, address, size);
   if (::munmap(reinterpret_cast<void*>(address), size) != 0)
     throw_errno(errno, fmt::format("os host: munmap({:#x}, {})", address, size));
   registry_.remove_reservation(address);
 }
 
 physical_handle os_host_provider::create(std::size_t size) {
-  registry_.check_size(size, "create");
+  rules_.check_size(size, "create");
   unique_fd fd(::memfd_create("vmm", MFD_CLOEXEC));
   if (!fd) throw_errno(errno, "os host: memfd_create");
   // fallocate commits the pages now, so that running out is an error here, not a SIGBUS on
@@ -90,19 +90,19 @@ physical_handle os_host_provider::create(std::size_t size) {
 
 void os_host_provider::release(physical_handle handle) {
   std::lock_guard lock(mutex_);
-  (void)registry_.handle_size(handle);
+  (void)registry_.handle_size(rules_, handle);
   registry_.remove_handle(handle);
   ::close(fd_of(handle));
 }
 
 std::size_t os_host_provider::size_of(physical_handle handle) const {
   std::lock_guard lock(mutex_);
-  return registry_.handle_size(handle);
+  return registry_.handle_size(rules_, handle);
 }
 
 void os_host_provider::map(std::uintptr_t address, std::size_t size, physical_handle handle) {
   std::lock_guard lock(mutex_);
-  registry_.check_map(address, size, handle);
+  registry_.check_map(rules_, address, size, handle);
   if (::mmap(reinterpret_cast<void*>(address), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
              fd_of(handle), 0) == MAP_FAILED)
     throw_errno(errno, fmt::format("os host: mmap(MAP_FIXED) of {} bytes at {:#x}", size, address));
@@ -111,7 +111,7 @@ void os_host_provider::map(std::uintptr_t address, std::size_t size, physical_ha
 
 void os_host_provider::unmap(std::uintptr_t address, std::size_t size) {
   std::lock_guard lock(mutex_);
-  registry_.check_covered(address, size, "unmap");
+  registry_.check_covered(rules_, address, size, "unmap");
   if (::mmap(reinterpret_cast<void*>(address), size, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED)
     throw_errno(errno, fmt::format("os host: unmap of {} bytes at {:#x}", size, address));
@@ -129,21 +129,21 @@ void os_host_provider::set_access(std::uintptr_t address, std::size_t size,
     if (grant.mode == access_mode::read_write) protection = PROT_READ | PROT_WRITE;
   }
   std::lock_guard lock(mutex_);
-  registry_.check_covered(address, size, "set_access");
+  registry_.check_covered(rules_, address, size, "set_access");
   if (::mprotect(reinterpret_cast<void*>(address), size, protection) != 0)
     throw_errno(errno, fmt::format("os host: mprotect of {} bytes at {:#x}", size, address));
 }
 
 int os_host_provider::export_fd(physical_handle handle) {
   std::lock_guard lock(mutex_);
-  (void)registry_.handle_size(handle);
+  (void)registry_.handle_size(rules_, handle);
   const int fd = ::fcntl(fd_of(handle), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) throw_errno(errno, "os host: export (fcntl F_DUPFD_CLOEXEC)");
   return fd;
 }
 
 physical_handle os_host_provider::import_fd(int fd, std::size_t size) {
-  registry_.check_size(size, "import");
+  rules_.check_size(size, "import");
   struct stat status {};
   if (::fstat(fd, &status) != 0)
     throw invalid_argument(fmt::format("os host: import of fd {}: not an open file ({})", fd,

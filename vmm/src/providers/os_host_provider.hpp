@@ -50,6 +50,7 @@ class os_host_provider final : public memory_provider {
 
  private:
   std::size_t granularity_;
+  range_rules rules_;
   mutable std::mutex mutex_;
   range_registry registry_;
 };

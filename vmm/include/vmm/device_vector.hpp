@@ -1,0 +1,316 @@
+#pragma once
+/// @file
+/// device_vector<T>: a vector of trivially copyable elements that grows in place.
+///
+/// The elements live in one growable_buffer: an address range reserved once for the
+/// vector's max_size(), with physical chunks mapped at its end as the vector grows. So
+/// data() never changes (pointers held by kernels and captured CUDA graphs stay valid across
+/// any growth), growing never copies an element, and begin()/end() are plain T* that thrust
+/// and kernels take as they are.
+///
+/// Growth. push_back() and append() map memory only when the vector is full, and then ask
+/// the buffer for room for the new size; the buffer's chunk policy picks the chunk. With the
+/// default chunk_policy::geometric() a chunk is at least 1/8 of the new size, so n
+/// push_backs map O(log n) chunks: amortized O(1) driver calls each, and no element is
+/// ever moved.
+///
+/// Why the vector counts its elements itself: growable_buffer::resize() gives back the
+/// chunks past the new size, but a vector keeps its capacity when it gets smaller (as
+/// std::vector does) until shrink_to_fit() or destruction. So the vector maps memory with
+/// growable_buffer::reserve() only, and its size is its own count, never the buffer's.
+///
+/// Stream order. Every copy and fill is queued through the provider on stream(), so it is
+/// ordered with the kernels the caller queues there; nothing waits for the GPU except the
+/// reads into host memory (copy_to_host(), to_host()), which synchronize stream(). On the
+/// OS host provider every call completes before it returns. Host sources follow
+/// cuMemcpyAsync: pageable host memory may be reused as soon as the call returns;
+/// page-locked host memory must stay unchanged until stream() has passed the copy.
+/// Shrinking is stream-ordered too (see growable_buffer): memory past the size is unmapped
+/// only once stream() has passed the shrink.
+///
+/// Guarantees. push_back, append, resize and reserve either complete or leave the vector
+/// exactly as it was: size, capacity, data() and contents (the buffer's strong guarantee,
+/// and a failed copy or fill retires again the capacity mapped for it).
+///
+/// Thread safety: none. One vector is used by one thread at a time; different vectors may
+/// be used from different threads, also over one pool (chunk_pool is thread-safe).
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "vmm/chunk_pool.hpp"
+#include "vmm/error.hpp"
+#include "vmm/growable_buffer.hpp"
+#include "vmm/location.hpp"
+#include "vmm/provider.hpp"
+
+namespace vmm {
+
+/// What device_vector::resize() writes into the elements it adds.
+enum class element_init : std::uint8_t {
+  zeroed,         ///< every new byte is 0: a fill queued on the vector's stream
+  uninitialized,  ///< nothing is written: the new elements hold what the memory held
+};
+
+namespace detail {
+
+// Retires the capacity mapped for an operation that then failed, unless dismissed: what
+// makes a failed copy or fill after a successful grow leave the vector exactly as it was.
+class capacity_rollback {
+ public:
+  explicit capacity_rollback(growable_buffer& buffer) noexcept
+      : buffer_(&buffer), capacity_(buffer.capacity()) {}
+  capacity_rollback(const capacity_rollback&) = delete;
+  capacity_rollback& operator=(const capacity_rollback&) = delete;
+  ~capacity_rollback() {
+    if (buffer_ == nullptr || buffer_->capacity() == capacity_) return;
+    try {
+      buffer_->resize(capacity_);  // retires exactly the chunks mapped past capacity_
+    } catch (...) {
+      report_cleanup_failure("device_vector: retiring the capacity of a failed operation failed");
+    }
+  }
+  void dismiss() noexcept { buffer_ = nullptr; }
+
+ private:
+  growable_buffer* buffer_;
+  std::size_t capacity_;
+};
+
+}  // namespace detail
+
+/// A vector of `T` in memory that grows in place; see the file comment. Move-only.
+/// @tparam T a trivially copyable type: elements are moved as bytes and never constructed
+///         or destroyed.
+template <class T>
+class device_vector {
+  static_assert(std::is_trivially_copyable_v<T>,
+                "vmm::device_vector<T> needs a trivially copyable T: its elements are copied "
+                "and filled as bytes by the memory provider, and no constructor or destructor "
+                "of T ever runs");
+  static_assert(!std::is_const_v<T> && !std::is_volatile_v<T>,
+                "vmm::device_vector<T> needs T without const or volatile");
+
+ public:
+  using value_type = T;
+  using size_type = std::size_t;
+  using difference_type = std::ptrdiff_t;
+  using pointer = T*;
+  using const_pointer = const T*;
+  using iterator = T*;
+  using const_iterator = const T*;
+
+  /// An empty vector drawing chunks from `pool`, with an address range of
+  /// options.max_size bytes (0: the location's memory size) reserved now. Nothing is mapped
+  /// yet.
+  /// @throws vmm::invalid_argument the pool is null or an option is bad.
+  /// @throws vmm::out_of_memory no address range of that size is left.
+  explicit device_vector(std::shared_ptr<chunk_pool> pool, growable_buffer_options options = {})
+      : buffer_(std::move(pool), std::move(options)) {}
+  /// An empty vector on the default pool of `where` (vmm::default_pool).
+  /// @throws vmm::invalid_argument the location does not exist or an option is bad.
+  /// @throws vmm::driver_unavailable a GPU or pinned location, and no usable driver or GPU.
+  /// @throws vmm::out_of_memory no address range of that size is left.
+  explicit device_vector(location where, growable_buffer_options options = {})
+      : buffer_(where, std::move(options)) {}
+  /// Takes `other`'s memory; data() keeps its value. `other` may then only be destroyed or
+  /// assigned to.
+  device_vector(device_vector&& other) noexcept
+      : buffer_(std::move(other.buffer_)), size_(std::exchange(other.size_, 0)) {}
+  /// Gives this vector's memory back (after its stream) and takes `other`'s.
+  device_vector& operator=(device_vector&& other) noexcept {
+    if (this != &other) {
+      buffer_ = std::move(other.buffer_);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  device_vector(const device_vector&) = delete;
+  device_vector& operator=(const device_vector&) = delete;
+  /// Waits for stream(), then unmaps everything and gives the chunks back to the pool.
+  ~device_vector() = default;
+
+  /// The first element; never changes for the vector's life (nullptr once moved from).
+  [[nodiscard]] T* data() noexcept { return static_cast<T*>(buffer_.data()); }
+  /// The first element; never changes for the vector's life (nullptr once moved from).
+  [[nodiscard]] const T* data() const noexcept { return static_cast<const T*>(buffer_.data()); }
+  /// data(): a device pointer for thrust (thrust::cuda::par.on(stream())) and kernels.
+  [[nodiscard]] iterator begin() noexcept { return data(); }
+  /// data() + size().
+  [[nodiscard]] iterator end() noexcept { return data() + size_; }
+  /// data().
+  [[nodiscard]] const_iterator begin() const noexcept { return data(); }
+  /// data() + size().
+  [[nodiscard]] const_iterator end() const noexcept { return data() + size_; }
+
+  /// The number of elements.
+  [[nodiscard]] size_type size() const noexcept { return size_; }
+  /// Whether size() is 0.
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// Elements that fit in the memory mapped now (>= size()).
+  [[nodiscard]] size_type capacity() const noexcept { return buffer_.capacity() / sizeof(T); }
+  /// The most elements the vector can ever hold: its address range.
+  [[nodiscard]] size_type max_size() const noexcept { return buffer_.max_size() / sizeof(T); }
+  /// Physical chunks mapped, including those retired by a shrink that stream() has not
+  /// passed yet: what the driver's per-handle costs scale with.
+  [[nodiscard]] std::size_t chunk_count() const noexcept { return buffer_.chunk_count(); }
+  /// The pool the chunks come from (its statistics count this vector's memory).
+  [[nodiscard]] const std::shared_ptr<chunk_pool>& pool() const noexcept { return buffer_.pool(); }
+  /// The provider that copies and fills the elements.
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
+    return buffer_.provider();
+  }
+
+  /// The stream copies, fills and shrinks are queued on (nullptr: the default stream).
+  [[nodiscard]] stream_handle stream() const noexcept { return buffer_.stream(); }
+  /// Queues later work on `stream` instead. Work already queued on the old stream is not
+  /// ordered before it: synchronize the old stream (or make `stream` wait for it) first.
+  void set_stream(stream_handle stream) noexcept { buffer_.set_stream(stream); }
+
+  /// Appends a copy of `value`, a host object, queued on stream(). Maps a chunk only when
+  /// the vector is full.
+  /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
+  ///         is then exactly as it was.
+  /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
+  void push_back(const T& value) {
+    if (size_ == max_size()) throw_past_max_size(1);
+    const size_type first = size_;
+    grow_to(first + 1, [&] { provider()->copy(data() + first, &value, sizeof(T), stream()); });
+  }
+
+  /// Appends the elements of a host range with one copy queued on stream().
+  /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
+  ///         is then exactly as it was.
+  /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
+  void append(std::span<const T> values) {
+    if (values.empty()) return;
+    if (values.size() > max_size() - size_) throw_past_max_size(values.size());
+    const size_type first = size_;
+    grow_to(first + values.size(), [&] {
+      provider()->copy(data() + first, values.data(), values.size_bytes(), stream());
+    });
+  }
+
+  /// Appends [first, last), a host range. A contiguous range of T is copied as it is; any
+  /// other is first gathered into host memory. One copy queued on stream() either way.
+  /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
+  ///         is then exactly as it was.
+  /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
+  template <std::input_iterator Iterator, std::sentinel_for<Iterator> Sentinel>
+    requires std::convertible_to<std::iter_reference_t<Iterator>, T>
+  void append(Iterator first, Sentinel last) {
+    if constexpr (std::contiguous_iterator<Iterator> && std::sized_sentinel_for<Sentinel, Iterator> &&
+                  std::is_same_v<std::iter_value_t<Iterator>, T>) {
+      append(std::span<const T>(std::to_address(first), static_cast<size_type>(last - first)));
+    } else {
+      std::vector<T> gathered;
+      for (; first != last; ++first) gathered.push_back(static_cast<T>(*first));
+      append(std::span<const T>(gathered));
+    }
+  }
+
+  /// Sets the size to `count`. Growing maps memory when needed and then, with
+  /// element_init::zeroed, queues a fill of the new elements with 0 on stream(); with
+  /// element_init::uninitialized it writes nothing. Getting smaller keeps the capacity.
+  /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
+  ///         is then exactly as it was.
+  /// @throws vmm::driver_error the fill could not be queued; the vector is as it was.
+  void resize(size_type count, element_init init) {
+    if (count <= size_) {
+      size_ = count;
+      return;
+    }
+    if (count > max_size()) throw_past_max_size(count - size_);
+    const size_type first = size_;
+    grow_to(count, [&] {
+      if (init == element_init::zeroed)
+        provider()->fill(data() + first, 0, (count - first) * sizeof(T), stream());
+    });
+  }
+
+  /// Maps memory for at least `count` elements without changing size(): later growth up to
+  /// capacity() makes no driver call.
+  /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
+  ///         is then exactly as it was.
+  void reserve(size_type count) {
+    if (count <= capacity()) return;
+    if (count > max_size()) throw_past_max_size(count - size_);
+    buffer_.reserve(count * sizeof(T));
+  }
+
+  /// Retires the chunks wholly past size(): capacity() drops now. They are unmapped and go
+  /// back to the pool at the first shrink (or destruction) after stream() has passed this
+  /// point, at once on host providers; a grow before then takes them back with no driver
+  /// call.
+  /// @throws vmm::driver_error recording the point on stream() failed; nothing changed.
+  void shrink_to_fit() { buffer_.resize(size_ * sizeof(T)); }
+
+  /// Sets the size to 0; keeps the capacity and data().
+  void clear() noexcept { size_ = 0; }
+
+  /// Overwrites elements [first, first + values.size()) with a host range, queued on
+  /// stream().
+  /// @throws vmm::invalid_argument the range passes size().
+  /// @throws vmm::driver_error the copy could not be queued.
+  void copy_from_host(size_type first, std::span<const T> values) {
+    check_range(first, values.size(), "copy_from_host");
+    if (!values.empty())
+      provider()->copy(data() + first, values.data(), values.size_bytes(), stream());
+  }
+
+  /// Copies elements [first, first + destination.size()) into host memory, then waits for
+  /// stream(): the copy sees all work queued there before it.
+  /// @throws vmm::invalid_argument the range passes size().
+  /// @throws vmm::driver_error the copy or the wait failed.
+  void copy_to_host(size_type first, std::span<T> destination) const {
+    check_range(first, destination.size(), "copy_to_host");
+    if (destination.empty()) return;
+    provider()->copy(destination.data(), data() + first, destination.size_bytes(), stream());
+    provider()->synchronize(stream());
+  }
+
+  /// All elements, copied into a new host vector after the work queued on stream().
+  /// @throws vmm::driver_error the copy or the wait failed.
+  [[nodiscard]] std::vector<T> to_host() const {
+    std::vector<T> result(size_);
+    copy_to_host(0, result);
+    return result;
+  }
+
+ private:
+  // Maps room for `count` elements, runs `write` (which queues the copy or fill of the new
+  // elements), then sets the size. If either throws, the vector is as it was.
+  template <class Write>
+  void grow_to(size_type count, Write&& write) {
+    detail::capacity_rollback rollback(buffer_);
+    if (count > capacity()) buffer_.reserve(count * sizeof(T));
+    std::forward<Write>(write)();
+    rollback.dismiss();
+    size_ = count;
+  }
+
+  [[noreturn]] void throw_past_max_size(size_type added) const {
+    throw out_of_memory("device_vector: " + std::to_string(size_) + " + " + std::to_string(added) +
+                        " elements of " + std::to_string(sizeof(T)) +
+                        " bytes pass max_size() of " + std::to_string(max_size()) + " elements");
+  }
+
+  void check_range(size_type first, size_type count, const char* what) const {
+    if (first > size_ || count > size_ - first)
+      throw invalid_argument(std::string("device_vector::") + what + ": elements [" +
+                             std::to_string(first) + ", " + std::to_string(first) + " + " +
+                             std::to_string(count) + ") pass size() " + std::to_string(size_));
+  }
+
+  growable_buffer buffer_;
+  size_type size_ = 0;  // elements; capacity is the buffer's (see the file comment)
+};
+
+}  // namespace vmm
