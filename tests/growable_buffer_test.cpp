@@ -188,6 +188,33 @@ TYPED_TEST(growable_buffers, chunk_ranges_must_be_whole_chunks_and_keep_memory_o
   EXPECT_EQ(this->pool_->statistics().used_current, 0u);
 }
 
+TYPED_TEST(growable_buffers, a_full_pool_spills_onto_the_next_with_one_pointer_throughout) {
+  // Two pools capped as if they were two small devices.
+  const std::size_t g = this->granularity_;
+  this->pool_->set_cap(3 * g);
+  auto second = chunk_pool::create(this->provider_, {.cap = 6 * g});
+  growable_buffer buffer(this->pool_, {.max_size = 16 * g, .spill_to = {second}});
+  buffer.resize(2 * g);
+  const auto head = pattern(2 * g, 41);
+  this->write(buffer, 0, head);
+  void* const address = buffer.data();
+  buffer.resize(8 * g);  // 3 chunks' worth in the first pool at most, the rest in the second
+  EXPECT_EQ(buffer.data(), address);
+  EXPECT_EQ(this->pool_->statistics().used_current, 3 * g);
+  EXPECT_EQ(second->statistics().used_current, buffer.capacity() - 3 * g);
+  const auto tail = pattern(6 * g, 42);
+  this->write(buffer, 2 * g, tail);
+  EXPECT_EQ(this->read(buffer, 0, 2 * g), head);
+  EXPECT_EQ(this->read(buffer, 2 * g, 6 * g), tail);
+  // Past both pools: out of memory, and nothing changed.
+  const std::size_t capacity = buffer.capacity();
+  EXPECT_THROW(buffer.resize(10 * g), out_of_memory);
+  EXPECT_EQ(buffer.capacity(), capacity);
+  EXPECT_EQ(second->statistics().used_current, capacity - 3 * g);
+  EXPECT_EQ(this->read(buffer, 2 * g, 6 * g), tail);
+  EXPECT_THROW(growable_buffer(this->pool_, {.spill_to = {nullptr}}), invalid_argument);
+}
+
 TYPED_TEST(growable_buffers, the_default_maximum_is_the_locations_memory) {
   growable_buffer buffer(this->pool_);
   EXPECT_EQ(buffer.max_size(), round_up(this->provider_->physical_memory_size(), this->granularity_));

@@ -27,7 +27,15 @@ std::shared_ptr<chunk_pool> require(std::shared_ptr<chunk_pool> pool) {
 }
 
 growable_buffer_options checked(growable_buffer_options options, const memory_provider& provider) {
-  if (options.max_size == 0) options.max_size = provider.physical_memory_size();
+  std::size_t all_memory = provider.physical_memory_size();
+  for (const auto& spill : options.spill_to) {
+    if (spill == nullptr) throw invalid_argument("growable_buffer: a spill pool is null");
+    if (spill->provider()->where().kind != provider.where().kind)
+      throw invalid_argument(fmt::format("growable_buffer: cannot spill from {} memory to {} memory",
+                                         to_string(provider.where()), to_string(spill->provider()->where())));
+    all_memory += spill->provider()->physical_memory_size();
+  }
+  if (options.max_size == 0) options.max_size = all_memory;
   options.max_size = round_up(options.max_size, provider.granularity());
   return options;
 }
@@ -77,11 +85,17 @@ std::size_t growable_buffer::active_chunks() const noexcept {
   return retirements_.empty() ? chunks_.size() : retirements_.front().first_chunk;
 }
 
+chunk_pool& growable_buffer::pool_at(std::size_t index) const {
+  return index == 0 ? *pool_ : *options_.spill_to[index - 1];
+}
+
 std::vector<access_grant> growable_buffer::grants() const {
   if (!options_.access.empty()) return options_.access;
   std::vector<access_grant> result;
-  for (const location& accessor : provider()->default_accessors())
-    result.push_back({accessor, access_mode::read_write});
+  for (std::size_t i = 0; i <= options_.spill_to.size(); ++i)
+    for (const location& accessor : pool_at(i).provider()->default_accessors())
+      if (std::none_of(result.begin(), result.end(), [&](const access_grant& g) { return g.accessor == accessor; }))
+        result.push_back({accessor, access_mode::read_write});
   return result;
 }
 
@@ -124,6 +138,7 @@ void growable_buffer::grow_mapping(std::size_t required) {
 
   const std::size_t granularity = pool_->granularity();
   const std::uintptr_t start = range_.get() + mapped_;
+  std::size_t pool_index = active_chunks() == 0 ? 0 : chunks_[active_chunks() - 1].pool_index;
   std::size_t added = 0;
   std::size_t limit = std::numeric_limits<std::size_t>::max();  // lowered when memory runs short
   std::vector<mapped_chunk> fresh;  // unmapped and given back if this grow fails
@@ -131,14 +146,21 @@ void growable_buffer::grow_mapping(std::size_t required) {
     const std::size_t needed = round_up(required - mapped_ - added, granularity);
     std::size_t size = std::min({options_.policy.next_chunk(mapped_ + added, required, granularity),
                                  limit, range_.size() - mapped_ - added});
-    pooled_chunk chunk = pool_->acquire_idle(size, options_.stream);
+    chunk_pool& pool = pool_at(pool_index);
+    pooled_chunk chunk = pool.acquire_idle(size, options_.stream);
     if (!chunk) {
       try {
-        chunk = pool_->acquire(size, options_.stream);
+        chunk = pool.acquire(size, options_.stream);
       } catch (const out_of_memory&) {
-        // Fall back to the exact need, then to halves, down to the granularity.
-        if (size == granularity || options_.policy.is_fixed()) throw;
-        limit = size > needed ? needed : std::max(granularity, round_up(size / 2, granularity));
+        // Fall back to the exact need, then to halves, down to the granularity; then spill
+        // onto the next pool.
+        if (size != granularity && !options_.policy.is_fixed()) {
+          limit = size > needed ? needed : std::max(granularity, round_up(size / 2, granularity));
+          continue;
+        }
+        if (pool_index == options_.spill_to.size()) throw;
+        ++pool_index;
+        limit = std::numeric_limits<std::size_t>::max();
         continue;
       }
     }
@@ -146,7 +168,7 @@ void growable_buffer::grow_mapping(std::size_t required) {
     added += chunk.size();
     auto shared = std::make_shared<const pooled_chunk>(std::move(chunk));
     mapping view(shared->memory(), address, std::span<const access_grant>{});
-    fresh.push_back({std::move(shared), std::move(view)});
+    fresh.push_back({std::move(shared), std::move(view), pool_index});
   }
   // One access call over the whole new range: the driver's cost is per call and handle.
   const std::vector<access_grant> access = grants();

@@ -70,8 +70,13 @@ struct growable_buffer_options {
   /// The stream work on the buffer is queued on: shrinking and destruction are ordered
   /// after it. nullptr is the default stream.
   stream_handle stream = nullptr;
-  /// Who gets access (empty: the provider's default accessors, read-write).
+  /// Who gets access (empty: every pool's default accessors, read-write).
   std::vector<access_grant> access;
+  /// Pools to continue on, in order, once the ones before are out of memory: a buffer that
+  /// fills one GPU and spills onto the next, one pointer throughout. Their memory must be
+  /// of the same kind as the first pool's. With max_size 0 the range holds all of them.
+  /// Every accessor must be able to reach every pool's memory (peer access between GPUs).
+  std::vector<std::shared_ptr<chunk_pool>> spill_to;
 };
 
 /// A physical chunk shared by the buffer that mapped it and every view that maps it too
@@ -138,6 +143,7 @@ class growable_buffer {
   struct mapped_chunk {
     shared_chunk memory;
     mapping view;
+    std::size_t pool_index;  // 0: pool_, i: options_.spill_to[i - 1]
   };
   struct retirement {
     std::size_t first_chunk;  // chunks_[first_chunk..] retired at `passed`
@@ -149,6 +155,7 @@ class growable_buffer {
   void release_retired_from(std::size_t retirement_index, bool wait);
   [[nodiscard]] std::size_t active_chunks() const noexcept;
   [[nodiscard]] std::vector<access_grant> grants() const;
+  [[nodiscard]] chunk_pool& pool_at(std::size_t index) const;
 
   std::shared_ptr<chunk_pool> pool_;
   growable_buffer_options options_;
