@@ -210,7 +210,10 @@ std::vector<grow_once_entry> once_entries(grow_once_entry raw, int gpu_ordinal) 
           {"vmm_provider", contender_role::vmm,
            [gpu_ordinal](std::size_t chunk) { return make_vmm_provider_once(gpu_ordinal, chunk); }},
           {"vmm_growable_warm", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
-             return make_vmm_growable_once(gpu_ordinal, chunk);
+             return make_vmm_growable_once(gpu_ordinal, chunk, 0);
+           }},
+          {"vmm_growable_warm_tight", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
+             return make_vmm_growable_once(gpu_ordinal, chunk, chunk);
            }}};
 }
 

@@ -165,7 +165,9 @@ std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, bool geometr
                                                    std::size_t fixed_chunk, bool warm);
 /// reserve(chunk) then shrink_to_fit + release_retired(true) on a growable_buffer with its
 /// own pool, warmed before the first timed grow.
-std::unique_ptr<grow_once_contender> make_vmm_growable_once(int gpu_ordinal, std::size_t chunk);
+// max_size 0: the buffer's default reservation (the location's whole memory).
+std::unique_ptr<grow_once_contender> make_vmm_growable_once(int gpu_ordinal, std::size_t chunk,
+                                                            std::size_t max_size);
 /// provider_for(location)->map + set_access over one physical_allocation; undo: unmap.
 std::unique_ptr<grow_once_contender> make_vmm_provider_once(int gpu_ordinal, std::size_t chunk);
 /// Grows a growable_buffer on the default pool of GPU `gpu_ordinal` (max_size = its total

@@ -84,9 +84,10 @@ class vmm_grow_contender final : public grow_contender {
 
 class vmm_growable_once final : public grow_once_contender {
  public:
-  vmm_growable_once(location where, std::size_t chunk)
+  // max_size 0: the default reservation (the device's whole memory).
+  vmm_growable_once(location where, std::size_t chunk, std::size_t max_size)
       : pool_(chunk_pool::create(provider_for(where))),
-        buffer_(pool_, growable_buffer_options{.policy = chunk_policy::fixed(chunk)}),
+        buffer_(pool_, growable_buffer_options{.max_size = max_size, .policy = chunk_policy::fixed(chunk)}),
         chunk_(round_up(chunk, pool_->granularity())) {
     // Warm the pool: the timed grows take this chunk back without creating memory.
     grow();
@@ -330,8 +331,9 @@ std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, bool geometr
       geometric ? chunk_policy::geometric() : chunk_policy::fixed(fixed_chunk), warm);
 }
 
-std::unique_ptr<grow_once_contender> make_vmm_growable_once(int gpu_ordinal, std::size_t chunk) {
-  return std::make_unique<vmm_growable_once>(location_of(gpu_ordinal), chunk);
+std::unique_ptr<grow_once_contender> make_vmm_growable_once(int gpu_ordinal, std::size_t chunk,
+                                                            std::size_t max_size) {
+  return std::make_unique<vmm_growable_once>(location_of(gpu_ordinal), chunk, max_size);
 }
 
 std::unique_ptr<grow_once_contender> make_vmm_provider_once(int gpu_ordinal, std::size_t chunk) {
