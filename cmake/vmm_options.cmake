@@ -2,7 +2,8 @@
 add_library(vmm_build_flags INTERFACE)
 # -Wno-missing-field-initializers: option structs are meant for designated initializers.
 target_compile_options(vmm_build_flags INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-missing-field-initializers>)
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-missing-field-initializers>
+  $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror,-Wno-missing-field-initializers>)
 
 if(VMM_SANITIZE AND VMM_TSAN)
   message(FATAL_ERROR "VMM_SANITIZE and VMM_TSAN cannot be combined")

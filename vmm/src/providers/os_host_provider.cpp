@@ -48,8 +48,10 @@ std::span<const location> os_host_provider::default_accessors() const noexcept {
 std::uintptr_t os_host_provider::reserve(std::size_t size, std::size_t alignment) {
   rules_.check_size(size, "reserve");
   alignment = rules_.check_alignment(alignment);
-  // Over-reserve by the alignment, then give back the unaligned head and the tail.
-  const std::size_t padded = size + alignment - granularity_;
+  // Over-reserve by the alignment, then give back the unaligned head and the tail. mmap
+  // only promises page alignment, so the worst head to skip is alignment - page.
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t padded = size + alignment - page;
   if (padded < size) throw out_of_memory(fmt::format("os host: reserve of {} bytes overflows", size));
   void* base = ::mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED)
