@@ -356,6 +356,68 @@ class raw_driver_once final : public grow_once_contender {
   bool mapped_ = false;
 };
 
+// The raw driver sequence a user would write by hand: 64 MiB handles created as vmm creates
+// its chunks, mapped at the end of one reservation, one cuMemSetAccess a grow; everything
+// released in end(). The same cold state as vmm's cold-pool rows: no handle is reused
+// between iterations.
+class raw_vmm_grow final : public grow_contender {
+ public:
+  ~raw_vmm_grow() override { end(); }
+  void begin(std::size_t final_size, memory_probe* probe) override {
+    end();
+    const driver_calls& calls = driver();
+    properties_ = {};
+    properties_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    properties_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    properties_.location.id = 0;
+    properties_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    reserved_ = (final_size + chunk - 1) / chunk * chunk;
+    check(calls.address_reserve(&base_, reserved_, 0, 0, 0), "cuMemAddressReserve(" + bytes(reserved_) + ")");
+    access_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access_.location.id = 0;
+    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    probe_ = probe;
+  }
+  char* grow(std::size_t new_size) override {
+    const driver_calls& calls = driver();
+    const std::size_t first = mapped_;
+    while (mapped_ < new_size) {
+      CUmemGenericAllocationHandle handle = 0;
+      check(calls.create(&handle, chunk, &properties_, 0), "cuMemCreate(" + bytes(chunk) + ")");
+      handles_.push_back(handle);
+      check(calls.map(base_ + mapped_, chunk, 0, handle, 0), "cuMemMap(" + bytes(chunk) + ")");
+      mapped_ += chunk;
+      if (probe_ != nullptr) probe_->sample();
+    }
+    if (mapped_ > first)
+      check(calls.set_access(base_ + first, mapped_ - first, &access_, 1),
+            "cuMemSetAccess(" + bytes(mapped_ - first) + ")");
+    return reinterpret_cast<char*>(base_);
+  }
+  void end() noexcept override {
+    const driver_calls& calls = driver();
+    if (mapped_ != 0) report(calls.unmap(base_, mapped_), "cuMemUnmap");
+    for (CUmemGenericAllocationHandle handle : handles_) report(calls.release(handle), "cuMemRelease");
+    if (base_ != 0) report(calls.address_free(base_, reserved_), "cuMemAddressFree");
+    handles_.clear();
+    mapped_ = 0;
+    base_ = 0;
+    reserved_ = 0;
+  }
+  [[nodiscard]] std::size_t own_peak_bytes() const override { return mapped_; }
+  [[nodiscard]] std::size_t handle_count() const override { return handles_.size(); }
+
+ private:
+  static constexpr std::size_t chunk = 64 * mib;
+  CUmemAllocationProp properties_{};
+  CUmemAccessDesc access_{};
+  CUdeviceptr base_ = 0;
+  std::size_t reserved_ = 0;
+  std::size_t mapped_ = 0;
+  std::vector<CUmemGenericAllocationHandle> handles_;
+  memory_probe* probe_ = nullptr;
+};
+
 }  // namespace
 
 std::unique_ptr<memory_target> make_gpu_target(std::string* why) {
@@ -392,6 +454,8 @@ std::vector<grow_entry> gpu_baseline_contenders() {
        [] { return std::make_unique<gpu_realloc_2x>(); }},
       {"thrust_resize", contender_role::baseline,
        [] { return std::make_unique<gpu_thrust_resize>(); }},
+      {"raw_vmm_64MiB_cold", contender_role::baseline,
+       [] { return std::make_unique<raw_vmm_grow>(); }},
   };
 }
 

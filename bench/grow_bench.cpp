@@ -214,6 +214,12 @@ std::vector<grow_once_entry> once_entries(grow_once_entry raw, int gpu_ordinal) 
            }},
           {"vmm_growable_warm_tight", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
              return make_vmm_growable_once(gpu_ordinal, chunk, chunk);
+           }},
+          {"vmm_growable_warm_1GiB", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
+             return make_vmm_growable_once(gpu_ordinal, chunk, gib);
+           }},
+          {"vmm_growable_warm_16GiB", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
+             return make_vmm_growable_once(gpu_ordinal, chunk, 16 * gib);
            }}};
 }
 

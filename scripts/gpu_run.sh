@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (its image has cmake, ninja, nvcc, gtest, benchmark, fmt):
 # configure with Ninja, build, print vmm-info, run the tests (and with --bench, the
-# benchmarks). Full logs go to $OUT; a summary is printed last.
+# benchmarks). Full logs go to $OUT/gpu-logs.tar.gz; a summary is printed last.
 #   bash scripts/gpu_run.sh [--bench [benchmark filter]]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
+# $OUT takes back a few files only: logs are written to a folder, packed at the end.
+final=${OUT:-$PWD/gpu-out}
+mkdir -p "$final"
+out=$(mktemp -d)
+trap 'tar czf "$final/gpu-logs.tar.gz" -C "$out" . ; rm -rf "$out"' EXIT
 build=build-gpu
 bench=OFF
 [ "${1:-}" = "--bench" ] && bench=ON
@@ -19,18 +22,25 @@ if ! cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1; then
   exit 1
 fi
 "$build/vmm/vmm-info" | tee "$out/vmm-info.txt"
-"$build/tests/vmm_tests" >"$out/gtest.log" 2>&1
+# Every test once through ctest (one process a test: a GPU fault in one cannot poison
+# another), then the summary of each GoogleTest program run whole.
 ctest --test-dir "$build" -j 4 --output-on-failure >"$out/ctest.log" 2>&1
 ctest_rc=$?
+for program in "$build"/tests/vmm_tests "$build"/tests/vmm_ipc_tests "$build"/tests/cuda/vmm_cuda_tests; do
+  [ -x "$program" ] && "$program" >"$out/gtest-$(basename "$program").log" 2>&1
+done
 if [ "$bench" = ON ]; then
   for program in "$build"/bench/vmm_bench_*; do
     "$program" --benchmark_filter="${2:-.}" --benchmark_counters_tabular=true \
       --benchmark_out="$out/$(basename "$program").json" --benchmark_out_format=json \
-      2>&1 | tee -a "$out/bench.log"
+      >>"$out/bench.log" 2>&1
   done
+  python3 scripts/bench_report.py "$out"/vmm_bench_grow.json >"$out/grow-report.md" 2>&1
 fi
-echo "=== gtest summary"
-grep -E '^\[  (PASSED|SKIPPED|FAILED) +\]|tests ran' "$out/gtest.log"
+for log in "$out"/gtest-*.log; do
+  echo "=== $(basename "$log" .log)"
+  grep -E '^\[  (PASSED|SKIPPED|FAILED) +\]|tests ran' "$log"
+done
 echo "=== ctest"
 grep -E 'tests passed|tests failed|\*\*\*Failed|Not Run' "$out/ctest.log"
 exit $ctest_rc

@@ -99,13 +99,13 @@ class device_vector {
                 "vmm::device_vector<T> needs T without const or volatile");
 
  public:
-  using value_type = T;
-  using size_type = std::size_t;
-  using difference_type = std::ptrdiff_t;
-  using pointer = T*;
-  using const_pointer = const T*;
-  using iterator = T*;
-  using const_iterator = const T*;
+  using value_type = T;                   ///< The element type.
+  using size_type = std::size_t;           ///< Counts of elements.
+  using difference_type = std::ptrdiff_t;  ///< Distances between iterators.
+  using pointer = T*;                      ///< A pointer to an element (device memory).
+  using const_pointer = const T*;          ///< A pointer to a const element.
+  using iterator = T*;                     ///< A raw pointer: thrust and kernels take it as is.
+  using const_iterator = const T*;         ///< A raw pointer to const.
 
   /// An empty vector drawing chunks from `pool`, with an address range of
   /// options.max_size bytes (0: the location's memory size) reserved now. Nothing is mapped
@@ -161,7 +161,8 @@ class device_vector {
   /// Physical chunks mapped, including those retired by a shrink that stream() has not
   /// passed yet: what the driver's per-handle costs scale with.
   [[nodiscard]] std::size_t chunk_count() const noexcept { return buffer_.chunk_count(); }
-  /// The pool the chunks come from (its statistics count this vector's memory).
+  /// The pool the chunks come from first (its statistics count this vector's memory there;
+  /// growable_buffer_options::spill_to names any others).
   [[nodiscard]] const std::shared_ptr<chunk_pool>& pool() const noexcept { return buffer_.pool(); }
   /// The provider that copies and fills the elements.
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {

@@ -218,11 +218,20 @@ void driver_provider::copy(void* destination, const void* source, std::size_t n,
 }
 
 void driver_provider::fill(void* destination, std::uint8_t value, std::size_t n, stream_handle stream) {
+  // cuMemsetD8 refuses (CUDA_ERROR_INVALID_VALUE) a range of host-NUMA memory that spans two
+  // allocations, though copies over it work: fill pinned host memory one mapping at a time.
+  const auto start = reinterpret_cast<std::uintptr_t>(destination);
+  std::vector<std::pair<std::uintptr_t, std::size_t>> pieces{{start, n}};
+  if (where_.kind == memory_kind::pinned_host) {
+    std::lock_guard lock(mutex_);
+    pieces = registry_.split_at_mappings(start, n);
+  }
   driver::scoped_context current(context_.get());
-  VMM_DRIVER_CHECK(
-      cuMemsetD8Async, [&] { return fmt::format("cuMemsetD8Async(bytes={}) on {}", n, name_); },
-      reinterpret_cast<CUdeviceptr>(destination), static_cast<unsigned char>(value), n,
-      static_cast<CUstream>(stream));
+  for (const auto& [address, bytes] : pieces)
+    VMM_DRIVER_CHECK(
+        cuMemsetD8Async,
+        [&] { return fmt::format("cuMemsetD8Async(address={:#x}, bytes={}) on {}", address, bytes, name_); },
+        CUdeviceptr{address}, static_cast<unsigned char>(value), bytes, static_cast<CUstream>(stream));
 }
 
 void driver_provider::synchronize(stream_handle stream) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 
 #include "vmm/error.hpp"
@@ -112,6 +113,28 @@ void range_registry::check_covered(const range_rules& rules, std::uintptr_t addr
 
 void range_registry::remove_mappings(std::uintptr_t address, std::size_t size) noexcept {
   mappings_.erase(mappings_.lower_bound(address), mappings_.lower_bound(address + size));
+}
+
+std::vector<std::pair<std::uintptr_t, std::size_t>> range_registry::split_at_mappings(
+    std::uintptr_t address, std::size_t size) const {
+  std::vector<std::pair<std::uintptr_t, std::size_t>> pieces;
+  const std::uintptr_t end = address + size;
+  std::uintptr_t cursor = address;
+  auto it = mappings_.upper_bound(address);
+  if (it != mappings_.begin()) --it;
+  for (; it != mappings_.end() && it->first < end; ++it) {
+    const std::uintptr_t mapping_end = it->first + it->second.size;
+    if (mapping_end <= cursor) continue;
+    if (it->first > cursor) {
+      pieces.emplace_back(cursor, it->first - cursor);
+      cursor = it->first;
+    }
+    const std::uintptr_t piece_end = std::min(mapping_end, end);
+    pieces.emplace_back(cursor, piece_end - cursor);
+    cursor = piece_end;
+  }
+  if (cursor < end) pieces.emplace_back(cursor, end - cursor);
+  return pieces;
 }
 
 }  // namespace vmm::detail

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <map>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "vmm/provider.hpp"
 
@@ -52,6 +54,10 @@ class range_registry {
   void check_covered(const range_rules& rules, std::uintptr_t address, std::size_t size,
                      const char* what) const;
   void remove_mappings(std::uintptr_t address, std::size_t size) noexcept;
+  // [address, address + size) cut where one mapping ends and the next begins (memory this
+  // registry does not know stays one piece).
+  std::vector<std::pair<std::uintptr_t, std::size_t>> split_at_mappings(std::uintptr_t address,
+                                                                        std::size_t size) const;
 
  private:
   struct mapped {

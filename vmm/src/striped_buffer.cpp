@@ -1,0 +1,253 @@
+#include "vmm/striped_buffer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "cleanup.hpp"
+#include "vmm/capabilities.hpp"
+#include "vmm/error.hpp"
+
+namespace vmm {
+namespace {
+
+bool known_mode(access_mode mode) {
+  return mode == access_mode::none || mode == access_mode::read_only ||
+         mode == access_mode::read_write;
+}
+
+// Everything that needs no driver: a bad argument is reported the same with or without one.
+void check_arguments(const std::vector<int>& devices, std::size_t size,
+                     const striped_buffer_options& options) {
+  if (devices.empty()) throw invalid_argument("striped_buffer: the device list is empty");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0)
+      throw invalid_argument(
+          fmt::format("striped_buffer: device ordinal {} is negative", devices[i]));
+    if (std::find(devices.begin(), devices.begin() + static_cast<std::ptrdiff_t>(i), devices[i]) !=
+        devices.begin() + static_cast<std::ptrdiff_t>(i))
+      throw invalid_argument(
+          fmt::format("striped_buffer: gpu {} is named twice in the device list", devices[i]));
+  }
+  if (size == 0) throw invalid_argument("striped_buffer: size 0");
+  if (options.mode != stripe_mode::round_robin && options.mode != stripe_mode::contiguous)
+    throw invalid_argument(
+        fmt::format("striped_buffer: unknown stripe mode {}", static_cast<int>(options.mode)));
+  for (std::size_t i = 0; i < options.access.size(); ++i) {
+    const device_access& entry = options.access[i];
+    if (entry.device < 0)
+      throw invalid_argument(
+          fmt::format("striped_buffer: access for negative device ordinal {}", entry.device));
+    if (!known_mode(entry.mode))
+      throw invalid_argument(fmt::format("striped_buffer: unknown access mode {} for gpu {}",
+                                         static_cast<int>(entry.mode), entry.device));
+    for (std::size_t j = 0; j < i; ++j)
+      if (options.access[j].device == entry.device)
+        throw invalid_argument(
+            fmt::format("striped_buffer: access names gpu {} twice", entry.device));
+  }
+  if (!options.pools.empty()) {
+    if (options.pools.size() != devices.size())
+      throw invalid_argument(
+          fmt::format("striped_buffer: {} pools for {} devices: give one per device or none",
+                      options.pools.size(), devices.size()));
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      if (options.pools[i] == nullptr)
+        throw invalid_argument(
+            fmt::format("striped_buffer: the pool for gpu {} is null", devices[i]));
+      const location where = options.pools[i]->provider()->where();
+      if (where != location::device(devices[i]))
+        throw invalid_argument(fmt::format("striped_buffer: the pool for gpu {} holds {} memory",
+                                           devices[i], to_string(where)));
+    }
+  }
+  for (const device_stream& entry : options.streams)
+    if (entry.device < 0)
+      throw invalid_argument(
+          fmt::format("striped_buffer: a stream for negative device ordinal {}", entry.device));
+}
+
+std::vector<device_access> effective_access(const std::vector<int>& devices,
+                                            const std::vector<device_access>& access) {
+  if (!access.empty()) return access;
+  std::vector<device_access> result;
+  for (int device : devices) result.push_back({device, access_mode::read_write});
+  return result;
+}
+
+// The smallest size that every device's granularity divides (granularities are powers of
+// two in practice; the general case costs nothing).
+std::size_t common_granularity(const std::vector<std::shared_ptr<chunk_pool>>& pools) {
+  std::size_t result = 1;
+  for (const auto& pool : pools) {
+    const std::size_t g = pool->granularity();
+    std::size_t a = result;
+    std::size_t b = g;
+    while (b != 0) a = std::exchange(b, a % b);  // gcd
+    result = result / a * g;
+  }
+  return result;
+}
+
+}  // namespace
+
+namespace detail {
+
+void require_peer_access(std::span<const int> holders, std::span<const device_access> access,
+                         bool (*can_access)(int accessor, int holder)) {
+  for (const device_access& entry : access) {
+    if (entry.mode == access_mode::none) continue;
+    for (int holder : holders) {
+      if (holder == entry.device || can_access(entry.device, holder)) continue;
+      throw invalid_argument(
+          fmt::format("striped_buffer: gpu {} cannot access the memory of gpu {} (no peer access "
+                      "between them), "
+                      "so it cannot be given {} access to a range with stripes on gpu {}",
+                      entry.device, holder, to_string(entry.mode), holder));
+    }
+  }
+}
+
+}  // namespace detail
+
+striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
+                               striped_buffer_options options) {
+  check_arguments(devices, size, options);
+  devices_ = std::move(devices);
+  access_ = effective_access(devices_, options.access);
+
+  // The devices and their pools: the first driver calls (driver_unavailable without a
+  // driver; invalid_argument for a device that does not exist).
+  pools_.reserve(devices_.size());
+  for (std::size_t i = 0; i < devices_.size(); ++i)
+    pools_.push_back(options.pools.empty() ? default_pool(location::device(devices_[i]))
+                                           : options.pools[i]);
+  auto add_user = [&](int device) {
+    if (std::any_of(users_.begin(), users_.end(),
+                    [&](const device_user& u) { return u.device == device; }))
+      return;
+    users_.push_back({device, provider_for(location::device(device)), {nullptr}});
+  };
+  for (int device : devices_) add_user(device);
+  for (const device_access& entry : access_)
+    if (entry.mode != access_mode::none) add_user(entry.device);
+  for (const device_stream& entry : options.streams) add_stream(entry.device, entry.stream);
+
+  const std::size_t granularity = common_granularity(pools_);
+  const std::size_t stripe = options.stripe_size == 0 ? granularity : options.stripe_size;
+  for (std::size_t i = 0; i < pools_.size(); ++i)
+    if (stripe % pools_[i]->granularity() != 0)
+      throw invalid_argument(fmt::format(
+          "striped_buffer: stripe size {} is not a multiple of gpu {}'s allocation granularity {}",
+          stripe, devices_[i], pools_[i]->granularity()));
+  layout_ = make_stripe_layout(round_up(size, granularity), stripe,
+                               static_cast<std::uint32_t>(devices_.size()), options.mode);
+
+  detail::require_peer_access(devices_, access_, &can_access_peer);
+
+  // Reserve, then one chunk per stripe in address order, mapped with no access yet.
+  range_ = address_range(pools_.front()->provider(), static_cast<std::size_t>(layout_.size));
+  chunks_.reserve(layout_.stripe_count());
+  mappings_.reserve(layout_.stripe_count());
+  for (std::uint64_t offset = 0; offset < layout_.size;) {
+    const stripe_position stripe_at = layout_.locate(offset);
+    const int device = devices_[stripe_at.device];
+    pooled_chunk chunk;
+    try {
+      chunk = pools_[stripe_at.device]->acquire(stripe_at.extent.length);
+    } catch (const out_of_memory& error) {
+      throw out_of_memory(fmt::format(
+          "striped_buffer: no memory for the stripe at offset {} ({} bytes) on gpu {}: {}", offset,
+          stripe_at.extent.length, device, error.what()));
+    }
+    chunks_.push_back(std::make_shared<const pooled_chunk>(std::move(chunk)));
+    mappings_.emplace_back(chunks_.back()->memory(), range_.get() + offset,
+                           std::span<const access_grant>{});
+    offset += stripe_at.extent.length;
+  }
+
+  // One access call over the whole range, one grant per accessor: the driver's cost is per
+  // call and handle, and the shared address-space registry lets the first device's
+  // provider cover chunks of every device.
+  std::vector<access_grant> grants;
+  for (const device_access& entry : access_)
+    if (entry.mode != access_mode::none)
+      grants.push_back({location::device(entry.device), entry.mode});
+  if (!grants.empty()) pools_.front()->provider()->set_access(range_.get(), range_.size(), grants);
+}
+
+striped_buffer::striped_buffer(striped_buffer&& other) noexcept
+    : devices_(std::move(other.devices_)),
+      access_(std::move(other.access_)),
+      pools_(std::move(other.pools_)),
+      users_(std::move(other.users_)),
+      layout_(std::exchange(other.layout_, stripe_layout{})),
+      chunks_(std::move(other.chunks_)),
+      range_(std::move(other.range_)),
+      mappings_(std::move(other.mappings_)) {
+  other.devices_.clear();
+  other.access_.clear();
+  other.pools_.clear();
+  other.users_.clear();
+  other.chunks_.clear();
+  other.mappings_.clear();
+}
+
+striped_buffer& striped_buffer::operator=(striped_buffer&& other) noexcept {
+  if (this != &other) {
+    striped_buffer old(std::move(*this));  // waits, unmaps and gives back in its destructor
+    devices_ = std::move(other.devices_);
+    access_ = std::move(other.access_);
+    pools_ = std::move(other.pools_);
+    users_ = std::move(other.users_);
+    layout_ = std::exchange(other.layout_, stripe_layout{});
+    chunks_ = std::move(other.chunks_);
+    range_ = std::move(other.range_);
+    mappings_ = std::move(other.mappings_);
+    other.devices_.clear();
+    other.access_.clear();
+    other.pools_.clear();
+    other.users_.clear();
+    other.chunks_.clear();
+    other.mappings_.clear();
+  }
+  return *this;
+}
+
+striped_buffer::~striped_buffer() {
+  if (mappings_.empty()) return;
+  // Work queued on any device may still read or write the range: wait before the members
+  // unmap it.
+  for (const device_user& user : users_)
+    for (stream_handle stream : user.streams)
+      detail::cleanup("striped_buffer: waiting for a stream before unmapping",
+                      [&] { user.provider->synchronize(stream); });
+}
+
+int striped_buffer::device_of(std::size_t offset) const {
+  if (offset >= size())
+    throw invalid_argument(fmt::format(
+        "striped_buffer: offset {} is past the {} bytes of the buffer", offset, size()));
+  return devices_[layout_.device_of(offset)];
+}
+
+std::uint32_t striped_buffer::device_index(int ordinal) const {
+  const auto it = std::find(devices_.begin(), devices_.end(), ordinal);
+  if (it == devices_.end())
+    throw invalid_argument(
+        fmt::format("striped_buffer: gpu {} holds no stripes of this buffer", ordinal));
+  return static_cast<std::uint32_t>(it - devices_.begin());
+}
+
+void striped_buffer::add_stream(int ordinal, stream_handle stream) {
+  const auto it = std::find_if(users_.begin(), users_.end(),
+                               [&](const device_user& u) { return u.device == ordinal; });
+  if (it == users_.end())
+    throw invalid_argument(fmt::format(
+        "striped_buffer: a stream of gpu {}, which neither holds stripes nor has access", ordinal));
+  if (std::find(it->streams.begin(), it->streams.end(), stream) == it->streams.end())
+    it->streams.push_back(stream);
+}
+
+}  // namespace vmm
