@@ -26,7 +26,7 @@ fi
 # another), then the summary of each GoogleTest program run whole.
 ctest --test-dir "$build" -j 4 --output-on-failure >"$out/ctest.log" 2>&1
 ctest_rc=$?
-for program in "$build"/tests/vmm_tests "$build"/tests/vmm_ipc_tests "$build"/tests/cuda/vmm_cuda_tests; do
+for program in "$build"/tests/vmm_*tests "$build"/tests/cuda/vmm_*tests; do
   [ -x "$program" ] && "$program" >"$out/gtest-$(basename "$program").log" 2>&1
 done
 if [ "$bench" = ON ]; then

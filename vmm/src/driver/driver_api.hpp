@@ -49,7 +49,9 @@ namespace vmm::driver {
   X(cuEventDestroy, 4000)                     \
   X(cuEventRecord, 2000)                      \
   X(cuEventQuery, 2000)                       \
-  X(cuEventSynchronize, 2000)
+  X(cuEventSynchronize, 2000)                 \
+  X(cuIpcGetEventHandle, 4010)                \
+  X(cuIpcOpenEventHandle, 4010)
 
 #define VMM_DRIVER_CHECK(name, describe, ...) \
   ::vmm::driver::check(::vmm::driver::api().name, #name, describe, __VA_ARGS__)

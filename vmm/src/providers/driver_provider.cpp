@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "driver/driver_api.hpp"
 #include "vmm/error.hpp"
 
@@ -30,6 +32,53 @@ bool exportable(const location& where, int ordinal) {
   return where.kind == memory_kind::device &&
          driver::attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                            driver::device_at(ordinal)) != 0;
+}
+
+// Fabric handles need more than the device attribute: the process must be able to use an
+// IMEX channel, and only creating one tells. The lent H100/H200s read the attribute as 1
+// and refuse cuMemCreate with CUDA_ERROR_NOT_PERMITTED. Returns "" when fabric handles
+// work, otherwise the reason; any failure falls back to POSIX fds, never throws for it.
+std::string probe_fabric(const location& where, int ordinal, CUcontext context, bool posix_fd) {
+  if (where.kind != memory_kind::device)
+    return "the driver exports device memory only (host-NUMA handles cannot be exported)";
+  const CUdevice device = driver::device_at(ordinal);
+  if (driver::attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device) == 0)
+    return fmt::format("gpu {} does not support fabric handles "
+                       "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0)",
+                       ordinal);
+  CUmemAllocationProp properties = driver::allocation_properties(where, posix_fd);
+  properties.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(
+      properties.requestedHandleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
+  std::size_t size = 0;
+  if (const CUresult result = driver::try_call(driver::api().cuMemGetAllocationGranularity, &size,
+                                               &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      result != CUDA_SUCCESS)
+    return fmt::format("cuMemGetAllocationGranularity with CU_MEM_HANDLE_TYPE_FABRIC on gpu {} "
+                       "failed: {}",
+                       ordinal, driver::error_name(result));
+  driver::scoped_context current(context);
+  CUmemGenericAllocationHandle handle = 0;
+  const CUresult result = driver::try_call(driver::api().cuMemCreate, &handle, size, &properties, 0ULL);
+  if (result == CUDA_SUCCESS) {
+    if (driver::try_call(driver::api().cuMemRelease, handle) != CUDA_SUCCESS)
+      report_cleanup_failure("cuMemRelease of the fabric-handle probe failed");
+    return {};
+  }
+  const char* why = "";
+  if (result == CUDA_ERROR_NOT_PERMITTED)
+    why = ": no IMEX channel this process may use (/dev/nvidia-caps-imex-channels)";
+  else if (result == CUDA_ERROR_NOT_SUPPORTED)
+    why = ": this system does not support them";
+  return fmt::format("the device attribute allows fabric handles, but cuMemCreate of {} bytes "
+                     "with CU_MEM_HANDLE_TYPE_FABRIC on gpu {} returned {}{}",
+                     size, ordinal, driver::error_name(result), why);
+}
+
+CUmemAllocationProp with_fabric(CUmemAllocationProp properties, bool fabric) {
+  if (fabric)
+    properties.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(
+        properties.requestedHandleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
+  return properties;
 }
 
 CUmemAccess_flags access_flags(access_mode mode) {
@@ -61,7 +110,8 @@ driver_provider::driver_provider(location where)
       device_ordinal_(context_device(where)),
       context_((require_support(where, device_ordinal_), device_ordinal_)),
       exportable_(exportable(where, device_ordinal_)),
-      properties_(driver::allocation_properties(where, exportable_)),
+      fabric_reason_(probe_fabric(where, device_ordinal_, context_.get(), exportable_)),
+      properties_(with_fabric(driver::allocation_properties(where, exportable_), fabric_reason_.empty())),
       granularity_(driver::granularity(properties_, CU_MEM_ALLOC_GRANULARITY_MINIMUM)),
       recommended_granularity_(driver::granularity(properties_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)),
       name_(to_string(where)),
@@ -209,6 +259,45 @@ physical_handle driver_provider::import_fd(int fd, std::size_t size) {
   return handle;
 }
 
+handle_kind driver_provider::export_handle_kind() const noexcept {
+  if (fabric_reason_.empty()) return handle_kind::fabric;
+  return exportable_ ? handle_kind::posix_fd : handle_kind::none;
+}
+
+fabric_handle driver_provider::export_fabric(physical_handle handle) {
+  if (!fabric_reason_.empty())
+    throw invalid_argument(fmt::format("{}: fabric handles are not available: {}", name_, fabric_reason_));
+  std::lock_guard lock(mutex_);
+  const std::size_t size = registry_.handle_size(rules_, handle);
+  driver::scoped_context current(context_.get());
+  CUmemFabricHandle exported{};
+  VMM_DRIVER_CHECK(
+      cuMemExportToShareableHandle,
+      [&] { return fmt::format("cuMemExportToShareableHandle(size={}, fabric) on {}", size, name_); },
+      static_cast<void*>(&exported), CUmemGenericAllocationHandle{handle}, CU_MEM_HANDLE_TYPE_FABRIC, 0ULL);
+  fabric_handle result;
+  static_assert(sizeof exported == sizeof result.bytes);
+  std::memcpy(result.bytes.data(), &exported, sizeof exported);
+  return result;
+}
+
+physical_handle driver_provider::import_fabric(const fabric_handle& handle, std::size_t size) {
+  rules_.check_size(size, "import");
+  if (!fabric_reason_.empty())
+    throw invalid_argument(fmt::format("{}: fabric handles cannot be imported here: {}", name_, fabric_reason_));
+  CUmemFabricHandle imported_from{};
+  std::memcpy(&imported_from, handle.bytes.data(), sizeof imported_from);
+  driver::scoped_context current(context_.get());
+  CUmemGenericAllocationHandle imported = 0;
+  VMM_DRIVER_CHECK(
+      cuMemImportFromShareableHandle,
+      [&] { return fmt::format("cuMemImportFromShareableHandle(fabric, size={}) on {}", size, name_); },
+      &imported, static_cast<void*>(&imported_from), CU_MEM_HANDLE_TYPE_FABRIC);
+  std::lock_guard lock(mutex_);
+  registry_.add_handle(imported, size);
+  return imported;
+}
+
 void driver_provider::copy(void* destination, const void* source, std::size_t n, stream_handle stream) {
   driver::scoped_context current(context_.get());
   VMM_DRIVER_CHECK(
@@ -273,6 +362,50 @@ void driver_provider::wait_event(event_handle event) {
 void driver_provider::destroy_event(event_handle event) noexcept {
   if (event != 0 && driver::try_call(driver::api().cuEventDestroy, reinterpret_cast<CUevent>(event)) != CUDA_SUCCESS)
     report_cleanup_failure("cuEventDestroy failed");
+}
+
+event_handle driver_provider::create_interprocess_event(interprocess_event_handle* exported) {
+  if (exported == nullptr) throw invalid_argument(fmt::format("{}: create_interprocess_event(nullptr)", name_));
+  if (driver::api().cuIpcGetEventHandle == nullptr) driver::throw_missing("cuIpcGetEventHandle");
+  driver::scoped_context current(context_.get());
+  CUevent event = nullptr;
+  VMM_DRIVER_CHECK(
+      cuEventCreate,
+      [&] { return fmt::format("cuEventCreate(INTERPROCESS | DISABLE_TIMING) on {}", name_); }, &event,
+      static_cast<unsigned>(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+  CUipcEventHandle handle{};
+  if (const CUresult result = driver::try_call(driver::api().cuIpcGetEventHandle, &handle, event);
+      result != CUDA_SUCCESS) {
+    driver::try_call(driver::api().cuEventDestroy, event);
+    driver::throw_error(result, fmt::format("cuIpcGetEventHandle() on {}", name_));
+  }
+  static_assert(sizeof handle == sizeof exported->bytes);
+  std::memcpy(exported->bytes.data(), &handle, sizeof handle);
+  return reinterpret_cast<event_handle>(event);
+}
+
+event_handle driver_provider::open_interprocess_event(const interprocess_event_handle& exported) {
+  CUipcEventHandle handle{};
+  std::memcpy(&handle, exported.bytes.data(), sizeof handle);
+  driver::scoped_context current(context_.get());
+  CUevent event = nullptr;
+  VMM_DRIVER_CHECK(cuIpcOpenEventHandle, [&] { return fmt::format("cuIpcOpenEventHandle() on {}", name_); },
+                   &event, handle);
+  return reinterpret_cast<event_handle>(event);
+}
+
+void driver_provider::record_event_at(event_handle event, stream_handle stream) {
+  if (event == 0) throw invalid_argument(fmt::format("{}: record_event_at of no event", name_));
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(cuEventRecord, [&] { return fmt::format("cuEventRecord() on {}", name_); },
+                   reinterpret_cast<CUevent>(event), static_cast<CUstream>(stream));
+}
+
+void driver_provider::stream_wait_event(stream_handle stream, event_handle event) {
+  if (event == 0) throw invalid_argument(fmt::format("{}: stream_wait_event on no event", name_));
+  driver::scoped_context current(context_.get());
+  VMM_DRIVER_CHECK(cuStreamWaitEvent, [&] { return fmt::format("cuStreamWaitEvent() on {}", name_); },
+                   static_cast<CUstream>(stream), reinterpret_cast<CUevent>(event), 0u);
 }
 
 std::size_t driver_provider::physical_memory_size() const {

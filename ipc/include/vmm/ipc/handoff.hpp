@@ -1,0 +1,101 @@
+#pragma once
+/// @file
+/// Stream-ordered hand-off of shared memory between two processes, with interprocess
+/// events: the flow of the stream-ordered allocator's IPC pools, on any vmm buffer.
+///
+///   producer                                   consumer
+///   handoff_producer p(socket, provider) ----> handoff_consumer c(socket, provider)
+///   (writes queued on stream s)
+///   p.publish(s): record `ready` on s -------> c.acquire(t): stream t waits for `ready`
+///                                              (reads queued on t)
+///   p.wait_consumed(s): s waits for `done` <-- c.release(t): record `done` on t
+///   (now s may overwrite or release the memory)
+///
+/// Neither host blocks: the waits are cuStreamWaitEvent. The socket carries the order of
+/// the records (a wait enqueued before the matching record would not wait at all); the
+/// events carry the order of the GPU work. The producer creates both events and the
+/// consumer opens them, so both live as long as the producer; destroy the producer only
+/// after the consumer is done with them (after its last release() arrived). If a process
+/// dies with a record pending on the GPU, the other side's waits on that event may never
+/// complete: keep a timeout in whatever supervises the processes.
+///
+/// On host providers every event is already passed and the hand-off is the socket
+/// messages alone: the same code runs on the OS provider in CI and on the GPU.
+///
+/// Messages: a 16-byte header (u32 "VMMH", u32 type, u64 sequence; little-endian) and, for
+/// the first message (type 1), the two events' 64-byte handles; type 2 is "ready", type 3
+/// "done", each carrying the sequence number of its round (1, 2, ...). Each is checked.
+
+#include <vmm/interprocess_event.hpp>
+
+#include <cstdint>
+#include <memory>
+
+namespace vmm::ipc {
+
+/// The producer's end. Not thread-safe (one conversation, in order). Move-only.
+class handoff_producer {
+ public:
+  /// Creates the two events through `provider` (the memory's) and sends their handles.
+  /// @throws vmm::invalid_argument the provider is null.
+  /// @throws vmm::driver_error the events could not be created.
+  /// @throws vmm::os_error sending failed.
+  handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider);
+  handoff_producer(handoff_producer&&) noexcept = default;
+  handoff_producer& operator=(handoff_producer&&) noexcept = default;
+
+  /// Marks the end of the work queued on `stream` so far as the consumer's to wait for,
+  /// and tells the consumer. Call once per round, after the writes are queued.
+  /// @throws vmm::invalid_argument the previous round was not consumed yet.
+  /// @throws vmm::os_error, vmm::driver_error.
+  void publish(stream_handle stream);
+  /// Receives the consumer's "done" for the current round and makes work queued on
+  /// `stream` from now on wait for the consumer's work. The host does not wait for the
+  /// GPU; it waits for the consumer's message.
+  /// @throws vmm::invalid_argument nothing is published, or the message is not this round's.
+  /// @throws vmm::ipc::peer_closed the consumer went away.
+  void wait_consumed(stream_handle stream);
+  /// The rounds published so far.
+  [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
+
+ private:
+  int socket_;
+  interprocess_event ready_;
+  interprocess_event done_;
+  std::uint64_t sequence_ = 0;
+  bool consumed_ = true;
+};
+
+/// The consumer's end. Not thread-safe. Move-only.
+class handoff_consumer {
+ public:
+  /// Receives the producer's event handles and opens them through `provider`.
+  /// @throws vmm::invalid_argument the provider is null or the message is malformed.
+  /// @throws vmm::driver_error the events could not be opened.
+  /// @throws vmm::ipc::peer_closed, vmm::os_error receiving failed.
+  handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider);
+  handoff_consumer(handoff_consumer&&) noexcept = default;
+  handoff_consumer& operator=(handoff_consumer&&) noexcept = default;
+
+  /// Receives the producer's "ready" for the next round and makes work queued on `stream`
+  /// from now on wait for the producer's writes.
+  /// @throws vmm::invalid_argument the previous round was not released, or the message is
+  ///         not the next round's.
+  /// @throws vmm::ipc::peer_closed the producer went away.
+  void acquire(stream_handle stream);
+  /// Marks the end of the work queued on `stream` so far as the producer's to wait for,
+  /// and tells the producer.
+  /// @throws vmm::invalid_argument nothing is acquired.
+  void release(stream_handle stream);
+  /// The rounds acquired so far.
+  [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
+
+ private:
+  int socket_;
+  interprocess_event ready_;
+  interprocess_event done_;
+  std::uint64_t sequence_ = 0;
+  bool released_ = true;
+};
+
+}  // namespace vmm::ipc

@@ -1,0 +1,161 @@
+#pragma once
+/// @file
+/// The importing side of sharing: a manifest and its fds become a mapped address range.
+///
+/// An imported_buffer reserves the exporter's max_size at a new address, imports every
+/// chunk's handle and maps each chunk at its manifest offset, so that byte i of the import
+/// is byte base_offset + i of the exporter's buffer. Growth manifests map the new tail at
+/// the same offsets: the address and the part mapped already are never touched.
+///
+/// Nothing from a socket is trusted. receive() parses the manifest strictly
+/// (parse_manifest), checks it against this process (providers for its locations, the
+/// granularity, the requested access against the grant; for growth: the buffer id, the
+/// layout and where it starts), checks every message's fd count, and imports every handle
+/// before it maps anything. Any failure throws with nothing mapped, nothing reserved, and
+/// every received fd closed (each fd is owned from the moment it arrives, and is closed as
+/// soon as its handle is imported: an import of thousands of chunks holds at most
+/// max_fds_per_message received fds at a time).
+///
+/// Read-only. A manifest's grant is the most access an importer may map; imported_buffer
+/// refuses to map more, and a read-only mapping faults on writes (PROT_READ on the host,
+/// CU_MEM_ACCESS_FLAGS_PROT_READ on the GPU). A POSIX fd from the CUDA driver carries no
+/// access right of its own, though: a process that bypasses vmm could map the memory
+/// read-write. The grant protects a cooperating consumer from its own bugs, not the
+/// exporter from a hostile process; give hostile processes nothing.
+///
+/// Lifetimes. Imported memory lives while this process maps it, whatever the exporter does
+/// (it may release its buffer or exit). Destroying an imported_buffer waits for its stream,
+/// then unmaps, releases the imported handles and frees the range; if the importing process
+/// dies instead, the OS and the driver release the same, and the exporter holds nothing for
+/// it.
+
+#include <vmm/address_range.hpp>
+#include <vmm/ipc/fd_channel.hpp>
+#include <vmm/ipc/manifest.hpp>
+#include <vmm/unique_fd.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace vmm::ipc {
+
+/// A manifest received with its fds, validated, nothing imported yet.
+struct received_manifest {
+  manifest description;
+  std::vector<unique_fd> fds;  ///< one per posix-fd chunk, in chunk order
+};
+
+/// Receives a manifest sent by send_manifest (the manifest message and its continuation
+/// messages), parses it and checks every message's fd count.
+/// @throws vmm::ipc::bad_manifest the bytes are not a valid manifest, or a continuation
+///         message is malformed; every fd received is closed.
+/// @throws vmm::invalid_argument a message carries the wrong number of fds.
+/// @throws vmm::ipc::peer_closed, vmm::os_error as receive_message.
+[[nodiscard]] received_manifest receive_manifest(int socket_fd);
+
+/// How to import.
+struct import_options {
+  /// The access to map with: at most the manifest's grant.
+  access_mode access = access_mode::read_write;
+  /// The provider for every chunk; null: provider_for() of each chunk's location. Its
+  /// location and granularity must match the manifest's.
+  std::shared_ptr<memory_provider> provider;
+  /// Where work using the import is queued: destruction waits for it (nullptr: the legacy
+  /// default stream).
+  stream_handle stream = nullptr;
+};
+
+/// Another process's buffer, mapped here with its layout. See the file comment. Move-only.
+class imported_buffer {
+ public:
+  /// Nothing imported.
+  imported_buffer() noexcept;
+  /// Imports a whole manifest with its fds (one per posix-fd chunk, in order), which it
+  /// closes as it goes.
+  /// @throws vmm::ipc::bad_manifest the manifest is a growth manifest.
+  /// @throws vmm::invalid_argument the fd count differs from the manifest's, the access
+  ///         asked exceeds the grant, a location has no provider here, the granularity
+  ///         differs, or a handle is not the memory the manifest says (wrong size, not
+  ///         memory at all).
+  /// @throws vmm::out_of_memory no address range of max_size is left.
+  /// @throws vmm::driver_error, vmm::os_error importing or mapping failed.
+  /// Whatever the failure, nothing stays mapped or reserved.
+  imported_buffer(const manifest& description, std::vector<unique_fd> fds, import_options options = {});
+  /// Receives a manifest from send_manifest on `socket_fd` and imports it, holding at most
+  /// one message's fds at a time. Same errors as above and as receive_manifest(). After an
+  /// exception the socket may be in the middle of a manifest: close it.
+  [[nodiscard]] static imported_buffer receive(int socket_fd, import_options options = {});
+
+  imported_buffer(imported_buffer&& other) noexcept;
+  imported_buffer& operator=(imported_buffer&& other) noexcept;
+  imported_buffer(const imported_buffer&) = delete;
+  imported_buffer& operator=(const imported_buffer&) = delete;
+  /// Waits for the stream, then unmaps, releases the imported handles and frees the range.
+  ~imported_buffer();
+
+  /// Maps the chunks of a growth manifest after what is mapped, with its fds.
+  /// Strong guarantee: on failure the import is exactly as it was, the fds closed.
+  /// @throws vmm::ipc::bad_manifest not a growth manifest of this buffer (buffer id,
+  ///         location, granularity, max size or base offset differ), or it does not start
+  ///         where this import ends.
+  /// @throws vmm::invalid_argument as the constructor.
+  void grow(const manifest& tail, std::vector<unique_fd> fds);
+  /// Receives a growth manifest from `socket_fd` and maps it, as grow(). After an exception
+  /// the socket may be in the middle of a manifest: close it.
+  void receive_growth(int socket_fd);
+
+  /// The first byte (nullptr when empty); never changes, growth included.
+  [[nodiscard]] void* data() const noexcept { return range_.data(); }
+  /// Bytes in use at the exporter when it sent the latest manifest (<= capacity()).
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Bytes mapped.
+  [[nodiscard]] std::size_t capacity() const noexcept { return mapped_; }
+  /// The address range reserved: the exporter's max size.
+  [[nodiscard]] std::size_t max_size() const noexcept { return range_.size(); }
+  /// Chunks mapped.
+  [[nodiscard]] std::size_t chunk_count() const noexcept;
+  /// The access the mappings grant.
+  [[nodiscard]] access_mode access() const noexcept { return access_; }
+  /// The exporter's name for the buffer.
+  [[nodiscard]] std::uint64_t buffer_id() const noexcept { return buffer_id_; }
+  /// Where this import starts in the exporter's buffer.
+  [[nodiscard]] std::uint64_t base_offset() const noexcept { return base_offset_; }
+  /// The provider the range was reserved through (null when empty).
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
+    return range_.provider();
+  }
+  [[nodiscard]] stream_handle stream() const noexcept { return stream_; }
+  /// Orders destruction after work on `stream` instead.
+  void set_stream(stream_handle stream) noexcept { stream_ = stream; }
+
+ private:
+  struct fd_source;
+  class imported_chunk;  // one imported handle, mapped; unmaps and releases on destruction
+  struct unmapped {};
+  // Checks a whole manifest and the options; maps nothing yet.
+  imported_buffer(unmapped, const manifest& description, import_options options);
+  // Throws unless `tail` is a growth manifest of this import that starts where it ends.
+  void check_growth(const manifest& tail) const;
+  // Imports every handle of `description`, then maps them at their offsets and sets access
+  // over the new part; appends them only once all of that succeeded.
+  void map_chunks(const manifest& description, fd_source& fds);
+  [[nodiscard]] std::shared_ptr<memory_provider> provider_of(const location& where) const;
+
+  std::shared_ptr<memory_provider> chosen_provider_;  // import_options::provider
+  // Declaration order is destruction order reversed: the chunks (mappings and handles) go
+  // before the range.
+  address_range range_;
+  std::vector<imported_chunk> chunks_;
+  location where_;
+  std::uint64_t buffer_id_ = 0;
+  std::uint64_t granularity_ = 0;
+  std::uint64_t base_offset_ = 0;
+  std::size_t mapped_ = 0;
+  std::size_t size_ = 0;
+  access_mode access_ = access_mode::none;
+  stream_handle stream_ = nullptr;
+};
+
+}  // namespace vmm::ipc

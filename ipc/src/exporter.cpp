@@ -1,0 +1,257 @@
+#include <vmm/ipc/exporter.hpp>
+
+#include <vmm/ipc/fd_channel.hpp>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <random>
+
+namespace vmm::ipc {
+namespace {
+
+std::uint64_t mix(std::uint64_t x) noexcept {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t process_nonce() {
+  static const std::uint64_t nonce = [] {
+    std::random_device device;
+    return (std::uint64_t{device()} << 32) ^ device() ^ static_cast<std::uint64_t>(::getpid());
+  }();
+  return nonce;
+}
+
+// A growable buffer's address never changes while it lives: it names the buffer.
+std::uint64_t buffer_id_of(const growable_buffer& buffer) {
+  return mix(process_nonce() ^ reinterpret_cast<std::uintptr_t>(buffer.data()));
+}
+
+// Ranges, views and chunk lists cannot grow: a fresh id for each export.
+std::uint64_t fresh_id() {
+  static std::atomic<std::uint64_t> counter{0};
+  return mix(process_nonce() + 0x632be59bd9b4e019ull * (counter.fetch_add(1) + 1));
+}
+
+unique_fd duplicate(int fd) {
+  unique_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy) throw os_error(errno, fmt::format("exporter: fcntl(F_DUPFD_CLOEXEC) of cached fd {}", fd));
+  return copy;
+}
+
+bool same_chunk(const std::weak_ptr<const pooled_chunk>& a, const shared_chunk& b) noexcept {
+  return !a.owner_before(b) && !b.owner_before(a);
+}
+
+std::vector<shared_chunk> all_chunks(const growable_buffer& buffer) {
+  if (buffer.capacity() == 0) return {};
+  return buffer.chunks(0, buffer.capacity());
+}
+
+manifest describe(const memory_provider& provider, std::uint64_t id, std::uint64_t max_size,
+                  const export_options& options) {
+  manifest description;
+  description.grant = options.grant;
+  description.where = provider.where();
+  description.buffer_id = id;
+  description.granularity = provider.granularity();
+  description.max_size = max_size;
+  return description;
+}
+
+}  // namespace
+
+exporter::exporter() = default;
+exporter::~exporter() = default;
+
+exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, manifest description,
+                                        const export_options& options) {
+  purge_locked();
+  exported_manifest result;
+  std::uint64_t position = description.start;
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const shared_chunk& chunk = chunks[i];
+    if (chunk == nullptr || !*chunk)
+      throw invalid_argument(fmt::format("exporter: chunk {} of {} is empty", i, chunks.size()));
+    const std::shared_ptr<memory_provider>& provider = chunk->memory().provider();
+    if (provider->where().kind != description.where.kind)
+      throw invalid_argument(fmt::format("exporter: chunk {} of {} is {} memory, but the buffer is {} memory",
+                                         i, chunks.size(), to_string(provider->where()),
+                                         to_string(description.where)));
+    const handle_kind kind = options.handle.value_or(provider->export_handle_kind());
+    if (kind == handle_kind::none)
+      throw invalid_argument(fmt::format("exporter: chunk {} of {} ({} memory) cannot be exported: "
+                                         "it has no shareable handle",
+                                         i, chunks.size(), to_string(provider->where())));
+    const auto found = cache_.find(chunk);
+    cache_entry* entry = found == cache_.end() ? nullptr : &found->second;
+    // An entry is made only once an export succeeded.
+    const auto entry_for_chunk = [&]() -> cache_entry& {
+      if (entry == nullptr) entry = &cache_.emplace(chunk_key(chunk), cache_entry{}).first->second;
+      ++statistics_.handles_exported;
+      return *entry;
+    };
+    manifest_chunk described{position, chunk->size(), provider->where(), kind, {}};
+    if (kind == handle_kind::posix_fd) {
+      if (entry == nullptr || !entry->fd) {
+        unique_fd exported = chunk->memory().export_fd();
+        entry_for_chunk().fd = std::move(exported);
+      } else {
+        ++statistics_.cache_hits;
+      }
+      result.fds.push_back(duplicate(entry->fd.get()));
+    } else {
+      if (entry == nullptr || !entry->fabric) {
+        const fabric_handle exported = provider->export_fabric(chunk->memory().get());
+        entry_for_chunk().fabric = exported;
+      } else {
+        ++statistics_.cache_hits;
+      }
+      described.fabric = *entry->fabric;
+    }
+    description.chunks.push_back(described);
+    position += chunk->size();
+  }
+  description.end = position;
+  result.bytes = serialize(description);
+  result.description = std::move(description);
+  return result;
+}
+
+exported_manifest exporter::export_buffer(const growable_buffer& buffer, export_options options) {
+  if (buffer.data() == nullptr) throw invalid_argument("exporter: export of a moved-from buffer");
+  const std::vector<shared_chunk> chunks = all_chunks(buffer);
+  manifest description = describe(*buffer.provider(), buffer_id_of(buffer), buffer.max_size(), options);
+  description.size = buffer.size();
+  std::lock_guard lock(mutex_);
+  exported_manifest result = export_list(chunks, std::move(description), options);
+  exported_layout& layout = layouts_[result.description.buffer_id];
+  layout.chunks.assign(chunks.begin(), chunks.end());
+  return result;
+}
+
+exported_manifest exporter::export_range(const growable_buffer& buffer, std::size_t offset,
+                                         std::size_t length, export_options options) {
+  const std::vector<shared_chunk> chunks = buffer.chunks(offset, length);  // checks the range
+  manifest description = describe(*buffer.provider(), fresh_id(), length, options);
+  description.base_offset = offset;
+  description.size = buffer.size() <= offset ? 0 : std::min(length, buffer.size() - offset);
+  std::lock_guard lock(mutex_);
+  return export_list(chunks, std::move(description), options);
+}
+
+exported_manifest exporter::export_view(const chunk_view& view, export_options options) {
+  if (view.chunk_count() == 0) throw invalid_argument("exporter: export of an empty view");
+  return export_chunks(view.chunks(), std::move(options));
+}
+
+exported_manifest exporter::export_chunks(std::span<const shared_chunk> chunks, export_options options) {
+  if (chunks.empty()) throw invalid_argument("exporter: export of no chunks");
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i] == nullptr || !*chunks[i])
+      throw invalid_argument(fmt::format("exporter: chunk {} of {} is empty", i, chunks.size()));
+    total += chunks[i]->size();
+  }
+  manifest description = describe(*chunks.front()->memory().provider(), fresh_id(), total, options);
+  description.size = total;
+  std::lock_guard lock(mutex_);
+  return export_list(chunks, std::move(description), options);
+}
+
+exported_manifest exporter::export_growth(const growable_buffer& buffer, std::size_t importer_end,
+                                          export_options options) {
+  if (buffer.data() == nullptr) throw invalid_argument("exporter: export of a moved-from buffer");
+  const std::uint64_t id = buffer_id_of(buffer);
+  const std::vector<shared_chunk> chunks = all_chunks(buffer);
+  std::lock_guard lock(mutex_);
+  const auto layout = layouts_.find(id);
+  if (layout == layouts_.end())
+    throw invalid_argument("export_growth: this exporter never exported this buffer whole "
+                           "(export_buffer first)");
+  if (importer_end > buffer.capacity())
+    throw invalid_argument(fmt::format("export_growth: the importer maps {} bytes, but the buffer maps "
+                                       "only {} now: it shrank, so it must be imported again",
+                                       importer_end, buffer.capacity()));
+  std::size_t below = 0;  // chunks that lie below importer_end
+  std::size_t position = 0;
+  while (position < importer_end) position += chunks[below++]->size();
+  if (position != importer_end)
+    throw invalid_argument(fmt::format("export_growth: {} is not a chunk boundary of the buffer "
+                                       "(the chunk there ends at {})",
+                                       importer_end, position));
+  for (std::size_t i = 0; i < below; ++i)
+    if (i >= layout->second.chunks.size() || !same_chunk(layout->second.chunks[i], chunks[i]))
+      throw invalid_argument(fmt::format(
+          "export_growth: chunk {} below the importer's end {} is not the one exported (the buffer "
+          "shrank and grew again): it must be imported again",
+          i, importer_end));
+
+  manifest description = describe(*buffer.provider(), id, buffer.max_size(), options);
+  description.kind = manifest_kind::growth;
+  description.start = importer_end;
+  description.size = buffer.size();
+  exported_manifest result =
+      export_list(std::span(chunks).subspan(below), std::move(description), options);
+  layout->second.chunks.assign(chunks.begin(), chunks.end());
+  return result;
+}
+
+void exporter::purge_locked() {
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    if (it->first.expired()) {
+      it = cache_.erase(it);  // closes the fd
+      ++statistics_.entries_dropped;
+    } else {
+      ++it;
+    }
+  }
+  std::erase_if(layouts_, [](const auto& entry) {
+    const auto& chunks = entry.second.chunks;
+    return !chunks.empty() &&
+           std::all_of(chunks.begin(), chunks.end(), [](const chunk_key& c) { return c.expired(); });
+  });
+}
+
+void exporter::purge() {
+  std::lock_guard lock(mutex_);
+  purge_locked();
+}
+
+export_statistics exporter::statistics() const {
+  std::lock_guard lock(mutex_);
+  export_statistics result = statistics_;
+  result.cached_chunks = cache_.size();
+  return result;
+}
+
+void send_manifest(int socket_fd, const exported_manifest& exported) {
+  if (exported.fds.size() != exported.description.fd_count())
+    throw invalid_argument(fmt::format("send_manifest: {} fds for a manifest of {} posix-fd chunks",
+                                       exported.fds.size(), exported.description.fd_count()));
+  std::vector<int> fds;
+  fds.reserve(exported.fds.size());
+  for (const unique_fd& fd : exported.fds) fds.push_back(fd.get());
+  const std::span<const int> all(fds);
+  std::size_t sent = std::min(all.size(), max_fds_per_message);
+  send_message(socket_fd, exported.bytes, all.first(sent));
+  for (std::uint32_t index = 1; sent < all.size(); ++index) {
+    const std::size_t count = std::min(all.size() - sent, max_fds_per_message);
+    std::array<std::byte, 8> payload{};
+    for (std::size_t i = 0; i < 4; ++i) {
+      payload[i] = static_cast<std::byte>(manifest_continuation_magic >> (8 * i));
+      payload[4 + i] = static_cast<std::byte>(index >> (8 * i));
+    }
+    send_message(socket_fd, payload, all.subspan(sent, count));
+    sent += count;
+  }
+}
+
+}  // namespace vmm::ipc

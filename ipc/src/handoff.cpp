@@ -1,0 +1,137 @@
+#include <vmm/ipc/handoff.hpp>
+
+#include <vmm/ipc/fd_channel.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <span>
+#include <vector>
+
+namespace vmm::ipc {
+namespace {
+
+constexpr std::uint32_t handoff_magic = 0x484d4d56;  // "VMMH"
+constexpr std::size_t header_bytes = 16;
+constexpr std::size_t handle_bytes = sizeof(interprocess_event_handle::bytes);
+
+enum class message_type : std::uint32_t { events = 1, ready = 2, done = 3 };
+
+const char* name(message_type type) {
+  switch (type) {
+    case message_type::events:
+      return "events";
+    case message_type::ready:
+      return "ready";
+    case message_type::done:
+      return "done";
+  }
+  return "?";
+}
+
+template <class T>
+void store(std::vector<std::byte>& bytes, std::size_t at, T value) {
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    bytes[at + i] = static_cast<std::byte>(static_cast<std::uint8_t>(value >> (8 * i)));
+}
+
+template <class T>
+T load(std::span<const std::byte> bytes, std::size_t at) {
+  T value = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    value |= static_cast<T>(static_cast<T>(std::to_integer<std::uint8_t>(bytes[at + i])) << (8 * i));
+  return value;
+}
+
+std::vector<std::byte> header(message_type type, std::uint64_t sequence, std::size_t extra = 0) {
+  std::vector<std::byte> bytes(header_bytes + extra);
+  store<std::uint32_t>(bytes, 0, handoff_magic);
+  store<std::uint32_t>(bytes, 4, static_cast<std::uint32_t>(type));
+  store<std::uint64_t>(bytes, 8, sequence);
+  return bytes;
+}
+
+// Receives one hand-off message of `type` and round `sequence`; returns what follows the
+// header (exactly `extra` bytes).
+std::vector<std::byte> receive(int socket_fd, message_type type, std::uint64_t sequence,
+                               std::size_t extra = 0) {
+  message received = receive_message(socket_fd, 0);
+  const std::span<const std::byte> bytes(received.payload);
+  if (bytes.size() != header_bytes + extra)
+    throw invalid_argument(fmt::format("handoff: a {} message of {} bytes, expected {}", name(type),
+                                       bytes.size(), header_bytes + extra));
+  if (const auto magic = load<std::uint32_t>(bytes, 0); magic != handoff_magic)
+    throw invalid_argument(fmt::format("handoff: bad magic {:#010x}: not a hand-off message", magic));
+  if (const auto got = load<std::uint32_t>(bytes, 4); got != static_cast<std::uint32_t>(type))
+    throw invalid_argument(fmt::format("handoff: message type {} where \"{}\" ({}) was due", got, name(type),
+                                       static_cast<std::uint32_t>(type)));
+  if (const auto got = load<std::uint64_t>(bytes, 8); got != sequence)
+    throw invalid_argument(fmt::format("handoff: \"{}\" of round {} where round {} was due", name(type),
+                                       got, sequence));
+  return {bytes.begin() + header_bytes, bytes.end()};
+}
+
+std::shared_ptr<memory_provider> require(std::shared_ptr<memory_provider> provider) {
+  if (provider == nullptr) throw invalid_argument("handoff: the provider is null");
+  return provider;
+}
+
+interprocess_event_handle handle_at(std::span<const std::byte> bytes, std::size_t at) {
+  interprocess_event_handle handle;
+  std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(at), handle_bytes, handle.bytes.begin());
+  return handle;
+}
+
+}  // namespace
+
+handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider)
+    : socket_(socket_fd), ready_(require(provider)), done_(provider) {
+  std::vector<std::byte> message = header(message_type::events, 0, 2 * handle_bytes);
+  std::copy(ready_.handle().bytes.begin(), ready_.handle().bytes.end(), message.begin() + header_bytes);
+  std::copy(done_.handle().bytes.begin(), done_.handle().bytes.end(),
+            message.begin() + header_bytes + handle_bytes);
+  send_message(socket_, message);
+}
+
+void handoff_producer::publish(stream_handle stream) {
+  if (!consumed_)
+    throw invalid_argument(fmt::format("handoff: round {} is published and not consumed yet", sequence_));
+  ready_.record(stream);
+  send_message(socket_, header(message_type::ready, sequence_ + 1));
+  ++sequence_;
+  consumed_ = false;
+}
+
+void handoff_producer::wait_consumed(stream_handle stream) {
+  if (consumed_) throw invalid_argument("handoff: wait_consumed with no round published");
+  (void)receive(socket_, message_type::done, sequence_);
+  consumed_ = true;
+  done_.make_stream_wait(stream);
+}
+
+handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider)
+    : socket_(socket_fd) {
+  provider = require(std::move(provider));
+  const std::vector<std::byte> handles = receive(socket_, message_type::events, 0, 2 * handle_bytes);
+  ready_ = interprocess_event::open(provider, handle_at(handles, 0));
+  done_ = interprocess_event::open(provider, handle_at(handles, handle_bytes));
+}
+
+void handoff_consumer::acquire(stream_handle stream) {
+  if (!released_)
+    throw invalid_argument(fmt::format("handoff: round {} is acquired and not released yet", sequence_));
+  (void)receive(socket_, message_type::ready, sequence_ + 1);
+  ++sequence_;
+  released_ = false;
+  ready_.make_stream_wait(stream);
+}
+
+void handoff_consumer::release(stream_handle stream) {
+  if (released_) throw invalid_argument("handoff: release with no round acquired");
+  done_.record(stream);
+  send_message(socket_, header(message_type::done, sequence_));
+  released_ = true;
+}
+
+}  // namespace vmm::ipc
