@@ -303,7 +303,10 @@ struct driver_range {
 // exportable where the device supports it), mapped into a range of its size.
 class raw_driver_once final : public grow_once_contender {
  public:
-  explicit raw_driver_once(std::size_t chunk) {
+  // reservation: the range the chunk is mapped at the start of (0: the chunk's size). A
+  // buffer that grows reserves far more than one chunk; the driver's cost for a 2 MiB map
+  // depends on it, so the like-for-like floor of a growable_buffer row uses the same.
+  raw_driver_once(std::size_t chunk, std::size_t reservation) {
     const driver_calls& calls = driver();
     CUdevice device = 0;
     check(calls.device_get(&device, 0), "cuDeviceGet(0)");
@@ -326,9 +329,10 @@ class raw_driver_once final : public grow_once_contender {
     check(calls.create(&memory_.handle, size_, &properties, 0),
           "cuMemCreate(" + bytes(size_) + ")");
     memory_.live = true;
-    check(calls.address_reserve(&range_.address, size_, 0, 0, 0),
-          "cuMemAddressReserve(" + bytes(size_) + ")");
-    range_.size = size_;
+    const std::size_t reserved = std::max(size_, reservation);
+    check(calls.address_reserve(&range_.address, reserved, 0, 0, 0),
+          "cuMemAddressReserve(" + bytes(reserved) + ")");
+    range_.size = reserved;
     access_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access_.location.id = 0;
     access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -459,8 +463,9 @@ std::vector<grow_entry> gpu_baseline_contenders() {
   };
 }
 
-std::unique_ptr<grow_once_contender> make_raw_driver_once(std::size_t chunk) {
-  return std::make_unique<raw_driver_once>(chunk);
+std::unique_ptr<grow_once_contender> make_raw_driver_once(std::size_t chunk,
+                                                          std::size_t reservation) {
+  return std::make_unique<raw_driver_once>(chunk, reservation);
 }
 
 std::size_t reach_with_realloc_2x(memory_target& target, std::size_t append) {

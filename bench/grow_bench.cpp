@@ -217,9 +217,6 @@ std::vector<grow_once_entry> once_entries(grow_once_entry raw, int gpu_ordinal) 
            }},
           {"vmm_growable_warm_1GiB", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
              return make_vmm_growable_once(gpu_ordinal, chunk, gib);
-           }},
-          {"vmm_growable_warm_16GiB", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
-             return make_vmm_growable_once(gpu_ordinal, chunk, 16 * gib);
            }}};
 }
 
@@ -230,7 +227,12 @@ contender_set gpu_set() {
   set.scenarios = {{16 * gib, 256 * mib}, {4 * gib, 16 * mib}};
   set.grow = with_vmm(gpu_baseline_contenders(), gpu);
   set.once_chunks = {2 * mib, 64 * mib};
-  set.once = once_entries({"raw_driver", contender_role::floor, make_raw_driver_once}, gpu);
+  set.once = once_entries(
+      {"raw_driver", contender_role::floor,
+       [](std::size_t chunk) { return make_raw_driver_once(chunk, 0); }},
+      gpu);
+  set.once.push_back({"raw_driver_1GiB", contender_role::baseline,
+                      [](std::size_t chunk) { return make_raw_driver_once(chunk, gib); }});
   set.reach = {{"vmm", [](memory_target& target,
                           std::size_t append) { return reach_with_vmm(target, gpu, append); }},
                {"realloc_copy_2x", reach_with_realloc_2x}};

@@ -194,7 +194,8 @@ std::unique_ptr<memory_target> make_gpu_target(std::string* why);
 std::vector<grow_entry> gpu_baseline_contenders();
 /// cuMemMap + cuMemSetAccess on a pre-created handle (undo: cuMemUnmap), the driver called
 /// through entry points from cudaGetDriverEntryPointByVersion.
-std::unique_ptr<grow_once_contender> make_raw_driver_once(std::size_t chunk);
+// reservation: the range the chunk is mapped into (0: the chunk's own size).
+std::unique_ptr<grow_once_contender> make_raw_driver_once(std::size_t chunk, std::size_t reservation);
 /// Grows by cudaMalloc + copy with 2× capacity in `append` steps until cudaMalloc fails;
 /// returns the size reached.
 std::size_t reach_with_realloc_2x(memory_target& target, std::size_t append);

@@ -28,6 +28,10 @@ struct pinned_host_memory {
 };
 
 using all_memory_kinds = ::testing::Types<os_host_memory, device_memory, pinned_host_memory>;
+// The kinds whose memory the host may dereference directly.
+using host_readable_memory_kinds = ::testing::Types<os_host_memory, pinned_host_memory>;
+// The kinds whose physical memory can be exported as a file descriptor.
+using exportable_memory_kinds = ::testing::Types<os_host_memory, device_memory>;
 
 struct memory_kind_names {
   template <class Kind>
