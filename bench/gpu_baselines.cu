@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "grow_bench.hpp"
+#include "raw_driver.hpp"
 
 namespace vmm::bench {
 namespace {
@@ -218,62 +219,11 @@ class gpu_thrust_resize final : public grow_contender {
 
 // ---- the raw driver sequence ----
 
-// The driver entry points a grow needs, fetched once through the runtime (pinned to the
-// CUDA 12.0 ABI of each function), so that nothing links libcuda.
-struct driver_calls {
-  decltype(&cuGetErrorName) get_error_name = nullptr;
-  decltype(&cuDeviceGet) device_get = nullptr;
-  decltype(&cuDeviceGetAttribute) device_get_attribute = nullptr;
-  decltype(&cuMemGetAllocationGranularity) get_allocation_granularity = nullptr;
-  decltype(&cuMemCreate) create = nullptr;
-  decltype(&cuMemRelease) release = nullptr;
-  decltype(&cuMemAddressReserve) address_reserve = nullptr;
-  decltype(&cuMemAddressFree) address_free = nullptr;
-  decltype(&cuMemMap) map = nullptr;
-  decltype(&cuMemSetAccess) set_access = nullptr;
-  decltype(&cuMemUnmap) unmap = nullptr;
-};
-
-template <class Fn>
-void fetch(Fn& fn, const char* symbol) {
-  void* address = nullptr;
-  cudaDriverEntryPointQueryResult status{};
-  check(cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &status),
-        std::string("cudaGetDriverEntryPointByVersion(") + symbol + ")");
-  if (status != cudaDriverEntryPointSuccess || address == nullptr)
-    throw bench_failure(std::string("the driver has no entry point ") + symbol + " (status " +
-                        std::to_string(static_cast<int>(status)) + ")");
-  fn = reinterpret_cast<Fn>(address);
-}
-
-const driver_calls& driver() {
-  static const driver_calls calls = [] {
-    driver_calls c;
-    fetch(c.get_error_name, "cuGetErrorName");
-    fetch(c.device_get, "cuDeviceGet");
-    fetch(c.device_get_attribute, "cuDeviceGetAttribute");
-    fetch(c.get_allocation_granularity, "cuMemGetAllocationGranularity");
-    fetch(c.create, "cuMemCreate");
-    fetch(c.release, "cuMemRelease");
-    fetch(c.address_reserve, "cuMemAddressReserve");
-    fetch(c.address_free, "cuMemAddressFree");
-    fetch(c.map, "cuMemMap");
-    fetch(c.set_access, "cuMemSetAccess");
-    fetch(c.unmap, "cuMemUnmap");
-    return c;
-  }();
-  return calls;
-}
-
-std::string driver_error_name(CUresult result) {
-  const char* name = nullptr;
-  if (driver().get_error_name(result, &name) != CUDA_SUCCESS || name == nullptr)
-    return "CUresult " + std::to_string(static_cast<int>(result));
-  return name;
-}
+const raw_driver_calls& driver() { return raw_driver<bench_failure>(); }
 
 void check(CUresult result, const std::string& call) {
-  if (result != CUDA_SUCCESS) throw bench_failure(call + " failed: " + driver_error_name(result));
+  if (result != CUDA_SUCCESS)
+    throw bench_failure(call + " failed: " + raw_driver_error_name<bench_failure>(result));
 }
 
 void report(CUresult result, const char* call) noexcept {
@@ -307,7 +257,7 @@ class raw_driver_once final : public grow_once_contender {
   // buffer that grows reserves far more than one chunk; the driver's cost for a 2 MiB map
   // depends on it, so the like-for-like floor of a growable_buffer row uses the same.
   raw_driver_once(std::size_t chunk, std::size_t reservation) {
-    const driver_calls& calls = driver();
+    const raw_driver_calls& calls = driver();
     CUdevice device = 0;
     check(calls.device_get(&device, 0), "cuDeviceGet(0)");
     int posix_fd = 0;
@@ -341,7 +291,7 @@ class raw_driver_once final : public grow_once_contender {
     if (mapped_) report(driver().unmap(range_.address, size_), "cuMemUnmap");
   }
   void grow() override {
-    const driver_calls& calls = driver();
+    const raw_driver_calls& calls = driver();
     check(calls.map(range_.address, size_, 0, memory_.handle, 0), "cuMemMap(" + bytes(size_) + ")");
     mapped_ = true;
     check(calls.set_access(range_.address, size_, &access_, 1),
@@ -369,7 +319,7 @@ class raw_vmm_grow final : public grow_contender {
   ~raw_vmm_grow() override { end(); }
   void begin(std::size_t final_size, memory_probe* probe) override {
     end();
-    const driver_calls& calls = driver();
+    const raw_driver_calls& calls = driver();
     properties_ = {};
     properties_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     properties_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -383,7 +333,7 @@ class raw_vmm_grow final : public grow_contender {
     probe_ = probe;
   }
   char* grow(std::size_t new_size) override {
-    const driver_calls& calls = driver();
+    const raw_driver_calls& calls = driver();
     const std::size_t first = mapped_;
     while (mapped_ < new_size) {
       CUmemGenericAllocationHandle handle = 0;
@@ -399,7 +349,7 @@ class raw_vmm_grow final : public grow_contender {
     return reinterpret_cast<char*>(base_);
   }
   void end() noexcept override {
-    const driver_calls& calls = driver();
+    const raw_driver_calls& calls = driver();
     if (mapped_ != 0) report(calls.unmap(base_, mapped_), "cuMemUnmap");
     for (CUmemGenericAllocationHandle handle : handles_) report(calls.release(handle), "cuMemRelease");
     if (base_ != 0) report(calls.address_free(base_, reserved_), "cuMemAddressFree");

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "raw_driver.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/error.hpp"
@@ -262,53 +263,13 @@ double one_gpu_local_gbps() {
   return gbps;
 }
 
-// The driver entry points a striped range needs, fetched once through the runtime.
-struct driver_calls {
-  decltype(&cuGetErrorName) get_error_name = nullptr;
-  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
-  decltype(&cuMemCreate) create = nullptr;
-  decltype(&cuMemRelease) release = nullptr;
-  decltype(&cuMemAddressReserve) reserve = nullptr;
-  decltype(&cuMemAddressFree) free = nullptr;
-  decltype(&cuMemMap) map = nullptr;
-  decltype(&cuMemUnmap) unmap = nullptr;
-  decltype(&cuMemSetAccess) set_access = nullptr;
-};
+using vmm::bench::raw_driver_calls;
 
-template <class Fn>
-void fetch(Fn& fn, const char* symbol) {
-  void* address = nullptr;
-  cudaDriverEntryPointQueryResult status{};
-  check(cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &status),
-        std::string("cudaGetDriverEntryPointByVersion(") + symbol + ")");
-  if (status != cudaDriverEntryPointSuccess || address == nullptr)
-    throw bench_failure(std::string("the driver has no entry point ") + symbol);
-  fn = reinterpret_cast<Fn>(address);
-}
-
-const driver_calls& driver() {
-  static const driver_calls calls = [] {
-    driver_calls c;
-    fetch(c.get_error_name, "cuGetErrorName");
-    fetch(c.granularity, "cuMemGetAllocationGranularity");
-    fetch(c.create, "cuMemCreate");
-    fetch(c.release, "cuMemRelease");
-    fetch(c.reserve, "cuMemAddressReserve");
-    fetch(c.free, "cuMemAddressFree");
-    fetch(c.map, "cuMemMap");
-    fetch(c.unmap, "cuMemUnmap");
-    fetch(c.set_access, "cuMemSetAccess");
-    return c;
-  }();
-  return calls;
-}
+const raw_driver_calls& driver() { return vmm::bench::raw_driver<bench_failure>(); }
 
 void check(CUresult result, const std::string& call) {
-  if (result == CUDA_SUCCESS) return;
-  const char* name = nullptr;
-  if (driver().get_error_name(result, &name) != CUDA_SUCCESS || name == nullptr)
-    name = "an unnamed CUresult";
-  throw bench_failure(call + " failed: " + name);
+  if (result != CUDA_SUCCESS)
+    throw bench_failure(call + " failed: " + vmm::bench::raw_driver_error_name<bench_failure>(result));
 }
 
 void report(CUresult result, const char* call) noexcept {
@@ -327,17 +288,17 @@ class raw_striped_range {
     // The driver calls below run in GPU 0's primary context, as the runtime's do.
     check(cudaSetDevice(0), "cudaSetDevice(0)");
     check(cudaFree(nullptr), "cudaFree(nullptr) (initialising the primary context)");
-    const driver_calls& calls = driver();
+    const raw_driver_calls& calls = driver();
     CUmemAllocationProp properties{};
     properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     properties.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     std::size_t granularity = 0;
-    check(calls.granularity(&granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+    check(calls.get_allocation_granularity(&granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
           "cuMemGetAllocationGranularity");
     if (granularity == 0 || stripe % granularity != 0 || size % granularity != 0)
       throw bench_failure("raw range: the stripe or size is not a multiple of the granularity " +
                           std::to_string(granularity));
-    check(calls.reserve(&owned_.base, size, 0, 0, 0),
+    check(calls.address_reserve(&owned_.base, size, 0, 0, 0),
           "cuMemAddressReserve(" + std::to_string(size) + " bytes)");
     owned_.size = size;
     owned_.handles.reserve(layout_.stripe_count());
@@ -381,12 +342,12 @@ class raw_striped_range {
     owned(const owned&) = delete;
     owned& operator=(const owned&) = delete;
     ~owned() {
-      const driver_calls& calls = driver();
+      const raw_driver_calls& calls = driver();
       for (const auto& [address, length] : mapped)
         report(calls.unmap(address, length), "cuMemUnmap");
       for (CUmemGenericAllocationHandle handle : handles)
         report(calls.release(handle), "cuMemRelease");
-      if (base != 0) report(calls.free(base, size), "cuMemAddressFree");
+      if (base != 0) report(calls.address_free(base, size), "cuMemAddressFree");
     }
   };
   vmm::stripe_layout layout_;

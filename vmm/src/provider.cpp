@@ -18,6 +18,25 @@ void memory_provider::set_access(std::uintptr_t address, std::size_t size, acces
   set_access(address, size, grants);
 }
 
+const char* to_string(handle_kind kind) noexcept {
+  switch (kind) {
+    case handle_kind::none:
+      return "none";
+    case handle_kind::posix_fd:
+      return "posix fd";
+    case handle_kind::fabric:
+      return "fabric";
+  }
+  return "unknown handle kind";
+}
+
+interprocess_event_handle host_event_token() noexcept {
+  constexpr char text[] = "vmm host event: always passed";
+  interprocess_event_handle token;
+  for (std::size_t i = 0; i < sizeof text; ++i) token.bytes[i] = static_cast<std::byte>(text[i]);
+  return token;
+}
+
 std::shared_ptr<memory_provider> provider_for(location where) {
   // Never destroyed: objects with static storage may still release memory at exit.
   static auto* const providers = new std::map<location, std::shared_ptr<memory_provider>>();

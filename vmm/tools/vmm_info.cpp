@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "vmm/capabilities.hpp"
+#include "vmm/provider.hpp"
 
 namespace {
 
@@ -37,6 +38,13 @@ int main() try {
     fmt::print("  granularity: device min {} rec {} | pinned host min {} rec {}\n",
                mib(d.device_granularity.minimum), mib(d.device_granularity.recommended),
                mib(d.host_numa_granularity.minimum), mib(d.host_numa_granularity.recommended));
+    if (d.vmm_supported) {
+      // What sharing will use: fabric handles only where creating one works (an IMEX channel).
+      const auto provider = vmm::provider_for(vmm::location::device(d.ordinal));
+      const std::string why_not = provider->fabric_unavailable_reason();
+      fmt::print("  export: {}{}\n", vmm::to_string(provider->export_handle_kind()),
+                 why_not.empty() ? std::string() : fmt::format(" (no fabric: {})", why_not));
+    }
   }
   if (caps.devices.size() > 1) {
     fmt::print("peer access (row can access column):\n     ");

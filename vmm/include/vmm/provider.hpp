@@ -49,17 +49,7 @@ enum class handle_kind : std::uint8_t {
 };
 
 /// "none", "posix fd", "fabric".
-constexpr const char* to_string(handle_kind kind) noexcept {
-  switch (kind) {
-    case handle_kind::none:
-      return "none";
-    case handle_kind::posix_fd:
-      return "posix fd";
-    case handle_kind::fabric:
-      return "fabric";
-  }
-  return "unknown handle kind";
-}
+const char* to_string(handle_kind kind) noexcept;
 
 /// The 64 bytes that name physical memory to another process through the fabric
 /// (CUmemFabricHandle). Plain bytes: they travel in a message, not as a file descriptor.
@@ -77,12 +67,7 @@ struct interprocess_event_handle {
 
 /// What a host provider's interprocess event handle holds: no process can mistake it for a
 /// GPU event's handle, nor open a GPU event's handle as it.
-inline interprocess_event_handle host_event_token() noexcept {
-  constexpr char text[] = "vmm host event: always passed";
-  interprocess_event_handle token;
-  for (std::size_t i = 0; i < sizeof text; ++i) token.bytes[i] = static_cast<std::byte>(text[i]);
-  return token;
-}
+interprocess_event_handle host_event_token() noexcept;
 
 /// Access granted to one accessor (a device, or the host) over a mapped range.
 struct access_grant {
@@ -150,69 +135,47 @@ class memory_provider {
   /// @throws vmm::invalid_argument the fd is not such memory, or its size differs.
   [[nodiscard]] virtual physical_handle import_fd(int fd, std::size_t size) = 0;
 
-  // Sharing with other processes (vmm::ipc). The bodies here are the forms of a provider
-  // without streams or fabric handles: the OS provider uses them as they are (its events
-  // are always passed); the driver provider overrides every one.
+  // Sharing with other processes (vmm::ipc).
 
   /// The handle kind this memory is exported as, best first: fabric where the device and an
   /// IMEX channel allow it (probed once: the attribute alone is not enough), else posix_fd
-  /// where export_fd() works, else none. The default: posix_fd when can_export().
-  [[nodiscard]] virtual handle_kind export_handle_kind() const noexcept {
-    return can_export() ? handle_kind::posix_fd : handle_kind::none;
-  }
+  /// where export_fd() works, else none.
+  [[nodiscard]] virtual handle_kind export_handle_kind() const noexcept = 0;
   /// Why export_handle_kind() is not fabric, in words (e.g. "cuMemCreate with
   /// CU_MEM_HANDLE_TYPE_FABRIC returned CUDA_ERROR_NOT_PERMITTED: no IMEX channel"); empty
   /// when fabric handles are available.
-  [[nodiscard]] virtual std::string fabric_unavailable_reason() const {
-    return to_string(where()) + " memory has no fabric handles (only GPU memory does)";
-  }
+  [[nodiscard]] virtual std::string fabric_unavailable_reason() const = 0;
   /// Exports a handle as a fabric handle.
   /// @throws vmm::invalid_argument fabric handles are not available here (the message
   ///         carries fabric_unavailable_reason()), or the handle is not live.
-  [[nodiscard]] virtual fabric_handle export_fabric(physical_handle /*handle*/) {
-    throw invalid_argument(to_string(where()) + ": fabric handles are not available: " +
-                           fabric_unavailable_reason());
-  }
+  [[nodiscard]] virtual fabric_handle export_fabric(physical_handle handle) = 0;
   /// Imports `size` bytes of physical memory from a fabric handle, possibly of another
   /// process or node.
   /// @throws vmm::invalid_argument fabric handles are not available here.
   /// @throws vmm::driver_error the driver refused the handle (CUDA_ERROR_NOT_PERMITTED: this
   ///         process has no access to the exporter's IMEX channel).
-  [[nodiscard]] virtual physical_handle import_fabric(const fabric_handle& /*handle*/, std::size_t /*size*/) {
-    throw invalid_argument(to_string(where()) + ": fabric handles cannot be imported here: " +
-                           fabric_unavailable_reason());
-  }
+  [[nodiscard]] virtual physical_handle import_fabric(const fabric_handle& handle, std::size_t size) = 0;
 
   /// Creates an event that another process can open (cuEventCreate with
   /// CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, then cuIpcGetEventHandle) and writes
   /// its handle to *exported. Nothing is recorded yet: it counts as passed. Destroy it with
-  /// destroy_event(); vmm::interprocess_event does both. The default is the host form: a
-  /// fixed token, and event 0, which is always passed (host providers work synchronously).
-  [[nodiscard]] virtual event_handle create_interprocess_event(interprocess_event_handle* exported) {
-    if (exported == nullptr) throw invalid_argument(to_string(where()) + ": create_interprocess_event(nullptr)");
-    *exported = host_event_token();
-    return 0;
-  }
+  /// destroy_event(); vmm::interprocess_event does both. Host providers: a fixed token
+  /// (host_event_token()), and event 0, which is always passed (they work synchronously).
+  [[nodiscard]] virtual event_handle create_interprocess_event(interprocess_event_handle* exported) = 0;
   /// Opens an event made by create_interprocess_event() in another process
   /// (cuIpcOpenEventHandle). Destroy it with destroy_event().
   /// @throws vmm::invalid_argument the handle is not one this provider can open (a GPU
   ///         event's handle given to a host provider).
   /// @throws vmm::driver_error the driver refused the handle (the host token given to a GPU,
   ///         or a handle created in this same process).
-  [[nodiscard]] virtual event_handle open_interprocess_event(const interprocess_event_handle& handle) {
-    if (handle != host_event_token())
-      throw invalid_argument(to_string(where()) +
-                             ": the interprocess event handle is not a host event's (a GPU event "
-                             "cannot be opened through a host provider)");
-    return 0;
-  }
+  [[nodiscard]] virtual event_handle open_interprocess_event(const interprocess_event_handle& handle) = 0;
   /// Records `event` (from record_event(), create_interprocess_event() or
   /// open_interprocess_event()) at the current end of `stream`'s queued work, replacing
   /// its previous point. Host providers: nothing to do.
-  virtual void record_event_at(event_handle /*event*/, stream_handle /*stream*/) {}
+  virtual void record_event_at(event_handle event, stream_handle stream) = 0;
   /// Makes work queued on `stream` from now on wait until `event` has passed, without
   /// blocking the host (cuStreamWaitEvent). Host providers: nothing to do.
-  virtual void stream_wait_event(stream_handle /*stream*/, event_handle /*event*/) {}
+  virtual void stream_wait_event(stream_handle stream, event_handle event) = 0;
 
   /// Copies n bytes between any two addresses this provider's accessors can read/write
   /// (host memory included), in order on `stream`.

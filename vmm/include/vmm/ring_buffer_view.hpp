@@ -37,14 +37,7 @@
 #include <cuda/atomic>
 #endif
 
-#ifndef VMM_HOST_DEVICE
-#if defined(__CUDACC__)
-/// Marks a function usable in host and device code under nvcc; empty for host compilers.
-#define VMM_HOST_DEVICE __host__ __device__
-#else
-#define VMM_HOST_DEVICE
-#endif
-#endif
+#include "vmm/host_device.hpp"
 
 namespace vmm {
 

@@ -172,7 +172,37 @@ void os_host_provider::fill(void* destination, std::uint8_t value, std::size_t n
 
 void os_host_provider::synchronize(stream_handle) {}
 
+// The OS provider works synchronously: every event has passed when it is made, and the
+// interprocess form is a fixed token no GPU event handle can be mistaken for.
 event_handle os_host_provider::record_event(stream_handle) { return 0; }
+void os_host_provider::record_event_at(event_handle, stream_handle) {}
+void os_host_provider::stream_wait_event(stream_handle, event_handle) {}
+
+event_handle os_host_provider::create_interprocess_event(interprocess_event_handle* exported) {
+  if (exported == nullptr) throw invalid_argument("os host: create_interprocess_event(nullptr)");
+  *exported = host_event_token();
+  return 0;
+}
+
+event_handle os_host_provider::open_interprocess_event(const interprocess_event_handle& handle) {
+  if (handle != host_event_token())
+    throw invalid_argument(
+        "os host: the interprocess event handle is not a host event's (a GPU event cannot be "
+        "opened through a host provider)");
+  return 0;
+}
+
+std::string os_host_provider::fabric_unavailable_reason() const {
+  return "os host memory has no fabric handles (only GPU memory does)";
+}
+
+fabric_handle os_host_provider::export_fabric(physical_handle) {
+  throw invalid_argument("os host: fabric handles are not available: " + fabric_unavailable_reason());
+}
+
+physical_handle os_host_provider::import_fabric(const fabric_handle&, std::size_t) {
+  throw invalid_argument("os host: fabric handles cannot be imported here: " + fabric_unavailable_reason());
+}
 bool os_host_provider::event_done(event_handle) { return true; }
 void os_host_provider::wait_event(event_handle) {}
 void os_host_provider::destroy_event(event_handle) noexcept {}

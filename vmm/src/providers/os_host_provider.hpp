@@ -39,6 +39,14 @@ class os_host_provider final : public memory_provider {
   using memory_provider::set_access;
   [[nodiscard]] int export_fd(physical_handle handle) override;
   [[nodiscard]] physical_handle import_fd(int fd, std::size_t size) override;
+  [[nodiscard]] handle_kind export_handle_kind() const noexcept override { return handle_kind::posix_fd; }
+  [[nodiscard]] std::string fabric_unavailable_reason() const override;
+  [[nodiscard]] fabric_handle export_fabric(physical_handle handle) override;
+  [[nodiscard]] physical_handle import_fabric(const fabric_handle& handle, std::size_t size) override;
+  [[nodiscard]] event_handle create_interprocess_event(interprocess_event_handle* exported) override;
+  [[nodiscard]] event_handle open_interprocess_event(const interprocess_event_handle& handle) override;
+  void record_event_at(event_handle event, stream_handle stream) override;
+  void stream_wait_event(stream_handle stream, event_handle event) override;
   void copy(void* destination, const void* source, std::size_t n, stream_handle stream) override;
   void fill(void* destination, std::uint8_t value, std::size_t n, stream_handle stream) override;
   void synchronize(stream_handle stream) override;
