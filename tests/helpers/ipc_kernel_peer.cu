@@ -15,20 +15,15 @@
 #include <climits>
 #include <cstdio>
 #include <exception>
-#include <latch>
 #include <stdexcept>
 #include <string>
 
+#include "../cuda/runtime_support.hpp"
 #include "ipc_peer_protocol.hpp"
 #include "vmm/ipc/handoff.hpp"
 #include "vmm/ipc/importer.hpp"
 
 namespace {
-
-void check(cudaError_t result, const char* call) {
-  if (result != cudaSuccess) throw std::runtime_error(std::string(call) + ": " + cudaGetErrorName(result));
-}
-#define CHECK(call) check((call), #call)
 
 __global__ void reset(int* result) {
   result[0] = INT_MAX;
@@ -47,45 +42,11 @@ __global__ void min_max(const int* data, std::size_t n, int* result) {
   atomicMax(&result[1], high);
 }
 
-// Holds a stream at a host function until open() (no sleeping: a latch).
-class stream_gate {
- public:
-  explicit stream_gate(cudaStream_t stream) : stream_(stream) {
-    CHECK(cudaLaunchHostFunc(stream_, &wait_until_open, this));
-  }
-  stream_gate(const stream_gate&) = delete;
-  stream_gate& operator=(const stream_gate&) = delete;
-  ~stream_gate() {
-    open();
-    cudaStreamSynchronize(stream_);
-  }
-  void open() noexcept {
-    if (!open_) latch_.count_down();
-    open_ = true;
-  }
 
- private:
-  static void CUDART_CB wait_until_open(void* gate) { static_cast<stream_gate*>(gate)->latch_.wait(); }
-  cudaStream_t stream_;
-  std::latch latch_{1};
-  bool open_ = false;
-};
-
-class owned_stream {
- public:
-  owned_stream() { CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  owned_stream(const owned_stream&) = delete;
-  owned_stream& operator=(const owned_stream&) = delete;
-  ~owned_stream() { cudaStreamDestroy(stream_); }
-  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
 
 class pinned_result {
  public:
-  pinned_result() { CHECK(cudaMallocHost(&host_, 2 * sizeof(int))); CHECK(cudaMalloc(&device_, 2 * sizeof(int))); }
+  pinned_result() { VMM_CUDA_CHECK(cudaMallocHost(&host_, 2 * sizeof(int))); VMM_CUDA_CHECK(cudaMalloc(&device_, 2 * sizeof(int))); }
   pinned_result(const pinned_result&) = delete;
   pinned_result& operator=(const pinned_result&) = delete;
   ~pinned_result() {
@@ -103,23 +64,23 @@ class pinned_result {
 // Queues the read of the whole import and the copy of its result on `stream`.
 void queue_read(const vmm::ipc::imported_buffer& imported, const pinned_result& result, cudaStream_t stream) {
   reset<<<1, 1, 0, stream>>>(result.device());
-  CHECK(cudaGetLastError());
+  VMM_CUDA_CHECK(cudaGetLastError());
   min_max<<<128, 256, 0, stream>>>(static_cast<const int*>(imported.data()), imported.size() / sizeof(int),
                                    result.device());
-  CHECK(cudaGetLastError());
-  CHECK(cudaMemcpyAsync(result.host(), result.device(), 2 * sizeof(int), cudaMemcpyDeviceToHost, stream));
+  VMM_CUDA_CHECK(cudaGetLastError());
+  VMM_CUDA_CHECK(cudaMemcpyAsync(result.host(), result.device(), 2 * sizeof(int), cudaMemcpyDeviceToHost, stream));
 }
 
 int run() {
   const int socket = vmm::testing::peer_socket_fd;
-  CHECK(cudaSetDevice(0));
-  CHECK(cudaFree(nullptr));
+  VMM_CUDA_CHECK(cudaSetDevice(0));
+  VMM_CUDA_CHECK(cudaFree(nullptr));
   // Loaded now: a kernel's first launch behind a held stream would wait for the device.
   cudaFuncAttributes attributes{};
-  CHECK(cudaFuncGetAttributes(&attributes, reset));
-  CHECK(cudaFuncGetAttributes(&attributes, min_max));
+  VMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, reset));
+  VMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, min_max));
   const auto provider = vmm::provider_for(vmm::location::device(0));
-  owned_stream stream;
+  vmm::testing::cuda_stream stream;
   pinned_result result;
   vmm::ipc::imported_buffer imported =
       vmm::ipc::imported_buffer::receive(socket, {.provider = provider, .stream = stream.get()});
@@ -130,12 +91,12 @@ int run() {
   queue_read(imported, result, stream.get());
   consumer.release(stream.get());
   vmm::testing::send_go(socket);
-  CHECK(cudaStreamSynchronize(stream.get()));
+  VMM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   vmm::testing::send_kernel_report(socket, {result.host()[0], result.host()[1]});
 
   // Round 2: this stream is held; the event orders the producer's overwrite after this read.
   {
-    stream_gate gate(stream.get());
+    vmm::testing::stream_gate gate(stream.get());
     consumer.acquire(stream.get());
     queue_read(imported, result, stream.get());
     consumer.release(stream.get());
@@ -143,7 +104,7 @@ int run() {
     vmm::testing::receive_go(socket);  // the producer has queued its overwrite
     gate.open();
   }
-  CHECK(cudaStreamSynchronize(stream.get()));
+  VMM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   vmm::testing::send_kernel_report(socket, {result.host()[0], result.host()[1]});
   return 0;
 }
