@@ -138,7 +138,10 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   idle_map idle_;
 };
 
-/// The process-wide pool for `where` (created on first use, never destroyed).
+/// The process-wide pool for `where` (created on first use, never destroyed), which buffers
+/// made from a location use. Like every pool it keeps the chunks given back to it (release
+/// threshold unlimited), so that the next growth costs no cuMemCreate: call
+/// trim_to(0) or set_release_threshold() on it to hand idle memory back to the device.
 [[nodiscard]] std::shared_ptr<chunk_pool> default_pool(location where);
 
 }  // namespace vmm
