@@ -9,8 +9,14 @@
 #include <span>
 #include <vector>
 
+#include "little_endian.hpp"
+
 namespace vmm::ipc {
 namespace {
+
+using detail::load;
+using detail::store;
+
 
 constexpr std::uint32_t handoff_magic = 0x484d4d56;  // "VMMH"
 constexpr std::size_t header_bytes = 16;
@@ -28,20 +34,6 @@ const char* name(message_type type) {
       return "done";
   }
   return "?";
-}
-
-template <class T>
-void store(std::vector<std::byte>& bytes, std::size_t at, T value) {
-  for (std::size_t i = 0; i < sizeof(T); ++i)
-    bytes[at + i] = static_cast<std::byte>(static_cast<std::uint8_t>(value >> (8 * i)));
-}
-
-template <class T>
-T load(std::span<const std::byte> bytes, std::size_t at) {
-  T value = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i)
-    value |= static_cast<T>(static_cast<T>(std::to_integer<std::uint8_t>(bytes[at + i])) << (8 * i));
-  return value;
 }
 
 std::vector<std::byte> header(message_type type, std::uint64_t sequence, std::size_t extra = 0) {

@@ -7,8 +7,14 @@
 #include <limits>
 #include <string>
 
+#include "little_endian.hpp"
+
 namespace vmm::ipc {
 namespace {
+
+using detail::load;
+using detail::store;
+
 
 constexpr std::uint8_t grant_read_only = 1;
 constexpr std::uint8_t grant_read_write = 2;
@@ -29,20 +35,6 @@ static_assert(header::size + 8 == manifest_header_bytes);
 static_assert(entry::location_id + 4 == manifest_chunk_bytes);
 
 [[noreturn]] void fail(const std::string& what) { throw bad_manifest("manifest: " + what); }
-
-template <class T>
-T load(std::span<const std::byte> bytes, std::size_t at) {
-  T value = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i)
-    value |= static_cast<T>(static_cast<T>(std::to_integer<std::uint8_t>(bytes[at + i])) << (8 * i));
-  return value;
-}
-
-template <class T>
-void store(std::vector<std::byte>& bytes, std::size_t at, T value) {
-  for (std::size_t i = 0; i < sizeof(T); ++i)
-    bytes[at + i] = static_cast<std::byte>(static_cast<std::uint8_t>(value >> (8 * i)));
-}
 
 constexpr std::uint8_t kind_code(memory_kind kind) { return static_cast<std::uint8_t>(kind); }
 
