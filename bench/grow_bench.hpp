@@ -163,7 +163,7 @@ struct grow_once_entry {
 /// `gpu_ordinal` < 0: OS host memory; else that GPU.
 std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, bool geometric,
                                                    std::size_t fixed_chunk, bool warm);
-/// reserve(chunk) then shrink_to_fit + release_retired(true) on a growable_buffer with its
+/// reserve(chunk) then shrink_to_fit + collect_retired(true) on a growable_buffer with its
 /// own pool, warmed before the first timed grow.
 // max_size 0: the buffer's default reservation (the location's whole memory).
 std::unique_ptr<grow_once_contender> make_vmm_growable_once(int gpu_ordinal, std::size_t chunk,

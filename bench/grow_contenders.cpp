@@ -102,7 +102,7 @@ class vmm_growable_once final : public grow_once_contender {
   void grow() override { buffer_.reserve(chunk_); }
   void undo() override {
     buffer_.shrink_to_fit();
-    buffer_.release_retired(true);
+    buffer_.collect_retired(true);
   }
   [[nodiscard]] std::size_t chunks_created() const override {
     return pool_->statistics().chunks_created - created_at_start_;
@@ -125,12 +125,12 @@ class vmm_provider_once final : public grow_once_contender {
     if (mapped_) report_failure_of("memory_provider::unmap", [&] { undo(); });
   }
   void grow() override {
-    provider_->map(range_.get(), memory_.size(), memory_.get());
+    provider_->map(range_.address(), memory_.size(), memory_.get());
     mapped_ = true;
-    provider_->set_access(range_.get(), memory_.size(), access_mode::read_write);
+    provider_->set_access(range_.address(), memory_.size(), access_mode::read_write);
   }
   void undo() override {
-    provider_->unmap(range_.get(), memory_.size());
+    provider_->unmap(range_.address(), memory_.size());
     mapped_ = false;
   }
 
@@ -151,7 +151,7 @@ class os_target final : public memory_target {
   void synchronize() override {}
   [[nodiscard]] std::optional<std::size_t> free_bytes() override { return std::nullopt; }
   [[nodiscard]] std::size_t total_bytes() override {
-    return provider_for(location::os_host())->physical_memory_size();
+    return provider_for(location::os_host())->capabilities().physical_memory_size;
   }
 };
 

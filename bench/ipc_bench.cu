@@ -225,7 +225,7 @@ int run_peer() {
       idle.mismatches = seen;
     }
     imported.reset();
-    if (setup.kind == method::vmm_handoff) consumer->release(nullptr);  // "done", after the check
+    if (setup.kind == method::vmm_handoff) consumer->finish(nullptr);  // "done", after the check
     if (setup.kind == method::legacy) CHECK(cudaIpcCloseMemHandle(pointer));
     if (setup.kind == method::mempool_cold || setup.kind == method::mempool_warm) CHECK(cudaFree(pointer));
     if (pool != nullptr) CHECK(cudaMemPoolDestroy(pool));

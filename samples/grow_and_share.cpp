@@ -40,8 +40,8 @@ std::uint64_t checksum(const std::vector<std::uint8_t>& bytes) {
 std::vector<std::uint8_t> read_back(vmm::memory_provider& provider, std::uintptr_t address,
                                     std::size_t n) {
   std::vector<std::uint8_t> bytes(n);
-  provider.copy(bytes.data(), reinterpret_cast<const void*>(address), n);
-  provider.synchronize();
+  provider.executor().copy(bytes.data(), reinterpret_cast<const void*>(address), n, {});
+  provider.executor().synchronize({});
   return bytes;
 }
 
@@ -59,11 +59,11 @@ int run_child(const char* socket_path) {
   std::vector<vmm::mapping> mappings;
   for (std::size_t i = 0; i < message.fds.size(); ++i) {
     auto chunk = vmm::physical_allocation::import_fd(provider, message.fds[i].get(), request.chunk_size);
-    mappings.emplace_back(chunk, range.get() + i * request.chunk_size, vmm::access_mode::read_only);
+    mappings.emplace_back(chunk, range.address() + i * request.chunk_size, vmm::access_mode::read_only);
   }
-  const std::uint64_t sum = checksum(read_back(*provider, range.get(), range.size()));
+  const std::uint64_t sum = checksum(read_back(*provider, range.address(), range.size()));
   fmt::print("  child {}: imported {} chunks at {:#x} (read-only), checksum {:016x}\n", ::getpid(),
-             request.chunk_count, range.get(), sum);
+             request.chunk_count, range.address(), sum);
   vmm::ipc::send_message(socket.get(), std::as_bytes(std::span(&sum, 1)));
   return 0;
 }
@@ -85,23 +85,23 @@ int run_parent(const char* self) {
     const std::size_t first = chunks.size();
     for (std::size_t i = first; i < count; ++i) {
       chunks.emplace_back(provider, chunk);
-      mappings.emplace_back(chunks.back(), range.get() + i * chunk, std::span<const vmm::access_grant>{});
+      mappings.emplace_back(chunks.back(), range.address() + i * chunk, std::span<const vmm::access_grant>{});
     }
     // One access call over the whole new range: the driver's cost is per handle, not per call.
-    provider->set_access(range.get() + first * chunk, (count - first) * chunk, vmm::access_mode::read_write);
+    provider->set_access(range.address() + first * chunk, (count - first) * chunk, vmm::access_mode::read_write);
   };
 
   grow_to(1);
-  provider->fill(range.data(), 0x5a, chunk);
-  const auto before = read_back(*provider, range.get(), chunk);
+  provider->executor().fill(range.data(), 0x5a, chunk, {});
+  const auto before = read_back(*provider, range.address(), chunk);
   grow_to(8);
-  provider->fill(reinterpret_cast<void*>(range.get() + chunk), 0xa5, 7 * chunk);
-  const bool kept = read_back(*provider, range.get(), chunk) == before;
+  provider->executor().fill(reinterpret_cast<void*>(range.address() + chunk), 0xa5, 7 * chunk, {});
+  const bool kept = read_back(*provider, range.address(), chunk) == before;
   fmt::print("grew from 1 to 8 chunks at the same address {:#x}; first chunk intact: {}\n",
-             range.get(), kept ? "yes" : "NO");
+             range.address(), kept ? "yes" : "NO");
   if (!kept) return 1;
 
-  const std::uint64_t expected = checksum(read_back(*provider, range.get(), 8 * chunk));
+  const std::uint64_t expected = checksum(read_back(*provider, range.address(), 8 * chunk));
   const auto directory = std::filesystem::temp_directory_path() / fmt::format("vmm-demo-{}", ::getpid());
   std::filesystem::create_directories(directory);
   const std::string socket_path = (directory / "share.sock").string();

@@ -45,8 +45,8 @@ struct consumer_report {
 
 std::uint64_t checksum(vmm::memory_provider& provider, const void* data, std::size_t n) {
   std::vector<std::uint8_t> bytes(n);
-  provider.copy(bytes.data(), data, n);
-  provider.synchronize();
+  provider.executor().copy(bytes.data(), data, n, {});
+  provider.executor().synchronize({});
   std::uint64_t hash = 14695981039346656037ull;
   for (std::uint8_t byte : bytes) hash = (hash ^ byte) * 1099511628211ull;
   return hash;
@@ -71,7 +71,7 @@ int run_consumer() {
     handoff.acquire(nullptr);  // the default stream waits for the producer's writes
     const consumer_report report{checksum(*shared.provider(), shared.data(), shared.size()), shared.size(),
                                  shared.capacity(), reinterpret_cast<std::uintptr_t>(shared.data())};
-    handoff.release(nullptr);
+    handoff.finish(nullptr);
     vmm::ipc::send_message(socket, std::as_bytes(std::span(&report, 1)));
   }
 }
@@ -105,16 +105,17 @@ int run_producer() {
   vmm::ipc::exporter exporter;
   bool all_match = true;
   {
-    std::size_t consumer_maps = 0;
+    std::optional<vmm::ipc::manifest> consumer_has;  // the last manifest it received
     std::optional<vmm::ipc::handoff_producer> handoff;
     for (int round = 0; round < rounds; ++round) {
       // Grow by one and a half granules: sizes off chunk boundaries, chunks mapped ahead.
       const std::size_t old_size = buffer.size();
       buffer.resize(old_size + g + g / 2);
-      provider->fill(static_cast<char*>(buffer.data()) + old_size, static_cast<std::uint8_t>(0x11 * (round + 1)),
-                     buffer.size() - old_size);
+      provider->executor().fill(static_cast<char*>(buffer.data()) + old_size, static_cast<std::uint8_t>(0x11 * (round + 1)),
+                     buffer.size() - old_size, {});
       const vmm::ipc::exported_manifest manifest =
-          round == 0 ? exporter.export_buffer(buffer) : exporter.export_growth(buffer, consumer_maps);
+          consumer_has ? exporter.export_growth(buffer, *consumer_has) : exporter.export_buffer(buffer);
+      consumer_has = manifest.description;
       vmm::ipc::send_manifest(socket.get(), manifest);
       if (!handoff) handoff.emplace(socket.get(), provider);
       handoff->publish(nullptr);  // after the fill, in stream order
@@ -129,7 +130,6 @@ int run_producer() {
                  "checksum {:016x} {}\n",
                  round, mib(buffer.size()), buffer.chunk_count(), manifest.description.chunks.size(),
                  mib(report.capacity), report.address, report.checksum, match ? "matches" : "DIFFERS");
-      consumer_maps = report.capacity;
     }
     // End of stream for the consumer; it exits, and only then do the events go.
     ::shutdown(socket.get(), SHUT_WR);

@@ -33,12 +33,12 @@ constexpr int admitted_at_once = 3;         // the cap holds three largest reque
 bool serve(vmm::growable_buffer& buffer, std::size_t bytes, std::uint8_t value) {
   buffer.resize(bytes);
   auto& provider = *buffer.provider();
-  provider.fill(buffer.data(), value, bytes, buffer.stream());
+  provider.executor().fill(buffer.data(), value, bytes, buffer.stream());
   std::uint8_t last = 0;
-  provider.copy(&last, static_cast<const std::uint8_t*>(buffer.data()) + bytes - 1, 1, buffer.stream());
-  provider.synchronize(buffer.stream());
+  provider.executor().copy(&last, static_cast<const std::uint8_t*>(buffer.data()) + bytes - 1, 1, buffer.stream());
+  provider.executor().synchronize(buffer.stream());
   buffer.resize(0);
-  buffer.release_retired();
+  buffer.collect_retired();
   return last == value;
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "vmm/capabilities.hpp"
+#include "vmm/growable_buffer.hpp"
 #include "vmm/striped_buffer.hpp"
 
 namespace {

@@ -105,8 +105,8 @@ TYPED_TEST(chunk_views, each_view_has_its_own_access) {
   EXPECT_EQ(this->read(reader.data(), 0, 2 * g), bytes);
   // Access can change over the whole view in one call, with explicit grants too.
   std::vector<access_grant> grants;
-  for (const location& accessor : this->provider_->default_accessors())
-    grants.push_back({accessor, access_mode::read_write});
+  for (const accessor& who : this->provider_->capabilities().default_accessors)
+    grants.push_back({who, access_mode::read_write});
   reader.set_access(grants);
   const auto more = pattern(g, 8);
   this->write(reader.data(), g, more);
@@ -130,10 +130,10 @@ int write_through_view_in_child(access_mode mode) {
   const auto bytes = pattern(2 * g, 9);
   write_bytes(*provider, reinterpret_cast<std::uintptr_t>(buffer.data()), bytes);
   chunk_view view = alias(buffer, 0, 2 * g, mode);
-  if (read_bytes(*provider, view.get(), 2 * g) != bytes) return 5;  // reads work
+  if (read_bytes(*provider, view.address(), 2 * g) != bytes) return 5;  // reads work
   try {
-    provider->fill(view.data(), 0xab, g);
-    provider->synchronize();
+    provider->executor().fill(view.data(), 0xab, g, {});
+    provider->executor().synchronize({});
   } catch (const std::exception&) {
     return 3;
   }
@@ -299,14 +299,14 @@ TYPED_TEST(chunk_views, bad_arguments_are_refused_and_leave_nothing_behind) {
   EXPECT_EQ(none.size(), 0u);
 
   // Chunks of two providers: the message names both locations.
-  auto other_pool = chunk_pool::create(make_os_host_provider(g));  // another provider object
+  auto other_pool = chunk_pool::create(make_os_host_provider({.granularity = g}));  // another provider object
   growable_buffer foreign(other_pool, {.max_size = 4 * g, .policy = chunk_policy::fixed(g)});
   foreign.resize(2 * g);
   const growable_buffer* mixed[] = {&buffer, &foreign};
   expect_refused([&] { return concatenate(mixed); }, "comes from os host but chunk 0 from " +
                                                          to_string(this->provider_->where()));
   // A grant the provider cannot give: the mappings made are undone.
-  const access_grant foreign_grant[] = {{location::device(1 << 20), access_mode::read_write}};
+  const access_grant foreign_grant[] = {{accessor::device(1 << 20), access_mode::read_write}};
   EXPECT_ANY_THROW((void)alias(buffer, 0, 2 * g, foreign_grant));
 
   // Nothing was left mapped or held: the buffer's chunks can still be viewed and read.

@@ -391,7 +391,7 @@ TYPED_TEST(device_vectors, a_location_uses_its_default_pool_and_the_options) {
 // The growth rule at a scale where it shows: 4 KiB granules, 200000 push_backs (1.6 MB).
 TEST(device_vector_growth, push_back_maps_a_chunk_only_every_sixteenth_of_growth) {
   constexpr std::size_t g = 4096;
-  auto pool = chunk_pool::create(make_os_host_provider(g));
+  auto pool = chunk_pool::create(make_os_host_provider({.granularity = g}));
   device_vector<std::uint64_t> vector(pool, {.max_size = 4 << 20});
   std::size_t capacity_changes = 0;
   for (std::uint64_t i = 0; i < 200000; ++i) {

@@ -77,9 +77,9 @@ TEST(errors, out_of_memory_is_a_bad_alloc_and_keeps_its_message) {
 
 TEST(errors, os_provider_unknown_location_ids_and_bad_granularity_are_refused) {
   EXPECT_THROW((void)provider_for(location{memory_kind::os_host, 3}), invalid_argument);
-  EXPECT_THROW((void)make_os_host_provider(3 << 20), invalid_argument);
-  EXPECT_THROW((void)make_os_host_provider(1024), invalid_argument);
-  EXPECT_EQ(make_os_host_provider(64 << 10)->granularity(), std::size_t{64} << 10);
+  EXPECT_THROW((void)make_os_host_provider({.granularity = 3 << 20}), invalid_argument);
+  EXPECT_THROW((void)make_os_host_provider({.granularity = 1024}), invalid_argument);
+  EXPECT_EQ(make_os_host_provider({.granularity = 64 << 10})->granularity(), std::size_t{64} << 10);
 }
 
 // Counts cleanup failures instead of printing them.
@@ -92,7 +92,7 @@ TEST(errors, destructors_report_failures_instead_of_throwing) {
   cleanup_failures = 0;
   {
     physical_allocation memory(provider, 1);
-    provider->release(memory.get());  // behind the owner's back: its destructor must fail
+    provider->destroy(memory.get());  // behind the owner's back: its destructor must fail
   }
   set_cleanup_failure_handler(previous);
   EXPECT_EQ(cleanup_failures, 1);
@@ -103,7 +103,7 @@ class exhaustion : public provider_test<Kind> {};
 TYPED_TEST_SUITE(exhaustion, all_memory_kinds, memory_kind_names);
 
 TYPED_TEST(exhaustion, reserving_more_address_space_than_exists_is_out_of_memory) {
-  EXPECT_THROW((void)this->provider_->reserve(std::size_t{1} << 62), std::bad_alloc);
+  EXPECT_THROW((void)this->provider_->allocate_range(std::size_t{1} << 62), std::bad_alloc);
 }
 
 TEST(exhaustion, creating_more_device_memory_than_exists_is_out_of_memory) {

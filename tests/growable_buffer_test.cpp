@@ -65,7 +65,7 @@ TYPED_TEST(growable_buffers, shrinking_keeps_the_prefix_and_regrowing_reuses_the
   buffer.resize(3 * g + 1);
   EXPECT_EQ(buffer.capacity(), 4 * g);
   EXPECT_EQ(this->read(buffer, 0, 3 * g + 1), std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
-  buffer.release_retired();
+  buffer.collect_retired();
   EXPECT_EQ(buffer.chunk_count(), 4u);
   EXPECT_EQ(this->pool_->statistics().used_current, 4 * g);
   const std::size_t created = this->pool_->statistics().chunks_created;
@@ -73,7 +73,7 @@ TYPED_TEST(growable_buffers, shrinking_keeps_the_prefix_and_regrowing_reuses_the
   EXPECT_EQ(this->pool_->statistics().chunks_created, created);
   EXPECT_EQ(this->read(buffer, 0, 3 * g + 1), std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
   buffer.resize(0);
-  buffer.release_retired();
+  buffer.collect_retired();
   EXPECT_EQ(buffer.capacity(), 0u);
   EXPECT_EQ(this->pool_->statistics().used_current, 0u);
 }
@@ -139,7 +139,7 @@ TYPED_TEST(growable_buffers, tasks_sharing_a_pool_pass_physical_memory_between_t
       this->write(tasks[i], 0, bytes);
       ASSERT_EQ(this->read(tasks[i], 0, 6 * g), bytes);
       tasks[i].resize(0);
-      tasks[i].release_retired();
+      tasks[i].collect_retired();
     }
   }
   const pool_statistics s = this->pool_->statistics();
@@ -217,7 +217,7 @@ TYPED_TEST(growable_buffers, a_full_pool_spills_onto_the_next_with_one_pointer_t
 
 TYPED_TEST(growable_buffers, the_default_maximum_is_the_locations_memory) {
   growable_buffer buffer(this->pool_);
-  EXPECT_EQ(buffer.max_size(), round_up(this->provider_->physical_memory_size(), this->granularity_));
+  EXPECT_EQ(buffer.max_size(), round_up(this->provider_->capabilities().physical_memory_size, this->granularity_));
   EXPECT_THROW(growable_buffer(std::shared_ptr<chunk_pool>{}), invalid_argument);
 }
 

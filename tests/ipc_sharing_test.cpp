@@ -31,7 +31,7 @@
 #include "vmm/chunk_view.hpp"
 #include "vmm/error.hpp"
 #include "vmm/growable_buffer.hpp"
-#include "vmm/interprocess_event.hpp"
+#include "vmm/ipc/interprocess_event.hpp"
 #include "vmm/ipc/exporter.hpp"
 #include "vmm/ipc/fd_channel.hpp"
 #include "vmm/ipc/handoff.hpp"
@@ -233,7 +233,7 @@ class ipc_sharing : public provider_test<Kind> {
     pool_ = chunk_pool::create(this->provider_, {.release_threshold = 0});
   }
 
-  [[nodiscard]] bool exportable() const { return this->provider_->export_handle_kind() != handle_kind::none; }
+  [[nodiscard]] bool exportable() const { return this->provider_->capabilities().export_kind != handle_kind::none; }
 
   // A buffer of `chunks` chunks of one granularity each, holding pattern(seed) over them.
   growable_buffer make_buffer(std::size_t chunks, std::uint32_t seed, std::size_t max_chunks = 16) {
@@ -286,7 +286,7 @@ class ipc_sharing : public provider_test<Kind> {
     const unique_fd fd = memory.export_fd();
     const physical_allocation imported = physical_allocation::import_fd(this->provider_, fd.get(), this->granularity_);
     const address_range range(this->provider_, this->granularity_);
-    const mapping mapped(imported, range.get(), access_mode::read_write);
+    const mapping mapped(imported, range.address(), access_mode::read_write);
   }
 
   std::shared_ptr<chunk_pool> pool_;
@@ -305,7 +305,7 @@ TYPED_TEST(ipc_sharing_every_kind, unexportable_memory_is_refused_by_the_exporte
   if (this->exportable()) {
     EXPECT_EQ(exporter.export_buffer(buffer).description.chunks.size(), 1u);
   } else {
-    EXPECT_EQ(this->provider_->export_handle_kind(), handle_kind::none);
+    EXPECT_EQ(this->provider_->capabilities().export_kind, handle_kind::none);
     EXPECT_THROW((void)exporter.export_buffer(buffer), invalid_argument);
     EXPECT_EQ(exporter.statistics().handles_exported, 0u);
   }
@@ -416,7 +416,8 @@ TYPED_TEST(ipc_sharing, an_importer_follows_growth_at_the_same_offsets_and_addre
   growable_buffer buffer = this->make_buffer(1, 7);
   ipc::exporter exporter;
   peer_process peer = this->spawn({"follow", "2"});
-  ipc::send_manifest(peer.socket(), exporter.export_buffer(buffer));
+  const ipc::exported_manifest whole = exporter.export_buffer(buffer);
+  ipc::send_manifest(peer.socket(), whole);
   const peer_report first = receive_report(peer.socket());
   EXPECT_EQ(first.capacity, g);
   EXPECT_EQ(first.checksum, this->checksum_of_buffer(buffer));
@@ -424,7 +425,7 @@ TYPED_TEST(ipc_sharing, an_importer_follows_growth_at_the_same_offsets_and_addre
   // Two more chunks, with bytes of their own; the first chunk keeps its bytes.
   buffer.resize(3 * g - 4096);
   write_bytes(*this->provider_, this->address(buffer) + g, pattern(2 * g, 8));
-  const ipc::exported_manifest growth = exporter.export_growth(buffer, first.capacity);
+  const ipc::exported_manifest growth = exporter.export_growth(buffer, whole.description);
   EXPECT_EQ(growth.description.kind, ipc::manifest_kind::growth);
   EXPECT_EQ(growth.description.start, g);
   EXPECT_EQ(growth.description.chunks.size(), 2u);
@@ -439,7 +440,7 @@ TYPED_TEST(ipc_sharing, an_importer_follows_growth_at_the_same_offsets_and_addre
   // meanwhile over the first chunk are seen too: the memory is shared, not copied.
   buffer.resize(3 * g);
   write_bytes(*this->provider_, this->address(buffer), pattern(g, 9));
-  const ipc::exported_manifest no_chunks = exporter.export_growth(buffer, second.capacity);
+  const ipc::exported_manifest no_chunks = exporter.export_growth(buffer, growth.description);
   EXPECT_TRUE(no_chunks.description.chunks.empty());
   ipc::send_manifest(peer.socket(), no_chunks);
   const peer_report third = receive_report(peer.socket());
@@ -450,22 +451,66 @@ TYPED_TEST(ipc_sharing, an_importer_follows_growth_at_the_same_offsets_and_addre
   EXPECT_EQ(exporter.statistics().handles_exported, 3u);
 }
 
+// The last manifest an importer at `end` bytes of export `of` would hold.
+ipc::manifest state_at(const ipc::exported_manifest& of, std::uint64_t end) {
+  ipc::manifest state = of.description;
+  state.end = end;
+  return state;
+}
+
 TYPED_TEST(ipc_sharing, growth_is_refused_when_the_chunks_below_the_importer_changed) {
   const std::size_t g = this->granularity_;
   growable_buffer buffer = this->make_buffer(3, 10);
   growable_buffer other = this->make_buffer(1, 11);
   ipc::exporter exporter;
-  EXPECT_THROW((void)exporter.export_growth(buffer, g), invalid_argument);  // never exported
-  (void)exporter.export_buffer(buffer);
-  EXPECT_THROW((void)exporter.export_growth(buffer, g / 2), invalid_argument);  // not a boundary
-  EXPECT_THROW((void)exporter.export_growth(other, 0), invalid_argument);
+  ipc::exported_manifest of_other = exporter.export_buffer(other);
+  EXPECT_THROW((void)exporter.export_growth(buffer, of_other.description), invalid_argument);  // another buffer's
+  const ipc::exported_manifest whole = exporter.export_buffer(buffer);
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, g / 2)), invalid_argument);  // not a boundary
+  EXPECT_THROW((void)exporter.export_growth(other, whole.description), invalid_argument);
   buffer.resize(g);  // shrinks: chunks 1 and 2 go back to the pool
-  buffer.release_retired();
-  EXPECT_THROW((void)exporter.export_growth(buffer, 3 * g), invalid_argument);  // past the end now
+  buffer.collect_retired();
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, 3 * g)), invalid_argument);  // past the end now
   buffer.resize(3 * g);  // new chunks at the same offsets
-  EXPECT_THROW((void)exporter.export_growth(buffer, 3 * g), invalid_argument);
-  const ipc::exported_manifest from_first = exporter.export_growth(buffer, g);  // chunk 0 is the same
-  EXPECT_EQ(from_first.description.chunks.size(), 2u);
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, 3 * g)), invalid_argument);
+  // An importer of that export that maps only chunk 0 is refused too: the export shared the
+  // old chunks 1 and 2, and another of its importers may map them.
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, g)), invalid_argument);
+  // A new export starts a generation of its own.
+  const ipc::exported_manifest again = exporter.export_buffer(buffer);
+  EXPECT_EQ(exporter.export_growth(buffer, again.description).description.chunks.size(), 0u);
+}
+
+// Regression (use after free): export_growth kept an iterator into the exporter's table
+// of exported layouts, and the purge inside the export erased the entry it pointed to
+// when the buffer had shrunk to nothing and grown again.
+TYPED_TEST(ipc_sharing, growth_after_shrinking_to_nothing_is_refused_without_touching_freed_state) {
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make_buffer(1, 13);
+  ipc::exporter exporter;
+  const ipc::exported_manifest whole = exporter.export_buffer(buffer);
+  buffer.resize(0);
+  buffer.collect_retired();
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, 0)), invalid_argument);
+  buffer.resize(2 * g);
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, 0)), invalid_argument);
+}
+
+// Regression: the growth check compared every importer with the one layout the latest
+// export had written, so an importer of an earlier export, whose chunks the buffer had
+// since replaced, passed the check and kept showing the old chunks' bytes.
+TYPED_TEST(ipc_sharing, each_export_is_checked_on_its_own_so_a_stale_importer_is_refused) {
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make_buffer(2, 14);
+  ipc::exporter exporter;
+  const ipc::exported_manifest to_a = exporter.export_buffer(buffer);  // importer A: chunks 0, 1
+  buffer.resize(g);
+  buffer.collect_retired();
+  buffer.resize(2 * g);  // chunk 1 replaced
+  const ipc::exported_manifest to_b = exporter.export_buffer(buffer);  // importer B: the new chunk 1
+  buffer.resize(3 * g);
+  EXPECT_EQ(exporter.export_growth(buffer, to_b.description).description.chunks.size(), 1u);
+  EXPECT_THROW((void)exporter.export_growth(buffer, to_a.description), invalid_argument);
 }
 
 TYPED_TEST(ipc_sharing, a_read_only_grant_maps_read_only_and_writes_fault) {
@@ -559,7 +604,7 @@ TYPED_TEST(ipc_sharing, a_manifest_of_more_fds_than_one_message_carries_arrives_
   // Small chunks on the OS provider keep this cheap; GPUs have 2 MiB at the least.
   const bool os = this->provider_->where().kind == memory_kind::os_host;
   const std::size_t g = os ? 4096 : this->granularity_;
-  auto provider = os ? make_os_host_provider(g) : this->provider_;
+  auto provider = os ? make_os_host_provider({.granularity = g}) : this->provider_;
   const std::size_t chunks = ipc::max_fds_per_message + 7;
   growable_buffer buffer(chunk_pool::create(provider, {.release_threshold = 0}),
                          {.max_size = (chunks + 1) * g, .policy = chunk_policy::fixed(g)});
@@ -578,10 +623,14 @@ TYPED_TEST(ipc_sharing, a_manifest_of_more_fds_than_one_message_carries_arrives_
   // The same through receive_manifest, in this process. The sent fds are closed before
   // the receive (those in flight do not count), so that OS chunks (each a memfd), the
   // cache and the received fds stay under the usual limit of 1024 descriptors.
-  const ipc::manifest description = exported.description;
   exported = {};
   auto [sender, receiver] = ipc::make_socket_pair();
-  ipc::send_manifest(sender.get(), exporter.export_buffer(buffer));
+  ipc::manifest description;
+  {
+    const ipc::exported_manifest again = exporter.export_buffer(buffer);  // a new generation
+    description = again.description;
+    ipc::send_manifest(sender.get(), again);
+  }
   const ipc::received_manifest received = ipc::receive_manifest(receiver.get());
   EXPECT_EQ(received.description, description);
   EXPECT_EQ(received.fds.size(), chunks);
@@ -607,11 +656,13 @@ TYPED_TEST(ipc_sharing, a_consumer_reads_each_round_after_the_producer_publishes
 }
 
 TYPED_TEST(ipc_sharing_every_kind, an_interprocess_event_records_and_waits_through_the_provider) {
+  using ipc::interprocess_event;
+  using ipc::interprocess_event_handle;
   interprocess_event event(this->provider_);
   EXPECT_TRUE(event.created_here());
   event.record(nullptr);
-  event.make_stream_wait(nullptr);
-  event.wait();
+  event.enqueue_wait(nullptr);
+  event.synchronize();
   EXPECT_TRUE(event.done());
   interprocess_event moved = std::move(event);
   EXPECT_FALSE(event);
@@ -629,8 +680,8 @@ TYPED_TEST(ipc_sharing_every_kind, an_interprocess_event_records_and_waits_throu
 }
 
 TYPED_TEST(ipc_sharing_every_kind, fabric_handles_are_chosen_only_where_they_work_else_posix_fds) {
-  const handle_kind kind = this->provider_->export_handle_kind();
-  const std::string reason = this->provider_->fabric_unavailable_reason();
+  const handle_kind kind = this->provider_->capabilities().export_kind;
+  const std::string reason = this->provider_->capabilities().fabric_unavailable_reason;
   this->RecordProperty("export_handle_kind", to_string(kind));
   this->RecordProperty("fabric_unavailable_reason", reason);
   EXPECT_EQ(kind == handle_kind::fabric, reason.empty()) << reason;

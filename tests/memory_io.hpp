@@ -21,15 +21,15 @@ inline std::vector<std::uint8_t> pattern(std::size_t n, std::uint32_t seed) {
 
 inline void write_bytes(memory_provider& provider, std::uintptr_t address,
                         const std::vector<std::uint8_t>& bytes) {
-  provider.copy(reinterpret_cast<void*>(address), bytes.data(), bytes.size());
-  provider.synchronize();
+  provider.executor().copy(reinterpret_cast<void*>(address), bytes.data(), bytes.size(), {});
+  provider.executor().synchronize({});
 }
 
 inline std::vector<std::uint8_t> read_bytes(memory_provider& provider, std::uintptr_t address,
                                             std::size_t n) {
   std::vector<std::uint8_t> bytes(n);
-  provider.copy(bytes.data(), reinterpret_cast<const void*>(address), n);
-  provider.synchronize();
+  provider.executor().copy(bytes.data(), reinterpret_cast<const void*>(address), n, {});
+  provider.executor().synchronize({});
   return bytes;
 }
 

@@ -22,26 +22,26 @@ TYPED_TEST_SUITE(primitives, all_memory_kinds, memory_kind_names);
 TYPED_TEST(primitives, reserve_map_write_read_unmap_round_trip) {
   const std::size_t g = this->granularity_;
   address_range range(this->provider_, 3 * g);
-  ASSERT_NE(range.get(), 0u);
-  ASSERT_EQ(range.get() % g, 0u);
+  ASSERT_NE(range.address(), 0u);
+  ASSERT_EQ(range.address() % g, 0u);
   std::vector<physical_allocation> chunks;
   std::vector<mapping> maps;
   for (std::size_t i = 0; i < 3; ++i) {
     chunks.emplace_back(this->provider_, g);
-    maps.emplace_back(chunks.back(), range.get() + i * g, access_mode::read_write);
+    maps.emplace_back(chunks.back(), range.address() + i * g, access_mode::read_write);
   }
   const auto bytes = pattern(3 * g, 1);
-  write_bytes(*this->provider_, range.get(), bytes);
-  EXPECT_EQ(read_bytes(*this->provider_, range.get(), bytes.size()), bytes);
+  write_bytes(*this->provider_, range.address(), bytes);
+  EXPECT_EQ(read_bytes(*this->provider_, range.address(), bytes.size()), bytes);
 
   // Unmap the middle chunk and map a fresh one there: the neighbours keep their bytes.
   maps[1].reset();
   physical_allocation fresh(this->provider_, g);
-  maps[1] = mapping(fresh, range.get() + g, access_mode::read_write);
+  maps[1] = mapping(fresh, range.address() + g, access_mode::read_write);
   const auto middle = pattern(g, 2);
-  write_bytes(*this->provider_, range.get() + g, middle);
-  EXPECT_EQ(read_bytes(*this->provider_, range.get() + g, g), middle);
-  const auto tail = read_bytes(*this->provider_, range.get() + 2 * g, g);
+  write_bytes(*this->provider_, range.address() + g, middle);
+  EXPECT_EQ(read_bytes(*this->provider_, range.address() + g, g), middle);
+  const auto tail = read_bytes(*this->provider_, range.address() + 2 * g, g);
   EXPECT_TRUE(std::equal(tail.begin(), tail.end(), bytes.begin() + 2 * static_cast<std::ptrdiff_t>(g)));
 }
 
@@ -60,8 +60,8 @@ TYPED_TEST(primitives, zero_and_unaligned_sizes_are_refused) {
   EXPECT_THROW(address_range(this->provider_, 0), invalid_argument);
   EXPECT_THROW(physical_allocation(this->provider_, 0), invalid_argument);
   EXPECT_THROW((void)this->provider_->create(g + 1), invalid_argument);
-  EXPECT_THROW((void)this->provider_->reserve(g / 2), invalid_argument);
-  EXPECT_THROW((void)this->provider_->reserve(g, 3 * g), invalid_argument);  // not a power of two
+  EXPECT_THROW((void)this->provider_->allocate_range(g / 2), invalid_argument);
+  EXPECT_THROW((void)this->provider_->allocate_range(g, 3 * g), invalid_argument);  // not a power of two
   EXPECT_THROW(address_range(nullptr, g), invalid_argument);
 }
 
@@ -69,32 +69,32 @@ TYPED_TEST(primitives, bad_map_addresses_are_refused_and_leave_nothing_mapped) {
   const std::size_t g = this->granularity_;
   address_range range(this->provider_, 2 * g);
   physical_allocation memory(this->provider_, g);
-  EXPECT_THROW(mapping(memory, range.get() + 1, access_mode::read_write), invalid_argument);
-  EXPECT_THROW(mapping(memory, range.get() + 2 * g, access_mode::read_write), invalid_argument);  // past the end
+  EXPECT_THROW(mapping(memory, range.address() + 1, access_mode::read_write), invalid_argument);
+  EXPECT_THROW(mapping(memory, range.address() + 2 * g, access_mode::read_write), invalid_argument);  // past the end
   physical_allocation big(this->provider_, 2 * g);
-  EXPECT_THROW(mapping(big, range.get() + g, access_mode::read_write), invalid_argument);  // runs past the end
-  mapping first(memory, range.get(), access_mode::read_write);
+  EXPECT_THROW(mapping(big, range.address() + g, access_mode::read_write), invalid_argument);  // runs past the end
+  mapping first(memory, range.address(), access_mode::read_write);
   physical_allocation other(this->provider_, g);
-  EXPECT_THROW(mapping(other, range.get(), access_mode::read_write), invalid_argument);  // overlaps
+  EXPECT_THROW(mapping(other, range.address(), access_mode::read_write), invalid_argument);  // overlaps
   // A failed access grant unmaps again: the same place can be mapped afterwards.
-  const access_grant foreign[] = {{location::device(1 << 20), access_mode::read_write}};
-  EXPECT_ANY_THROW(mapping(other, range.get() + g, foreign));
-  EXPECT_NO_THROW(mapping(other, range.get() + g, access_mode::read_write));
+  const access_grant foreign[] = {{accessor::device(1 << 20), access_mode::read_write}};
+  EXPECT_ANY_THROW(mapping(other, range.address() + g, foreign));
+  EXPECT_NO_THROW(mapping(other, range.address() + g, access_mode::read_write));
 }
 
 TYPED_TEST(primitives, double_unmap_and_bad_free_are_refused) {
   const std::size_t g = this->granularity_;
   address_range range(this->provider_, 2 * g);
   physical_allocation memory(this->provider_, g);
-  mapping mapped(memory, range.get(), access_mode::read_write);
-  EXPECT_THROW(this->provider_->free_range(range.get(), range.size()), invalid_argument);  // still mapped
+  mapping mapped(memory, range.address(), access_mode::read_write);
+  EXPECT_THROW(this->provider_->free_range(range.address(), range.size()), invalid_argument);  // still mapped
   const std::uintptr_t address = mapped.release();
   this->provider_->unmap(address, g);
   EXPECT_THROW(this->provider_->unmap(address, g), invalid_argument);
   EXPECT_THROW(this->provider_->unmap(address + g, g), invalid_argument);  // never mapped
-  EXPECT_THROW(this->provider_->free_range(range.get(), g), invalid_argument);  // wrong size
-  EXPECT_THROW(this->provider_->free_range(range.get() + g, g), invalid_argument);  // not a reservation
-  EXPECT_THROW(this->provider_->release(0xdead0000), invalid_argument);
+  EXPECT_THROW(this->provider_->free_range(range.address(), g), invalid_argument);  // wrong size
+  EXPECT_THROW(this->provider_->free_range(range.address() + g, g), invalid_argument);  // not a reservation
+  EXPECT_THROW(this->provider_->destroy(0xdead0000), invalid_argument);
 }
 
 TYPED_TEST(primitives, one_set_access_covers_many_mappings_and_not_gaps) {
@@ -104,13 +104,13 @@ TYPED_TEST(primitives, one_set_access_covers_many_mappings_and_not_gaps) {
   std::vector<mapping> maps;
   for (std::size_t i = 0; i < 3; ++i) {
     chunks.emplace_back(this->provider_, g);
-    maps.emplace_back(chunks.back(), range.get() + i * g, std::span<const access_grant>{});
+    maps.emplace_back(chunks.back(), range.address() + i * g, std::span<const access_grant>{});
   }
-  this->provider_->set_access(range.get(), 3 * g, access_mode::read_write);
+  this->provider_->set_access(range.address(), 3 * g, access_mode::read_write);
   const auto bytes = pattern(3 * g, 3);
-  write_bytes(*this->provider_, range.get(), bytes);
-  EXPECT_EQ(read_bytes(*this->provider_, range.get(), bytes.size()), bytes);
-  EXPECT_THROW(this->provider_->set_access(range.get(), 4 * g, access_mode::read_write),
+  write_bytes(*this->provider_, range.address(), bytes);
+  EXPECT_EQ(read_bytes(*this->provider_, range.address(), bytes.size()), bytes);
+  EXPECT_THROW(this->provider_->set_access(range.address(), 4 * g, access_mode::read_write),
                invalid_argument);  // the last chunk is not mapped
 }
 
@@ -118,27 +118,27 @@ TYPED_TEST(primitives, memory_outlives_its_released_handle_while_mapped) {
   const std::size_t g = this->granularity_;
   address_range range(this->provider_, g);
   physical_allocation memory(this->provider_, g);
-  mapping mapped(memory, range.get(), access_mode::read_write);
+  mapping mapped(memory, range.address(), access_mode::read_write);
   memory.reset();
   const auto bytes = pattern(g, 4);
-  write_bytes(*this->provider_, range.get(), bytes);
-  EXPECT_EQ(read_bytes(*this->provider_, range.get(), g), bytes);
+  write_bytes(*this->provider_, range.address(), bytes);
+  EXPECT_EQ(read_bytes(*this->provider_, range.address(), g), bytes);
 }
 
 TYPED_TEST(primitives, moved_from_objects_are_empty_and_own_nothing) {
   const std::size_t g = this->granularity_;
   address_range range(this->provider_, g);
   address_range moved = std::move(range);
-  EXPECT_EQ(range.get(), 0u);  // NOLINT(bugprone-use-after-move): the contract under test
-  EXPECT_NE(moved.get(), 0u);
+  EXPECT_EQ(range.address(), 0u);  // NOLINT(bugprone-use-after-move): the contract under test
+  EXPECT_NE(moved.address(), 0u);
   physical_allocation memory(this->provider_, g);
   physical_allocation taken = std::move(memory);
   EXPECT_FALSE(memory);  // NOLINT(bugprone-use-after-move)
   EXPECT_TRUE(taken);
-  mapping mapped(taken, moved.get(), access_mode::read_write);
+  mapping mapped(taken, moved.address(), access_mode::read_write);
   mapping other = std::move(mapped);
-  EXPECT_EQ(mapped.get(), 0u);  // NOLINT(bugprone-use-after-move)
-  EXPECT_EQ(other.get(), moved.get());
+  EXPECT_EQ(mapped.address(), 0u);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(other.address(), moved.address());
 }
 
 // A write through a read-only mapping must fail: a fault on the host, an error on the GPU.
@@ -152,14 +152,14 @@ int write_in_child(access_mode mode) {
   const std::size_t g = provider->granularity();
   address_range range(provider, g);
   physical_allocation memory(provider, g);
-  mapping mapped(memory, range.get(), access_mode::read_write);
+  mapping mapped(memory, range.address(), access_mode::read_write);
   const auto bytes = pattern(g, 5);
-  write_bytes(*provider, range.get(), bytes);
+  write_bytes(*provider, range.address(), bytes);
   mapped.set_access(mode);
-  if (read_bytes(*provider, range.get(), g) != bytes) return 5;  // reads still work
+  if (read_bytes(*provider, range.address(), g) != bytes) return 5;  // reads still work
   try {
-    provider->fill(mapped.data(), 0xab, g);
-    provider->synchronize();
+    provider->executor().fill(mapped.data(), 0xab, g, {});
+    provider->executor().synchronize({});
   } catch (const std::exception&) {
     return 3;
   }

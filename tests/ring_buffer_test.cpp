@@ -170,15 +170,15 @@ TYPED_TEST(ring_buffers, counters_start_at_zero_even_in_reused_memory_and_reset)
     EXPECT_EQ(ring.head(), 0u);
     EXPECT_EQ(ring.tail(), 0u);
     const auto view = ring.view();
-    this->provider_->copy(view.head, &dirty, sizeof dirty);
-    this->provider_->copy(view.tail, &dirty, sizeof dirty);
-    this->provider_->synchronize();
+    this->provider_->executor().copy(view.head, &dirty, sizeof dirty, {});
+    this->provider_->executor().copy(view.tail, &dirty, sizeof dirty, {});
+    this->provider_->executor().synchronize({});
     EXPECT_EQ(ring.head(), dirty);
     EXPECT_EQ(ring.tail(), dirty);
     ring.reset();
     EXPECT_EQ(ring.head(), 0u);
-    this->provider_->copy(view.head, &dirty, sizeof dirty);
-    this->provider_->synchronize();
+    this->provider_->executor().copy(view.head, &dirty, sizeof dirty, {});
+    this->provider_->executor().synchronize({});
   }
   const std::size_t created = this->pool_->statistics().chunks_created;
   ring_buffer again(this->pool_, g);  // the same chunks, back from the pool
@@ -220,7 +220,7 @@ TYPED_TEST(ring_buffers, a_capacity_off_the_granularity_is_refused_with_the_reas
   }
   EXPECT_THROW(ring_buffer(this->pool_, 0), invalid_argument);
   EXPECT_THROW(ring_buffer(std::shared_ptr<chunk_pool>{}, g), invalid_argument);
-  const access_grant foreign[] = {{location::device(1 << 20), access_mode::read_write}};
+  const access_grant foreign[] = {{accessor::device(1 << 20), access_mode::read_write}};
   EXPECT_ANY_THROW(ring_buffer(this->pool_, g, {.access = {foreign[0]}}));
   EXPECT_EQ(this->pool_->statistics().used_current, 0u);
 }

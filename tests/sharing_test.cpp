@@ -48,14 +48,14 @@ std::string temporary_socket_path() {
 TYPED_TEST(sharing, an_exported_handle_maps_in_another_process_with_the_same_bytes) {
   const std::size_t size = 2 * this->granularity_;
   physical_allocation memory(this->provider_, size);
-  if (!this->provider_->can_export()) {
+  if (this->provider_->capabilities().export_kind == handle_kind::none) {
     EXPECT_THROW((void)memory.export_fd(), invalid_argument);
     return;
   }
   address_range range(this->provider_, size);
-  mapping mapped(memory, range.get(), access_mode::read_write);
+  mapping mapped(memory, range.address(), access_mode::read_write);
   const auto bytes = pattern(size, 11);
-  write_bytes(*this->provider_, range.get(), bytes);
+  write_bytes(*this->provider_, range.address(), bytes);
 
   const std::string path = temporary_socket_path();
   std::filesystem::remove(path);
@@ -82,18 +82,18 @@ TYPED_TEST(sharing, an_exported_handle_maps_in_another_process_with_the_same_byt
 TYPED_TEST(sharing, an_import_in_the_same_process_aliases_the_memory) {
   const std::size_t g = this->granularity_;
   physical_allocation memory(this->provider_, g);
-  if (!this->provider_->can_export()) {
+  if (this->provider_->capabilities().export_kind == handle_kind::none) {
     EXPECT_THROW((void)memory.export_fd(), invalid_argument);
     return;
   }
   unique_fd fd = memory.export_fd();
   physical_allocation imported = physical_allocation::import_fd(this->provider_, fd.get(), g);
   address_range range(this->provider_, 2 * g);
-  mapping first(memory, range.get(), access_mode::read_write);
-  mapping second(imported, range.get() + g, access_mode::read_write);
+  mapping first(memory, range.address(), access_mode::read_write);
+  mapping second(imported, range.address() + g, access_mode::read_write);
   const auto bytes = pattern(g, 12);
-  write_bytes(*this->provider_, range.get(), bytes);
-  EXPECT_EQ(read_bytes(*this->provider_, range.get() + g, g), bytes);
+  write_bytes(*this->provider_, range.address(), bytes);
+  EXPECT_EQ(read_bytes(*this->provider_, range.address() + g, g), bytes);
 }
 
 }  // namespace

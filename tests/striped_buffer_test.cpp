@@ -12,6 +12,7 @@
 // vmm never enables peer access (cuCtxEnablePeerAccess is not among its driver entry
 // points): every cross-GPU read and write below works through cuMemSetAccess alone.
 
+#include "peer_access.hpp"
 #include "vmm/striped_buffer.hpp"
 
 #include <gtest/gtest.h>
@@ -62,11 +63,11 @@ TEST(striped_buffer_arguments, bad_arguments_are_refused_before_any_driver_call)
                invalid_argument);
   EXPECT_THROW(
       striped_buffer({0, 1}, 8 * mib,
-                     {.access = {{0, access_mode::read_write}, {0, access_mode::read_only}}}),
+                     {.access = {{accessor::device(0), access_mode::read_write}, {accessor::device(0), access_mode::read_only}}}),
       invalid_argument);
-  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.access = {{-3, access_mode::read_write}}}),
+  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.access = {{accessor::device(-3), access_mode::read_write}}}),
                invalid_argument);
-  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.access = {{1, static_cast<access_mode>(17)}}}),
+  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.access = {{accessor::device(1), static_cast<access_mode>(17)}}}),
                invalid_argument);
   EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.streams = {{-1, nullptr}}}), invalid_argument);
   // Pools: one per device or none, never null, each of its own device's memory. OS memory
@@ -100,7 +101,7 @@ TEST(striped_buffer_arguments, arguments_that_need_the_driver_are_refused_by_it)
       message_of<invalid_argument>([&] { striped_buffer({0}, 8 * g, {.stripe_size = g + g / 2}); });
   EXPECT_NE(stripe.find("not a multiple of gpu 0's allocation granularity"), std::string::npos)
       << stripe;
-  EXPECT_THROW(striped_buffer({0}, 8 * g, {.access = {{count, access_mode::read_only}}}),
+  EXPECT_THROW(striped_buffer({0}, 8 * g, {.access = {{accessor::device(count), access_mode::read_only}}}),
                invalid_argument);
   EXPECT_THROW(striped_buffer({0}, 8 * g, {.streams = {{count, nullptr}}}), invalid_argument);
 }
@@ -114,17 +115,17 @@ TEST(striped_buffer_arguments, every_accessor_and_holder_pair_is_checked_for_pee
     return !(accessor == 2 && holder == 1);
   };
   const std::vector<int> holders = {0, 1, 2};
-  const std::vector<device_access> fine = {{0, access_mode::read_write},
-                                           {1, access_mode::read_only}};
+  const std::vector<access_grant> fine = {{accessor::device(0), access_mode::read_write},
+                                           {accessor::device(1), access_mode::read_only}};
   EXPECT_NO_THROW(detail::require_peer_access(holders, fine, can_access));
   for (const auto& [accessor, holder] : asked)
     EXPECT_NE(accessor, holder) << "a device was asked about itself";
   EXPECT_EQ(asked.size(), 4u);
   // gpu 2 holds stripes but gets no access: nothing to check for it.
-  const std::vector<device_access> none = {{0, access_mode::read_write}, {2, access_mode::none}};
+  const std::vector<access_grant> none = {{accessor::device(0), access_mode::read_write}, {accessor::device(2), access_mode::none}};
   EXPECT_NO_THROW(detail::require_peer_access(holders, none, can_access));
-  const std::vector<device_access> blocked = {{0, access_mode::read_write},
-                                              {2, access_mode::read_only}};
+  const std::vector<access_grant> blocked = {{accessor::device(0), access_mode::read_write},
+                                              {accessor::device(2), access_mode::read_only}};
   const std::string message = message_of<invalid_argument>(
       [&] { detail::require_peer_access(holders, blocked, can_access); });
   EXPECT_NE(message.find("gpu 2 cannot access the memory of gpu 1"), std::string::npos) << message;
@@ -184,17 +185,17 @@ TEST_F(one_gpu_striped, a_single_device_holds_every_stripe_and_the_bytes_round_t
     EXPECT_THROW((void)buffer.device_index(1), invalid_argument);
     EXPECT_EQ(pool->statistics().used_current, 6 * g);
     const auto bytes = pattern(6 * g, 3);
-    write_bytes(*provider_, buffer.get(), bytes);  // one copy over three chunks of one device
-    EXPECT_EQ(read_bytes(*provider_, buffer.get(), 6 * g), bytes);
+    write_bytes(*provider_, buffer.address(), bytes);  // one copy over three chunks of one device
+    EXPECT_EQ(read_bytes(*provider_, buffer.address(), 6 * g), bytes);
 
     striped_buffer moved = std::move(buffer);
     EXPECT_EQ(buffer.data(), nullptr);  // NOLINT(bugprone-use-after-move): the contract under test
-    EXPECT_EQ(read_bytes(*provider_, moved.get(), 6 * g), bytes);
+    EXPECT_EQ(read_bytes(*provider_, moved.address(), 6 * g), bytes);
     striped_buffer other({0}, g, {.mode = stripe_mode::contiguous, .pools = {pool}});
     EXPECT_EQ(other.chunks().size(), 1u);
     other = std::move(moved);  // the old one is unmapped and given back
     EXPECT_EQ(pool->statistics().used_current, 6 * g);
-    EXPECT_EQ(read_bytes(*provider_, other.get(), 6 * g), bytes);
+    EXPECT_EQ(read_bytes(*provider_, other.address(), 6 * g), bytes);
   }
   EXPECT_EQ(pool->statistics().used_current, 0u);
 }
@@ -241,9 +242,9 @@ class multi_gpu_striped : public ::testing::Test {
   std::vector<std::uint8_t> read_on_its_own_device(const pooled_chunk& chunk) const {
     const std::shared_ptr<memory_provider>& owner = chunk.memory().provider();
     address_range range(owner, chunk.size());
-    const access_grant only_owner[] = {{owner->where(), access_mode::read_only}};
-    mapping second(chunk.memory(), range.get(), only_owner);
-    return read_bytes(*owner, second.get(), chunk.size());
+    const access_grant only_owner[] = {{accessor::device(owner->where().id), access_mode::read_only}};
+    mapping second(chunk.memory(), range.address(), only_owner);
+    return read_bytes(*owner, second.address(), chunk.size());
   }
 
   std::vector<int> devices_;
@@ -269,7 +270,7 @@ TEST_F(multi_gpu_striped, ownership_agrees_with_where_the_bytes_live) {
     std::size_t offset = 0;
     for (const shared_chunk& chunk : buffer.chunks()) {
       write_bytes(*providers_[static_cast<std::size_t>(buffer.device_of(offset))],
-                  buffer.get() + offset,
+                  buffer.address() + offset,
                   {bytes.begin() + static_cast<std::ptrdiff_t>(offset),
                    bytes.begin() + static_cast<std::ptrdiff_t>(offset + chunk->size())});
       offset += chunk->size();
@@ -304,12 +305,12 @@ TEST_F(multi_gpu_striped, contents_written_from_one_gpu_are_read_from_another) {
   striped_buffer buffer(devices_, 3 * n * g, {.stripe_size = g});
   // GPU 1 writes every stripe (its own and the others'), one value per stripe...
   for (std::size_t k = 0; k < 3 * n; ++k)
-    providers_[1]->fill(static_cast<char*>(buffer.data()) + k * g, static_cast<std::uint8_t>(k + 1),
-                        g);
-  providers_[1]->synchronize();
+    providers_[1]->executor().fill(static_cast<char*>(buffer.data()) + k * g, static_cast<std::uint8_t>(k + 1),
+                        g, {});
+  providers_[1]->executor().synchronize({});
   // ...and GPU 0 reads each of them back.
   for (std::size_t k = 0; k < 3 * n; ++k)
-    EXPECT_EQ(read_bytes(*providers_[0], buffer.get() + k * g, g),
+    EXPECT_EQ(read_bytes(*providers_[0], buffer.address() + k * g, g),
               std::vector<std::uint8_t>(g, static_cast<std::uint8_t>(k + 1)))
         << "stripe " << k << " on gpu " << buffer.device_of(k * g);
 }
@@ -318,10 +319,10 @@ TEST_F(multi_gpu_striped, a_gpu_holding_no_stripes_can_be_given_access) {
   // Stripes on GPU 0 only; GPU 1 may read them.
   const std::size_t g = granularity_;
   striped_buffer buffer({0}, 4 * g,
-                        {.access = {{0, access_mode::read_write}, {1, access_mode::read_only}}});
+                        {.access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), access_mode::read_only}}});
   const auto bytes = pattern(g, 23);
-  write_bytes(*providers_[0], buffer.get() + g, bytes);
-  EXPECT_EQ(read_bytes(*providers_[1], buffer.get() + g, g), bytes);
+  write_bytes(*providers_[0], buffer.address() + g, bytes);
+  EXPECT_EQ(read_bytes(*providers_[1], buffer.address() + g, g), bytes);
   EXPECT_EQ(buffer.access().size(), 2u);
   EXPECT_THROW((void)buffer.device_index(1), invalid_argument);
 }
@@ -337,18 +338,18 @@ int remote_write_in_child(access_mode mode) {
     memory_provider& gpu0 = *gpu0_provider;
     memory_provider& gpu1 = *gpu1_provider;
     striped_buffer buffer({0, 1}, 4 * g,
-                          {.stripe_size = g, .access = {{0, access_mode::read_write}, {1, mode}}});
+                          {.stripe_size = g, .access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), mode}}});
     if (buffer.device_of(2 * g) != 0) return 7;
     const auto bytes = pattern(g, 29);
-    write_bytes(gpu0, buffer.get() + 2 * g, bytes);
-    if (read_bytes(gpu1, buffer.get() + 2 * g, g) != bytes) return 5;  // GPU 1 reads
+    write_bytes(gpu0, buffer.address() + 2 * g, bytes);
+    if (read_bytes(gpu1, buffer.address() + 2 * g, g) != bytes) return 5;  // GPU 1 reads
     try {
-      gpu1.fill(static_cast<char*>(buffer.data()) + 2 * g, 0xab, g);
-      gpu1.synchronize();
+      gpu1.executor().fill(static_cast<char*>(buffer.data()) + 2 * g, 0xab, g, {});
+      gpu1.executor().synchronize({});
     } catch (const std::exception&) {
       return 3;  // the write faulted
     }
-    return read_bytes(gpu0, buffer.get() + 2 * g, g) == std::vector<std::uint8_t>(g, 0xab) ? 0 : 6;
+    return read_bytes(gpu0, buffer.address() + 2 * g, g) == std::vector<std::uint8_t>(g, 0xab) ? 0 : 6;
   } catch (const std::exception&) {
     return 8;
   }

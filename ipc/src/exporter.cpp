@@ -11,6 +11,9 @@
 #include <cerrno>
 #include <random>
 
+#include "continuation.hpp"
+#include "os/system.hpp"
+
 namespace vmm::ipc {
 namespace {
 
@@ -29,19 +32,15 @@ std::uint64_t process_nonce() {
   return nonce;
 }
 
-// A growable buffer's address never changes while it lives: it names the buffer.
-std::uint64_t buffer_id_of(const growable_buffer& buffer) {
-  return mix(process_nonce() ^ reinterpret_cast<std::uintptr_t>(buffer.data()));
-}
-
-// Ranges, views and chunk lists cannot grow: a fresh id for each export.
+// A fresh id for each export: whole buffers start a generation with it; ranges, views
+// and chunk lists cannot grow.
 std::uint64_t fresh_id() {
   static std::atomic<std::uint64_t> counter{0};
   return mix(process_nonce() + 0x632be59bd9b4e019ull * (counter.fetch_add(1) + 1));
 }
 
 unique_fd duplicate(int fd) {
-  unique_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  unique_fd copy(os::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!copy) throw os_error(errno, fmt::format("exporter: fcntl(F_DUPFD_CLOEXEC) of cached fd {}", fd));
   return copy;
 }
@@ -66,6 +65,10 @@ manifest describe(const memory_provider& provider, std::uint64_t id, std::uint64
   return description;
 }
 
+bool all_expired(const std::vector<std::weak_ptr<const pooled_chunk>>& chunks) {
+  return std::all_of(chunks.begin(), chunks.end(), [](const auto& c) { return c.expired(); });
+}
+
 }  // namespace
 
 exporter::exporter() = default;
@@ -73,7 +76,6 @@ exporter::~exporter() = default;
 
 exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, manifest description,
                                         const export_options& options) {
-  purge_locked();
   exported_manifest result;
   std::uint64_t position = description.start;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
@@ -85,7 +87,7 @@ exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, ma
       throw invalid_argument(fmt::format("exporter: chunk {} of {} is {} memory, but the buffer is {} memory",
                                          i, chunks.size(), to_string(provider->where()),
                                          to_string(description.where)));
-    const handle_kind kind = options.handle.value_or(provider->export_handle_kind());
+    const handle_kind kind = options.handle.value_or(provider->capabilities().export_kind);
     if (kind == handle_kind::none)
       throw invalid_argument(fmt::format("exporter: chunk {} of {} ({} memory) cannot be exported: "
                                          "it has no shareable handle",
@@ -109,7 +111,7 @@ exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, ma
       result.fds.push_back(duplicate(entry->fd.get()));
     } else {
       if (entry == nullptr || !entry->fabric) {
-        const fabric_handle exported = provider->export_fabric(chunk->memory().get());
+        const fabric_handle exported = export_fabric(chunk->memory());
         entry_for_chunk().fabric = exported;
       } else {
         ++statistics_.cache_hits;
@@ -128,12 +130,12 @@ exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, ma
 exported_manifest exporter::export_buffer(const growable_buffer& buffer, export_options options) {
   if (buffer.data() == nullptr) throw invalid_argument("exporter: export of a moved-from buffer");
   const std::vector<shared_chunk> chunks = all_chunks(buffer);
-  manifest description = describe(*buffer.provider(), buffer_id_of(buffer), buffer.max_size(), options);
+  manifest description = describe(*buffer.provider(), fresh_id(), buffer.max_size(), options);
   description.size = buffer.size();
   std::lock_guard lock(mutex_);
+  purge_locked();
   exported_manifest result = export_list(chunks, std::move(description), options);
-  exported_layout& layout = layouts_[result.description.buffer_id];
-  layout.chunks.assign(chunks.begin(), chunks.end());
+  generations_[result.description.buffer_id] = generation{buffer.data(), {chunks.begin(), chunks.end()}};
   return result;
 }
 
@@ -144,6 +146,7 @@ exported_manifest exporter::export_range(const growable_buffer& buffer, std::siz
   description.base_offset = offset;
   description.size = buffer.size() <= offset ? 0 : std::min(length, buffer.size() - offset);
   std::lock_guard lock(mutex_);
+  purge_locked();
   return export_list(chunks, std::move(description), options);
 }
 
@@ -163,19 +166,25 @@ exported_manifest exporter::export_chunks(std::span<const shared_chunk> chunks, 
   manifest description = describe(*chunks.front()->memory().provider(), fresh_id(), total, options);
   description.size = total;
   std::lock_guard lock(mutex_);
+  purge_locked();
   return export_list(chunks, std::move(description), options);
 }
 
-exported_manifest exporter::export_growth(const growable_buffer& buffer, std::size_t importer_end,
+exported_manifest exporter::export_growth(const growable_buffer& buffer, const manifest& last,
                                           export_options options) {
   if (buffer.data() == nullptr) throw invalid_argument("exporter: export of a moved-from buffer");
-  const std::uint64_t id = buffer_id_of(buffer);
   const std::vector<shared_chunk> chunks = all_chunks(buffer);
+  const std::size_t importer_end = last.end;
   std::lock_guard lock(mutex_);
-  const auto layout = layouts_.find(id);
-  if (layout == layouts_.end())
-    throw invalid_argument("export_growth: this exporter never exported this buffer whole "
-                           "(export_buffer first)");
+  purge_locked();
+  // The generation is looked up after the purge, and nothing below erases it.
+  const auto found = generations_.find(last.buffer_id);
+  if (found == generations_.end() || found->second.buffer != buffer.data())
+    throw invalid_argument(fmt::format(
+        "export_growth: manifest {:#x} is not of an export of this buffer by this exporter "
+        "(export_buffer first)",
+        last.buffer_id));
+  generation& exported = found->second;
   if (importer_end > buffer.capacity())
     throw invalid_argument(fmt::format("export_growth: the importer maps {} bytes, but the buffer maps "
                                        "only {} now: it shrank, so it must be imported again",
@@ -187,20 +196,22 @@ exported_manifest exporter::export_growth(const growable_buffer& buffer, std::si
     throw invalid_argument(fmt::format("export_growth: {} is not a chunk boundary of the buffer "
                                        "(the chunk there ends at {})",
                                        importer_end, position));
-  for (std::size_t i = 0; i < below; ++i)
-    if (i >= layout->second.chunks.size() || !same_chunk(layout->second.chunks[i], chunks[i]))
+  // Every chunk the generation ever exported must still be mapped where it was: some
+  // importer of the generation may map it.
+  for (std::size_t i = 0; i < exported.chunks.size() && i < chunks.size(); ++i)
+    if (!same_chunk(exported.chunks[i], chunks[i]))
       throw invalid_argument(fmt::format(
-          "export_growth: chunk {} below the importer's end {} is not the one exported (the buffer "
-          "shrank and grew again): it must be imported again",
-          i, importer_end));
+          "export_growth: the buffer no longer maps chunk {} that manifest {:#x} exported (it "
+          "shrank and grew again): the importer must import it again",
+          i, last.buffer_id));
 
-  manifest description = describe(*buffer.provider(), id, buffer.max_size(), options);
+  manifest description = describe(*buffer.provider(), last.buffer_id, buffer.max_size(), options);
   description.kind = manifest_kind::growth;
   description.start = importer_end;
   description.size = buffer.size();
   exported_manifest result =
       export_list(std::span(chunks).subspan(below), std::move(description), options);
-  layout->second.chunks.assign(chunks.begin(), chunks.end());
+  for (std::size_t i = exported.chunks.size(); i < chunks.size(); ++i) exported.chunks.push_back(chunks[i]);
   return result;
 }
 
@@ -213,10 +224,8 @@ void exporter::purge_locked() {
       ++it;
     }
   }
-  std::erase_if(layouts_, [](const auto& entry) {
-    const auto& chunks = entry.second.chunks;
-    return !chunks.empty() &&
-           std::all_of(chunks.begin(), chunks.end(), [](const chunk_key& c) { return c.expired(); });
+  std::erase_if(generations_, [](const auto& entry) {
+    return !entry.second.chunks.empty() && all_expired(entry.second.chunks);
   });
 }
 
@@ -244,12 +253,7 @@ void send_manifest(int socket_fd, const exported_manifest& exported) {
   send_message(socket_fd, exported.bytes, all.first(sent));
   for (std::uint32_t index = 1; sent < all.size(); ++index) {
     const std::size_t count = std::min(all.size() - sent, max_fds_per_message);
-    std::array<std::byte, 8> payload{};
-    for (std::size_t i = 0; i < 4; ++i) {
-      payload[i] = static_cast<std::byte>(manifest_continuation_magic >> (8 * i));
-      payload[4 + i] = static_cast<std::byte>(index >> (8 * i));
-    }
-    send_message(socket_fd, payload, all.subspan(sent, count));
+    send_message(socket_fd, detail::continuation_payload(index), all.subspan(sent, count));
     sent += count;
   }
 }

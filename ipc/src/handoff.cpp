@@ -86,7 +86,7 @@ handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provide
   send_message(socket_, message);
 }
 
-void handoff_producer::publish(stream_handle stream) {
+void handoff_producer::publish(stream_ref stream) {
   if (!consumed_)
     throw invalid_argument(fmt::format("handoff: round {} is published and not consumed yet", sequence_));
   ready_.record(stream);
@@ -95,11 +95,11 @@ void handoff_producer::publish(stream_handle stream) {
   consumed_ = false;
 }
 
-void handoff_producer::wait_consumed(stream_handle stream) {
+void handoff_producer::wait_consumed(stream_ref stream) {
   if (consumed_) throw invalid_argument("handoff: wait_consumed with no round published");
   (void)receive(socket_, message_type::done, sequence_);
   consumed_ = true;
-  done_.make_stream_wait(stream);
+  done_.enqueue_wait(stream);
 }
 
 handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider)
@@ -110,20 +110,20 @@ handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provide
   done_ = interprocess_event::open(provider, handle_at(handles, handle_bytes));
 }
 
-void handoff_consumer::acquire(stream_handle stream) {
-  if (!released_)
-    throw invalid_argument(fmt::format("handoff: round {} is acquired and not released yet", sequence_));
+void handoff_consumer::acquire(stream_ref stream) {
+  if (!finished_)
+    throw invalid_argument(fmt::format("handoff: round {} is acquired and not finished yet", sequence_));
   (void)receive(socket_, message_type::ready, sequence_ + 1);
   ++sequence_;
-  released_ = false;
-  ready_.make_stream_wait(stream);
+  finished_ = false;
+  ready_.enqueue_wait(stream);
 }
 
-void handoff_consumer::release(stream_handle stream) {
-  if (released_) throw invalid_argument("handoff: release with no round acquired");
+void handoff_consumer::finish(stream_ref stream) {
+  if (finished_) throw invalid_argument("handoff: finish with no round acquired");
   done_.record(stream);
   send_message(socket_, header(message_type::done, sequence_));
-  released_ = true;
+  finished_ = true;
 }
 
 }  // namespace vmm::ipc

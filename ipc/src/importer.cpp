@@ -6,44 +6,20 @@
 
 #include <algorithm>
 #include <array>
-#include <exception>
 #include <string>
 #include <utility>
 
+#include "continuation.hpp"
+
 namespace vmm::ipc {
 namespace {
-
-// Runs a cleanup step that must not throw, reporting a failure instead.
-template <class Fn>
-void cleanup(const char* what, Fn&& fn) noexcept {
-  try {
-    std::forward<Fn>(fn)();
-  } catch (const std::exception& error) {
-    report_cleanup_failure(fmt::format("{}: {}", what, error.what()).c_str());
-  } catch (...) {
-    report_cleanup_failure(what);
-  }
-}
 
 std::size_t first_batch(std::size_t fd_count) { return std::min(fd_count, max_fds_per_message); }
 
 // Receives continuation message `index` of a manifest, carrying exactly `count` fds.
 std::vector<unique_fd> receive_continuation(int socket_fd, std::uint32_t index, std::size_t count) {
   message continuation = receive_message(socket_fd, count);
-  const auto& payload = continuation.payload;
-  if (payload.size() != 8)
-    throw bad_manifest(fmt::format("manifest: continuation {} has a payload of {} bytes, not 8", index,
-                                   payload.size()));
-  std::uint32_t magic = 0;
-  std::uint32_t number = 0;
-  for (std::size_t i = 0; i < 4; ++i) {
-    magic |= std::uint32_t{std::to_integer<std::uint8_t>(payload[i])} << (8 * i);
-    number |= std::uint32_t{std::to_integer<std::uint8_t>(payload[4 + i])} << (8 * i);
-  }
-  if (magic != manifest_continuation_magic)
-    throw bad_manifest(fmt::format("manifest: continuation {} has bad magic {:#010x}", index, magic));
-  if (number != index)
-    throw bad_manifest(fmt::format("manifest: continuation {} arrived where {} was due", number, index));
+  detail::check_continuation(continuation.payload, index);
   return std::move(continuation.fds);
 }
 
@@ -98,48 +74,6 @@ struct imported_buffer::fd_source {
   std::uint32_t next_index = 1;
 };
 
-class imported_buffer::imported_chunk {
- public:
-  imported_chunk(std::shared_ptr<memory_provider> provider, physical_handle handle, std::size_t size) noexcept
-      : provider_(std::move(provider)), handle_(handle), size_(size) {}
-  imported_chunk(imported_chunk&& other) noexcept
-      : provider_(std::move(other.provider_)),
-        handle_(std::exchange(other.handle_, 0)),
-        size_(std::exchange(other.size_, 0)),
-        address_(std::exchange(other.address_, 0)) {}
-  imported_chunk& operator=(imported_chunk&& other) noexcept {
-    if (this != &other) {
-      reset();
-      provider_ = std::move(other.provider_);
-      handle_ = std::exchange(other.handle_, 0);
-      size_ = std::exchange(other.size_, 0);
-      address_ = std::exchange(other.address_, 0);
-    }
-    return *this;
-  }
-  imported_chunk(const imported_chunk&) = delete;
-  imported_chunk& operator=(const imported_chunk&) = delete;
-  ~imported_chunk() { reset(); }
-
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  void map(std::uintptr_t address) {
-    provider_->map(address, size_, handle_);
-    address_ = address;
-  }
-  void reset() noexcept {
-    if (address_ != 0) cleanup("imported_buffer: unmap", [&] { provider_->unmap(address_, size_); });
-    if (provider_ != nullptr) cleanup("imported_buffer: release", [&] { provider_->release(handle_); });
-    provider_.reset();
-    address_ = 0;
-  }
-
- private:
-  std::shared_ptr<memory_provider> provider_;
-  physical_handle handle_ = 0;
-  std::size_t size_ = 0;
-  std::uintptr_t address_ = 0;  // 0: not mapped
-};
-
 imported_buffer::imported_buffer() noexcept = default;
 
 imported_buffer::imported_buffer(unmapped, const manifest& description, import_options options)
@@ -148,6 +82,7 @@ imported_buffer::imported_buffer(unmapped, const manifest& description, import_o
       buffer_id_(description.buffer_id),
       granularity_(description.granularity),
       base_offset_(description.base_offset),
+      max_size_limit_(options.max_size_limit),
       access_(options.access),
       stream_(options.stream) {
   validate(description);
@@ -182,43 +117,39 @@ imported_buffer imported_buffer::receive(int socket_fd, import_options options) 
 
 imported_buffer::imported_buffer(imported_buffer&& other) noexcept
     : chosen_provider_(std::move(other.chosen_provider_)),
-      range_(std::move(other.range_)),
-      chunks_(std::move(other.chunks_)),
+      run_(std::move(other.run_)),
       where_(other.where_),
       buffer_id_(std::exchange(other.buffer_id_, 0)),
       granularity_(std::exchange(other.granularity_, 0)),
       base_offset_(std::exchange(other.base_offset_, 0)),
-      mapped_(std::exchange(other.mapped_, 0)),
+      max_size_limit_(std::exchange(other.max_size_limit_, 0)),
       size_(std::exchange(other.size_, 0)),
       access_(std::exchange(other.access_, access_mode::none)),
-      stream_(std::exchange(other.stream_, nullptr)) {}
+      stream_(std::exchange(other.stream_, stream_ref())) {}
 
 imported_buffer& imported_buffer::operator=(imported_buffer&& other) noexcept {
   if (this != &other) {
-    imported_buffer old(std::move(*this));  // torn down by old's destructor
+    imported_buffer old(std::move(*this));  // retired by old's destructor
     chosen_provider_ = std::move(other.chosen_provider_);
-    range_ = std::move(other.range_);
-    chunks_ = std::move(other.chunks_);
+    run_ = std::move(other.run_);
     where_ = other.where_;
     buffer_id_ = std::exchange(other.buffer_id_, 0);
     granularity_ = std::exchange(other.granularity_, 0);
     base_offset_ = std::exchange(other.base_offset_, 0);
-    mapped_ = std::exchange(other.mapped_, 0);
+    max_size_limit_ = std::exchange(other.max_size_limit_, 0);
     size_ = std::exchange(other.size_, 0);
     access_ = std::exchange(other.access_, access_mode::none);
-    stream_ = std::exchange(other.stream_, nullptr);
+    stream_ = std::exchange(other.stream_, stream_ref());
   }
   return *this;
 }
 
 imported_buffer::~imported_buffer() {
-  if (chunks_.empty()) return;
-  // cuMemUnmap does not wait for kernels that still use the range.
-  cleanup("imported_buffer: wait for the stream before unmapping",
-          [&] { range_.provider()->synchronize(stream_); });
+  if (run_.data() == nullptr) return;
+  // Work queued on the stream may still use the memory: unmapped once it has passed.
+  const stream_use use{&run_.provider()->executor(), stream_};
+  std::move(run_).retire_after({&use, 1});
 }
-
-std::size_t imported_buffer::chunk_count() const noexcept { return chunks_.size(); }
 
 std::shared_ptr<memory_provider> imported_buffer::provider_of(const location& where) const {
   std::shared_ptr<memory_provider> provider = chosen_provider_;
@@ -241,53 +172,64 @@ void imported_buffer::map_chunks(const manifest& description, fd_source& fds) {
     throw invalid_argument("imported_buffer: read-write access asked for, but the exporter granted "
                            "read-only access");
   // Import every handle first: a bad fd or size fails before anything is reserved or mapped.
-  std::vector<imported_chunk> fresh;
+  std::vector<shared_chunk> fresh;
   fresh.reserve(description.chunks.size());
   std::vector<access_grant> grants;
   for (const manifest_chunk& chunk : description.chunks) {
     std::shared_ptr<memory_provider> provider = provider_of(chunk.where);
-    physical_handle handle = 0;
+    for (const accessor& who : provider->capabilities().default_accessors)
+      if (std::none_of(grants.begin(), grants.end(), [&](const access_grant& g) { return g.who == who; }))
+        grants.push_back({who, access_});
+    physical_allocation memory;
     if (chunk.handle == handle_kind::posix_fd) {
       const unique_fd fd = fds.take();  // closed once imported
-      handle = provider->import_fd(fd.get(), chunk.size);
+      memory = physical_allocation::import_fd(std::move(provider), fd.get(), chunk.size);
     } else {
-      handle = provider->import_fabric(chunk.fabric, chunk.size);
+      memory = import_fabric(provider, chunk.fabric, chunk.size);
     }
-    for (const location& accessor : provider->default_accessors())
-      if (std::none_of(grants.begin(), grants.end(), [&](const access_grant& g) { return g.accessor == accessor; }))
-        grants.push_back({accessor, access_});
-    fresh.emplace_back(std::move(provider), handle, chunk.size);
+    fresh.push_back(std::make_shared<const pooled_chunk>(pooled_chunk::own(std::move(memory))));
   }
   if (fds.remaining != 0)
-    throw invalid_argument(fmt::format("imported_buffer: {} fds left over after the manifest's chunks",
-                                       fds.remaining));
-  if (!range_.provider()) range_ = address_range(provider_of(description.where), description.max_size);
+    throw bad_manifest(fmt::format("imported_buffer: {} fds left over after the manifest's chunks",
+                                     fds.remaining));
+  if (run_.data() == nullptr) {
+    const std::shared_ptr<memory_provider> provider = provider_of(description.where);
+    const std::size_t limit =
+        max_size_limit_ != 0 ? max_size_limit_ : provider->capabilities().physical_memory_size;
+    if (description.max_size > limit)
+      throw invalid_argument(fmt::format(
+          "imported_buffer: the manifest asks to reserve {} bytes of addresses, more than the limit of "
+          "{} (import_options::max_size_limit; by default the memory size of {})",
+          description.max_size, limit, to_string(description.where)));
+    run_ = mapped_range(provider, description.max_size);
+  }
   if (fresh.empty()) return;
-  for (std::size_t i = 0; i < fresh.size(); ++i)
-    fresh[i].map(range_.get() + description.chunks[i].offset);
-  const std::size_t added = description.end - description.start;
-  range_.provider()->set_access(range_.get() + description.start, added, grants);
-  chunks_.reserve(chunks_.size() + fresh.size());
-  for (imported_chunk& chunk : fresh) chunks_.push_back(std::move(chunk));
-  mapped_ = description.end;
+  const std::size_t old_count = run_.chunks().size();
+  try {
+    for (shared_chunk& chunk : fresh) run_.push_back(std::move(chunk));
+    run_.set_access(description.start, description.end - description.start, grants);
+  } catch (...) {
+    run_.unmap_from(old_count);  // nothing queued can use them yet
+    throw;
+  }
 }
 
 void imported_buffer::check_growth(const manifest& tail) const {
   validate(tail);
-  if (!range_.provider()) throw invalid_argument("imported_buffer: growth of an empty import");
+  if (run_.data() == nullptr) throw invalid_argument("imported_buffer: growth of an empty import");
   if (tail.kind != manifest_kind::growth)
     throw bad_manifest("imported_buffer: a whole manifest cannot extend an import");
   if (tail.buffer_id != buffer_id_ || tail.where != where_ || tail.granularity != granularity_ ||
-      tail.max_size != range_.size() || tail.base_offset != base_offset_)
+      tail.max_size != run_.size() || tail.base_offset != base_offset_)
     throw bad_manifest(fmt::format(
         "imported_buffer: the growth manifest is for another buffer (id {:#x}, {}, granularity {}, "
         "max size {}, base offset {}; this import: id {:#x}, {}, {}, {}, {})",
         tail.buffer_id, to_string(tail.where), tail.granularity, tail.max_size, tail.base_offset,
-        buffer_id_, to_string(where_), granularity_, range_.size(), base_offset_));
-  if (tail.start != mapped_)
+        buffer_id_, to_string(where_), granularity_, run_.size(), base_offset_));
+  if (tail.start != run_.mapped())
     throw bad_manifest(fmt::format("imported_buffer: the growth manifest starts at {}, but this import "
                                    "maps {} bytes",
-                                   tail.start, mapped_));
+                                   tail.start, run_.mapped()));
 }
 
 void imported_buffer::grow(const manifest& tail, std::vector<unique_fd> fds) {

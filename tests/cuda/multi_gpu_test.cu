@@ -327,7 +327,7 @@ int remote_kernel_write_in_child(access_mode mode) {
     if (cudaSetDevice(0) != cudaSuccess) return 7;
     const std::size_t g = provider_for(location::device(0))->granularity();
     striped_buffer buffer({0, 1}, 4 * g,
-                          {.stripe_size = g, .access = {{0, access_mode::read_write}, {1, mode}}});
+                          {.stripe_size = g, .access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), mode}}});
     auto* words = static_cast<std::uint32_t*>(buffer.data());
     const std::uint64_t count = buffer.size() / 4;
     write_words<<<64, 256>>>(words, count, 21);

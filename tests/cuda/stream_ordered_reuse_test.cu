@@ -71,12 +71,12 @@ TEST_F(stream_ordered_reuse, a_shrink_on_a_busy_stream_keeps_the_chunks_mapped_u
   buffer.resize(g);
   EXPECT_EQ(buffer.capacity(), g);
   EXPECT_EQ(buffer.chunk_count(), 4u);  // retired, still mapped
-  buffer.release_retired(false);
+  buffer.collect_retired(false);
   EXPECT_EQ(buffer.chunk_count(), 4u);  // a has not passed the shrink
   EXPECT_EQ(pool->statistics().used_current, 4 * g);
 
   gate.open();
-  buffer.release_retired(true);  // waits for a to pass the shrink, then unmaps
+  buffer.collect_retired(true);  // waits for a to pass the shrink, then unmaps
   EXPECT_EQ(buffer.chunk_count(), 1u);
   EXPECT_EQ(pool->statistics().used_current, g);
   a.synchronize();  // throws if the kernel touched unmapped memory

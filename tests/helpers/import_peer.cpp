@@ -39,8 +39,8 @@ int main(int argc, char** argv) try {
 
   auto memory = vmm::physical_allocation::import_fd(provider, request.fds[0].get(), size);
   vmm::address_range range(provider, size);
-  vmm::mapping mapped(memory, range.get(), vmm::access_mode::read_only);
-  const auto bytes = vmm::testing::read_bytes(*provider, range.get(), size);
+  vmm::mapping mapped(memory, range.address(), vmm::access_mode::read_only);
+  const auto bytes = vmm::testing::read_bytes(*provider, range.address(), size);
   const std::uint64_t sum = vmm::testing::checksum(bytes.data(), bytes.size());
   vmm::ipc::send_message(socket.get(), std::as_bytes(std::span(&sum, 1)));
   return 0;

@@ -89,7 +89,7 @@ int run() {
   // Round 1: the producer's stream is held; the event orders this read after its write.
   consumer.acquire(stream.get());
   queue_read(imported, result, stream.get());
-  consumer.release(stream.get());
+  consumer.finish(stream.get());
   vmm::testing::send_go(socket);
   VMM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   vmm::testing::send_kernel_report(socket, {result.host()[0], result.host()[1]});
@@ -99,7 +99,7 @@ int run() {
     vmm::testing::stream_gate gate(stream.get());
     consumer.acquire(stream.get());
     queue_read(imported, result, stream.get());
-    consumer.release(stream.get());
+    consumer.finish(stream.get());
     vmm::testing::send_go(socket);
     vmm::testing::receive_go(socket);  // the producer has queued its overwrite
     gate.open();

@@ -75,8 +75,8 @@ bool write_faults(vmm::memory_provider& provider, void* data, std::size_t n) {
   volatile bool faulted = false;
   if (sigsetjmp(fault_jump, 1) == 0) {
     try {
-      provider.fill(data, 0xff, n);
-      provider.synchronize();
+      provider.executor().fill(data, 0xff, n, {});
+      provider.executor().synchronize({});
     } catch (const std::exception& error) {
       // The driver refuses the write (CUDA_ERROR_INVALID_VALUE from cuMemsetD8Async on a
       // read-only mapping: vmm::invalid_argument) or faults on it later (a driver_error).
@@ -139,7 +139,7 @@ int run(int argc, char** argv) {
   const auto where = parse_location(arg(1));
   const std::size_t granularity = std::stoul(arg(2));
   const std::string mode = arg(3);
-  const auto provider = granularity == 0 ? vmm::provider_for(where) : vmm::make_os_host_provider(granularity);
+  const auto provider = granularity == 0 ? vmm::provider_for(where) : vmm::make_os_host_provider({.granularity = granularity});
   const int socket = vmm::testing::peer_socket_fd;
   if (mode == "export")
     return run_export(provider, socket, static_cast<std::uint32_t>(std::stoul(arg(4))), std::stoul(arg(5)),
@@ -177,7 +177,7 @@ int run(int argc, char** argv) {
     for (int round = 0, rounds = std::stoi(arg(4)); round < rounds; ++round) {
       consumer.acquire(nullptr);
       const peer_report report = report_of(imported);  // reads in order on the default stream
-      consumer.release(nullptr);
+      consumer.finish(nullptr);
       send_report(socket, report);
     }
   } else {

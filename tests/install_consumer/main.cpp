@@ -11,7 +11,7 @@ int main() {
   auto provider = vmm::provider_for(vmm::location::os_host());
   vmm::address_range range(provider, 1);
   vmm::physical_allocation memory(provider, range.size());
-  vmm::mapping mapped(memory, range.get(), vmm::access_mode::read_write);
+  vmm::mapping mapped(memory, range.address(), vmm::access_mode::read_write);
   std::memset(mapped.data(), 7, mapped.size());
   auto [a, b] = vmm::ipc::make_socket_pair();
   const bool ok = static_cast<unsigned char*>(mapped.data())[mapped.size() - 1] == 7 && a && b;

@@ -19,7 +19,7 @@ address_range::address_range(std::shared_ptr<memory_provider> provider, std::siz
                              std::size_t alignment)
     : provider_(require(std::move(provider))),
       size_(size == 0 ? 0 : round_up(size, provider_->granularity())) {
-  address_ = provider_->reserve(size_, alignment);
+  address_ = provider_->allocate_range(size_, alignment);
 }
 
 address_range::address_range(address_range&& other) noexcept

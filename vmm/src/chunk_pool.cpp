@@ -3,30 +3,36 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "cleanup.hpp"
 #include "vmm/error.hpp"
+#include "vmm/retirement.hpp"
 
 namespace vmm {
 
+void pooled_chunk::return_to_pool(bool ordered, stream_ref stream) noexcept {
+  if (pool_ == nullptr) return;
+  std::shared_ptr<chunk_pool> pool = std::move(pool_);
+  pool->give_back(std::move(memory_), ordered, stream, discarded_.exchange(false));
+}
+
 pooled_chunk& pooled_chunk::operator=(pooled_chunk&& other) noexcept {
   if (this != &other) {
-    if (pool_ != nullptr) pool_->give_back(std::move(memory_), false, nullptr);
+    return_to_pool(false, {});
     pool_ = std::move(other.pool_);
     memory_ = std::move(other.memory_);
+    discarded_ = other.discarded_.exchange(false);
   }
   return *this;
 }
 
-pooled_chunk::~pooled_chunk() {
-  if (pool_ != nullptr) pool_->give_back(std::move(memory_), false, nullptr);
-}
+pooled_chunk::~pooled_chunk() { return_to_pool(false, {}); }
 
-void pooled_chunk::give_back(stream_handle stream) {
+void pooled_chunk::give_back(stream_ref stream) {
   if (pool_ == nullptr) throw invalid_argument("pooled_chunk: give_back of an empty chunk");
-  std::shared_ptr<chunk_pool> pool = std::move(pool_);
-  pool->give_back(std::move(memory_), true, stream);
+  return_to_pool(true, stream);
 }
 
 std::shared_ptr<chunk_pool> chunk_pool::create(std::shared_ptr<memory_provider> provider,
@@ -39,11 +45,11 @@ chunk_pool::chunk_pool(private_tag, std::shared_ptr<memory_provider> provider,
                        chunk_pool_options options)
     : provider_(std::move(provider)), options_(options) {}
 
-chunk_pool::~chunk_pool() = default;  // idle chunks release themselves
+chunk_pool::~chunk_pool() = default;  // idle chunks destroy themselves
 
 chunk_pool::idle_map::iterator chunk_pool::find_usable(idle_map::iterator first,
                                                        idle_map::iterator last,
-                                                       stream_handle stream) const {
+                                                       stream_ref stream) const {
   // Same stream first: no waiting. Then any chunk whose giving stream has moved on.
   for (auto it = first; it != last; ++it)
     if (!it->second.ordered || it->second.stream == stream) return it;
@@ -61,58 +67,61 @@ pooled_chunk chunk_pool::lend(idle_map::iterator it) {
   return pooled_chunk(shared_from_this(), std::move(memory));
 }
 
-pooled_chunk chunk_pool::acquire(std::size_t size, stream_handle stream) {
-  if (size == 0) throw invalid_argument("chunk_pool: acquire of 0 bytes");
-  size = round_up(size, granularity());
-  std::vector<physical_allocation> evicted;  // released after the lock is dropped
-  {
+pooled_chunk chunk_pool::create_counted(std::size_t size) {
+  try {
+    physical_allocation memory(provider_, size);
     std::lock_guard lock(mutex_);
-    auto [first, last] = idle_.equal_range(size);
-    if (auto it = find_usable(first, last, stream); it != last) return lend(it);
-    if (size > options_.cap || statistics_.reserved_current > options_.cap - size) {
-      evicted = evict_until(options_.cap > size ? options_.cap - size : 0);
-      if (statistics_.reserved_current + size > options_.cap)
-        throw out_of_memory(fmt::format(
-            "chunk_pool on {}: a chunk of {} bytes would pass the cap of {} bytes ({} reserved, {} in use)",
-            to_string(provider_->where()), size, options_.cap, statistics_.reserved_current,
-            statistics_.used_current));
-    }
-    // Counted now, so that concurrent requests cannot pass the cap together.
-    statistics_.reserved_current += size;
-    statistics_.used_current += size;
-    note_usage();
-  }
-  evicted.clear();
-  auto uncount = [&] {
+    ++statistics_.chunks_created;
+    return pooled_chunk(shared_from_this(), std::move(memory));
+  } catch (...) {
     std::lock_guard lock(mutex_);
     statistics_.reserved_current -= size;
     statistics_.used_current -= size;
-  };
+    throw;
+  }
+}
+
+pooled_chunk chunk_pool::acquire(std::size_t size, stream_ref stream) {
+  if (size == 0) throw invalid_argument("chunk_pool: acquire of 0 bytes");
+  size = round_up(size, granularity());
+  // Memory retired in stream order and now unused may come back to this pool: collect it
+  // before creating fresh memory.
+  collect_retired(false);
   for (int attempt = 0;; ++attempt) {
-    try {
-      physical_allocation memory(provider_, size);
+    std::vector<physical_allocation> evicted;  // destroyed after the lock is dropped
+    {
       std::lock_guard lock(mutex_);
-      ++statistics_.chunks_created;
-      return pooled_chunk(shared_from_this(), std::move(memory));
+      auto [first, last] = idle_.equal_range(size);
+      if (auto it = find_usable(first, last, stream); it != last) return lend(it);
+      if (size > options_.cap || statistics_.reserved_current > options_.cap - size) {
+        evicted = evict_until(options_.cap > size ? options_.cap - size : 0);
+        if (statistics_.reserved_current + size > options_.cap)
+          throw out_of_memory(fmt::format(
+              "chunk_pool on {}: a chunk of {} bytes would pass the cap of {} bytes ({} reserved, {} "
+              "in use)",
+              to_string(provider_->where()), size, options_.cap, statistics_.reserved_current,
+              statistics_.used_current));
+      }
+      // Counted now, so that concurrent requests cannot pass the cap together.
+      statistics_.reserved_current += size;
+      statistics_.used_current += size;
+      note_usage();
+    }
+    evicted.clear();
+    try {
+      return create_counted(size);
     } catch (const out_of_memory&) {
-      // The device is full: give back what sits idle here and try once more.
-      std::vector<physical_allocation> idle;
-      {
-        std::lock_guard lock(mutex_);
-        idle = evict_until(0);
-      }
-      if (attempt > 0 || idle.empty()) {
-        uncount();
-        throw;
-      }
-    } catch (...) {
-      uncount();
-      throw;
+      if (attempt > 0) throw;
+      // The memory is full: wait for what was retired in stream order, give back what sits
+      // idle here, and try once more.
+      collect_retired(true);
+      std::lock_guard lock(mutex_);
+      evicted = evict_until(0);
     }
   }
 }
 
-pooled_chunk chunk_pool::acquire_idle(std::size_t max_size, stream_handle stream) {
+pooled_chunk chunk_pool::acquire_idle(std::size_t max_size, stream_ref stream) {
   std::lock_guard lock(mutex_);
   auto end = idle_.upper_bound(max_size);
   // Largest first: walk the sizes downwards.
@@ -125,31 +134,37 @@ pooled_chunk chunk_pool::acquire_idle(std::size_t max_size, stream_handle stream
   return {};
 }
 
-void chunk_pool::give_back(physical_allocation memory, bool ordered, stream_handle stream) noexcept {
+void chunk_pool::give_back(physical_allocation memory, bool ordered, stream_ref stream,
+                           bool discarded) noexcept {
   if (!memory) return;
+  const std::size_t size = memory.size();
   std::vector<physical_allocation> evicted;
-  detail::cleanup("chunk_pool: give_back", [&] {
-    stream_event ready = ordered ? stream_event(provider_, stream) : stream_event();
-    std::lock_guard lock(mutex_);
-    const std::size_t size = memory.size();
-    statistics_.used_current -= size;
-    idle_.emplace(size, idle_chunk{std::move(memory), stream, ordered, std::move(ready)});
-    if (statistics_.reserved_current > options_.release_threshold)
-      evicted = evict_until(options_.release_threshold);
-  });
-  // If recording the event failed, `memory` was not moved: it is released here, uncounted
-  // as idle; keep the books right.
+  if (!discarded) {
+    detail::cleanup("chunk_pool: give_back", [&] {
+      stream_event ready = ordered ? stream_event(provider_->executor(), stream) : stream_event();
+      std::lock_guard lock(mutex_);
+      // Piecewise: `memory` moves into the map's node only once the node exists, so a
+      // failed allocation leaves it here, to be destroyed and uncounted below.
+      idle_.emplace(std::piecewise_construct, std::forward_as_tuple(size),
+                    std::forward_as_tuple(std::move(memory), stream, ordered, std::move(ready)));
+      statistics_.used_current -= size;
+      if (statistics_.reserved_current > options_.release_threshold)
+        evicted = evict_until(options_.release_threshold);
+    });
+  }
+  // Discarded, or taking it back failed: the memory is destroyed here, and the books say so.
   if (memory) {
+    memory.reset();
     std::lock_guard lock(mutex_);
-    statistics_.used_current -= memory.size();
-    statistics_.reserved_current -= memory.size();
+    statistics_.used_current -= size;
+    statistics_.reserved_current -= size;
     ++statistics_.chunks_released;
   }
 }
 
 std::vector<physical_allocation> chunk_pool::evict_until(std::size_t target) {
   std::vector<physical_allocation> evicted;
-  // Largest first: fewest handles released for the bytes.
+  // Largest first: fewest handles destroyed for the bytes.
   for (auto it = idle_.end(); it != idle_.begin() && statistics_.reserved_current > target;) {
     --it;
     if (it->second.ordered && !it->second.ready.done()) continue;

@@ -13,10 +13,17 @@ namespace vmm {
 
 std::size_t chunk_policy::next_chunk(std::size_t mapped, std::size_t required,
                                      std::size_t granularity) const {
-  if (fixed_size_ != 0) return round_up(fixed_size_, granularity);
+  check();
+  if (fixed_) return round_up(parameter_, granularity);
   const std::size_t needed = round_up(required - mapped, granularity);
-  const std::size_t amortized = std::bit_floor(required / slack_divisor_);
+  const std::size_t amortized = std::bit_floor(required / parameter_);
   return std::max({needed, amortized, granularity});
+}
+
+void chunk_policy::check() const {
+  if (parameter_ == 0)
+    throw invalid_argument(fixed_ ? "chunk_policy::fixed(0): a chunk size must be at least 1 byte"
+                                  : "chunk_policy::geometric(0): the slack divisor must be at least 1");
 }
 
 namespace {
@@ -27,13 +34,20 @@ std::shared_ptr<chunk_pool> require(std::shared_ptr<chunk_pool> pool) {
 }
 
 growable_buffer_options checked(growable_buffer_options options, const memory_provider& provider) {
-  std::size_t all_memory = provider.physical_memory_size();
+  options.policy.check();
+  std::size_t all_memory = provider.capabilities().physical_memory_size;
   for (const auto& spill : options.spill_to) {
     if (spill == nullptr) throw invalid_argument("growable_buffer: a spill pool is null");
-    if (spill->provider()->where().kind != provider.where().kind)
+    const memory_provider& other = *spill->provider();
+    if (other.where().kind != provider.where().kind)
       throw invalid_argument(fmt::format("growable_buffer: cannot spill from {} memory to {} memory",
-                                         to_string(provider.where()), to_string(spill->provider()->where())));
-    all_memory += spill->provider()->physical_memory_size();
+                                         to_string(provider.where()), to_string(other.where())));
+    if (&other.address_space() != &provider.address_space())
+      throw invalid_argument(fmt::format(
+          "growable_buffer: the spill pool's {} memory lives in another address space than the "
+          "buffer's (each OS host provider has its own: spill onto a pool of the same provider)",
+          to_string(other.where())));
+    all_memory += other.capabilities().physical_memory_size;
   }
   if (options.max_size == 0) options.max_size = all_memory;
   options.max_size = round_up(options.max_size, provider.granularity());
@@ -45,7 +59,7 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
 growable_buffer::growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buffer_options options)
     : pool_(require(std::move(pool))),
       options_(checked(std::move(options), *pool_->provider())),
-      range_(pool_->provider(), options_.max_size) {}
+      run_(pool_->provider(), options_.max_size) {}
 
 growable_buffer::growable_buffer(location where, growable_buffer_options options)
     : growable_buffer(default_pool(where), std::move(options)) {}
@@ -53,177 +67,194 @@ growable_buffer::growable_buffer(location where, growable_buffer_options options
 growable_buffer::growable_buffer(growable_buffer&& other) noexcept
     : pool_(std::move(other.pool_)),
       options_(std::move(other.options_)),
-      range_(std::move(other.range_)),
-      chunks_(std::move(other.chunks_)),
+      run_(std::move(other.run_)),
       retirements_(std::move(other.retirements_)),
-      mapped_(std::exchange(other.mapped_, 0)),
-      size_(std::exchange(other.size_, 0)) {}
+      capacity_(std::exchange(other.capacity_, 0)),
+      size_(std::exchange(other.size_, 0)) {
+  other.retirements_.clear();
+}
 
 growable_buffer& growable_buffer::operator=(growable_buffer&& other) noexcept {
   if (this != &other) {
-    growable_buffer old(std::move(*this));  // released by old's destructor
+    growable_buffer old(std::move(*this));  // retired by old's destructor
     pool_ = std::move(other.pool_);
     options_ = std::move(other.options_);
-    range_ = std::move(other.range_);
-    chunks_ = std::move(other.chunks_);
+    run_ = std::move(other.run_);
     retirements_ = std::move(other.retirements_);
-    mapped_ = std::exchange(other.mapped_, 0);
+    other.retirements_.clear();
+    capacity_ = std::exchange(other.capacity_, 0);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
 }
 
 growable_buffer::~growable_buffer() {
-  if (chunks_.empty()) return;
-  detail::cleanup("growable_buffer: release", [&] {
-    retire_beyond(0);
-    release_retired(true);
-  });
+  if (run_.data() == nullptr) return;
+  std::vector<stream_event> earlier;
+  for (retirement& r : retirements_) earlier.push_back(std::move(r.passed));
+  const stream_use use{&run_.provider()->executor(), options_.stream};
+  std::move(run_).retire_after({&use, 1}, std::move(earlier));
 }
 
 std::size_t growable_buffer::active_chunks() const noexcept {
-  return retirements_.empty() ? chunks_.size() : retirements_.front().first_chunk;
+  return retirements_.empty() ? run_.chunks().size() : retirements_.front().first_chunk;
 }
 
 chunk_pool& growable_buffer::pool_at(std::size_t index) const {
   return index == 0 ? *pool_ : *options_.spill_to[index - 1];
 }
 
+std::size_t growable_buffer::pool_index_of(const shared_chunk& chunk) const noexcept {
+  for (std::size_t i = 0; i < options_.spill_to.size(); ++i)
+    if (chunk->pool() == options_.spill_to[i]) return i + 1;
+  return 0;
+}
+
 std::vector<access_grant> growable_buffer::grants() const {
   if (!options_.access.empty()) return options_.access;
   std::vector<access_grant> result;
   for (std::size_t i = 0; i <= options_.spill_to.size(); ++i)
-    for (const location& accessor : pool_at(i).provider()->default_accessors())
-      if (std::none_of(result.begin(), result.end(), [&](const access_grant& g) { return g.accessor == accessor; }))
-        result.push_back({accessor, access_mode::read_write});
+    for (const accessor& who : pool_at(i).provider()->capabilities().default_accessors)
+      if (std::none_of(result.begin(), result.end(), [&](const access_grant& g) { return g.who == who; }))
+        result.push_back({who, access_mode::read_write});
   return result;
 }
 
-void growable_buffer::resize(std::size_t bytes) {
-  if (bytes > mapped_) grow_mapping(bytes);
+void growable_buffer::resize(std::size_t bytes, stream_ref stream) {
+  if (run_.data() == nullptr) throw invalid_argument("growable_buffer: resize of a moved-from buffer");
+  if (bytes > capacity_) {
+    grow_mapping(bytes, stream);
+  } else if (bytes < capacity_) {
+    retire_beyond(bytes, stream);  // changes nothing when it throws
+  }
   size_ = bytes;
-  if (bytes < mapped_) {
-    retire_beyond(bytes);
-    release_retired(false);
-  }
+  collect_retired(false);
 }
 
-void growable_buffer::reserve(std::size_t bytes) {
-  if (bytes > mapped_) grow_mapping(bytes);
+void growable_buffer::reserve(std::size_t bytes, stream_ref stream) {
+  if (run_.data() == nullptr) throw invalid_argument("growable_buffer: reserve of a moved-from buffer");
+  if (bytes > capacity_) grow_mapping(bytes, stream);
 }
 
-void growable_buffer::shrink_to_fit() {
-  retire_beyond(size_);
-  release_retired(false);
+void growable_buffer::shrink_to_fit(stream_ref stream) {
+  if (run_.data() == nullptr) return;
+  retire_beyond(size_, stream);
+  collect_retired(false);
 }
 
-void growable_buffer::take_back_retired(std::size_t required) {
-  // Retired chunks are still mapped with access: growing over them costs no driver call.
-  while (mapped_ < required && !retirements_.empty()) {
-    retirement& front = retirements_.front();
-    mapped_ += chunks_[front.first_chunk].memory->size();
-    ++front.first_chunk;
-    const std::size_t end = retirements_.size() > 1 ? retirements_[1].first_chunk : chunks_.size();
-    if (front.first_chunk == end) retirements_.erase(retirements_.begin());
-  }
-}
-
-void growable_buffer::grow_mapping(std::size_t required) {
-  if (required > range_.size())
+void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
+  if (required > run_.size())
     throw out_of_memory(fmt::format(
         "growable_buffer: {} bytes asked for, but its address range holds {} (max_size)", required,
-        range_.size()));
-  take_back_retired(required);
-  if (mapped_ >= required) return;
+        run_.size()));
+  const std::vector<shared_chunk>& chunks = run_.chunks();
+  // Retired chunks are still mapped with access: growing over them costs no driver call.
+  // How many to take back is worked out first; the books change only once nothing can fail.
+  std::size_t take_back = active_chunks();
+  std::size_t covered = capacity_;
+  while (covered < required && take_back < chunks.size()) covered += chunks[take_back++]->size();
+  // The growing stream must not write where work queued before a shrink may still read.
+  for (const retirement& r : retirements_)
+    if (r.first_chunk < take_back && !r.passed.done()) r.passed.enqueue_wait(stream);
+  const auto commit_take_back = [&]() noexcept {
+    while (!retirements_.empty() && retirements_.front().first_chunk < take_back) {
+      const std::size_t end = retirements_.size() > 1 ? retirements_[1].first_chunk : chunks.size();
+      if (take_back < end) {
+        retirements_.front().first_chunk = take_back;
+        break;
+      }
+      retirements_.erase(retirements_.begin());
+    }
+    capacity_ = covered;
+  };
+  if (covered >= required) {
+    commit_take_back();
+    return;
+  }
 
+  // Fresh chunks go after every chunk mapped, the retired ones included.
   const std::size_t granularity = pool_->granularity();
-  const std::uintptr_t start = range_.get() + mapped_;
-  std::size_t pool_index = active_chunks() == 0 ? 0 : chunks_[active_chunks() - 1].pool_index;
-  std::size_t added = 0;
+  const std::size_t old_count = chunks.size();
+  const std::size_t start = run_.mapped();
+  std::size_t pool_index = chunks.empty() ? 0 : pool_index_of(chunks.back());
   std::size_t limit = std::numeric_limits<std::size_t>::max();  // lowered when memory runs short
-  std::vector<mapped_chunk> fresh;  // unmapped and given back if this grow fails
-  while (mapped_ + added < required) {
-    const std::size_t needed = round_up(required - mapped_ - added, granularity);
-    std::size_t size = std::min({options_.policy.next_chunk(mapped_ + added, required, granularity),
-                                 limit, range_.size() - mapped_ - added});
-    chunk_pool& pool = pool_at(pool_index);
-    pooled_chunk chunk = pool.acquire_idle(size, options_.stream);
-    if (!chunk) {
-      try {
-        chunk = pool.acquire(size, options_.stream);
-      } catch (const out_of_memory&) {
-        // Fall back to the exact need, then to halves, down to the granularity; then spill
-        // onto the next pool.
-        if (size != granularity && !options_.policy.is_fixed()) {
-          limit = size > needed ? needed : std::max(granularity, round_up(size / 2, granularity));
+  try {
+    while (run_.mapped() - start + covered < required) {
+      const std::size_t have = run_.mapped() - start + covered;
+      const std::size_t needed = round_up(required - have, granularity);
+      const std::size_t size = std::min({options_.policy.next_chunk(have, required, granularity), limit,
+                                         run_.size() - run_.mapped()});
+      chunk_pool& pool = pool_at(pool_index);
+      pooled_chunk chunk = pool.acquire_idle(size, stream);
+      if (!chunk) {
+        try {
+          chunk = pool.acquire(size, stream);
+        } catch (const out_of_memory&) {
+          // Fall back to the exact need, then to halves, down to the granularity; then spill
+          // onto the next pool.
+          if (size != granularity && !options_.policy.is_fixed()) {
+            limit = size > needed ? needed : std::max(granularity, round_up(size / 2, granularity));
+            continue;
+          }
+          if (pool_index == options_.spill_to.size()) throw;
+          ++pool_index;
+          limit = std::numeric_limits<std::size_t>::max();
           continue;
         }
-        if (pool_index == options_.spill_to.size()) throw;
-        ++pool_index;
-        limit = std::numeric_limits<std::size_t>::max();
-        continue;
       }
+      run_.push_back(std::make_shared<const pooled_chunk>(std::move(chunk)));
     }
-    const std::uintptr_t address = start + added;
-    added += chunk.size();
-    auto shared = std::make_shared<const pooled_chunk>(std::move(chunk));
-    mapping view(shared->memory(), address, std::span<const access_grant>{});
-    fresh.push_back({std::move(shared), std::move(view), pool_index});
+    // One access call over the whole new range: the driver's cost is per call and handle.
+    run_.set_access(start, run_.mapped() - start, grants());
+  } catch (...) {
+    // Nothing queued can use the fresh chunks yet: unmap them at once.
+    run_.unmap_from(old_count);
+    throw;
   }
-  // One access call over the whole new range: the driver's cost is per call and handle.
-  const std::vector<access_grant> access = grants();
-  pool_->provider()->set_access(start, added, access);
-  chunks_.reserve(chunks_.size() + fresh.size());
-  for (mapped_chunk& chunk : fresh) chunks_.push_back(std::move(chunk));
-  mapped_ += added;
+  covered += run_.mapped() - start;
+  take_back = run_.chunks().size();
+  commit_take_back();
 }
 
-void growable_buffer::retire_beyond(std::size_t bytes) {
+void growable_buffer::retire_beyond(std::size_t bytes, stream_ref stream) {
+  const std::vector<shared_chunk>& chunks = run_.chunks();
   std::size_t first = active_chunks();
-  std::size_t end_of_first = mapped_;
-  while (first > 0 && end_of_first - chunks_[first - 1].memory->size() >= bytes) {
+  std::size_t end_of_first = capacity_;
+  while (first > 0 && end_of_first - chunks[first - 1]->size() >= bytes) {
     --first;
-    end_of_first -= chunks_[first].memory->size();
+    end_of_first -= chunks[first]->size();
   }
   if (first == active_chunks()) return;
-  retirements_.insert(retirements_.begin(),
-                      retirement{first, stream_event(provider(), options_.stream)});
-  mapped_ = end_of_first;
+  stream_event passed(run_.provider()->executor(), stream);  // may throw: nothing changed yet
+  retirements_.reserve(retirements_.size() + 1);
+  retirements_.insert(retirements_.begin(), retirement{first, std::move(passed)});
+  capacity_ = end_of_first;
 }
 
-void growable_buffer::release_retired(bool wait) {
+void growable_buffer::collect_retired(bool wait) {
   // From the highest addresses down: each retirement covers its chunks up to the next one's.
   while (!retirements_.empty()) {
     retirement& last = retirements_.back();
     if (wait) {
-      last.passed.wait();
+      last.passed.synchronize();
     } else if (!last.passed.done()) {
       return;
     }
-    chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(last.first_chunk), chunks_.end());
+    // A chunk that cannot be unmapped stays, retired: the next grow takes it back.
+    if (run_.unmap_from(last.first_chunk) != last.first_chunk) return;
     retirements_.pop_back();
   }
 }
 
 std::vector<shared_chunk> growable_buffer::chunks(std::size_t offset, std::size_t length) const {
-  if (length == 0) throw invalid_argument("growable_buffer: a chunk range of length 0");
-  if (offset > mapped_ || length > mapped_ - offset)
+  if (offset > capacity_ || length > capacity_ - offset)
     throw invalid_argument(fmt::format(
-        "growable_buffer: chunk range [{}, +{}) runs past the {} bytes mapped", offset, length, mapped_));
-  std::vector<shared_chunk> result;
-  std::size_t position = 0;
-  for (std::size_t i = 0; i < active_chunks() && position < offset + length; ++i) {
-    const std::size_t size = chunks_[i].memory->size();
-    const bool starts_inside = offset > position && offset < position + size;
-    const bool ends_inside = offset + length > position && offset + length < position + size;
-    if (starts_inside || ends_inside)
-      throw invalid_argument(fmt::format(
-          "growable_buffer: chunk range [{}, +{}) is not on chunk boundaries (chunk [{}, +{}))",
-          offset, length, position, size));
-    if (position >= offset) result.push_back(chunks_[i].memory);
-    position += size;
+        "growable_buffer: chunk range [{}, +{}) runs past the {} bytes mapped", offset, length, capacity_));
+  try {
+    return run_.chunks(offset, length);
+  } catch (const invalid_argument& error) {
+    throw invalid_argument(fmt::format("growable_buffer: {}", error.what()));
   }
-  return result;
 }
 
 }  // namespace vmm

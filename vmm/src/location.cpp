@@ -16,6 +16,11 @@ std::string to_string(const location& where) {
   return fmt::format("unknown location kind {}", static_cast<int>(where.kind));
 }
 
+std::string to_string(const accessor& who) {
+  if (who.kind == accessor::kind_type::device) return fmt::format("gpu {}", who.device_ordinal);
+  return "the host";
+}
+
 const char* to_string(access_mode mode) noexcept {
   switch (mode) {
     case access_mode::none:

@@ -43,7 +43,9 @@ mapping& mapping::operator=(mapping&& other) noexcept {
   return *this;
 }
 
-mapping::~mapping() { reset(); }
+mapping::~mapping() {
+  if (!reset()) release();  // given up: the failure was reported
+}
 
 void mapping::set_access(access_mode mode) {
   if (provider_ == nullptr) throw invalid_argument("mapping: set_access on an empty mapping");
@@ -56,13 +58,18 @@ std::uintptr_t mapping::release() noexcept {
   return std::exchange(address_, 0);
 }
 
-void mapping::reset() noexcept {
-  if (provider_ != nullptr) {
-    detail::cleanup("mapping: unmap", [&] { provider_->unmap(address_, size_); });
-  }
+bool mapping::reset() noexcept {
+  if (provider_ == nullptr) return true;
+  bool unmapped = false;
+  detail::cleanup("mapping: unmap", [&] {
+    provider_->unmap(address_, size_);
+    unmapped = true;
+  });
+  if (!unmapped) return false;  // still ours: a later reset() tries again
   provider_.reset();
   address_ = 0;
   size_ = 0;
+  return true;
 }
 
 }  // namespace vmm

@@ -33,6 +33,13 @@ physical_allocation physical_allocation::import_fd(std::shared_ptr<memory_provid
   return physical_allocation(std::move(provider), handle, size);
 }
 
+physical_allocation physical_allocation::adopt(std::shared_ptr<memory_provider> provider,
+                                               physical_handle handle, std::size_t size) {
+  provider = require(std::move(provider));
+  provider->adopt(handle, size);
+  return physical_allocation(std::move(provider), handle, size);
+}
+
 physical_allocation::physical_allocation(physical_allocation&& other) noexcept
     : provider_(std::move(other.provider_)),
       handle_(std::exchange(other.handle_, 0)),
@@ -52,7 +59,7 @@ physical_allocation::~physical_allocation() { reset(); }
 
 unique_fd physical_allocation::export_fd() const {
   if (provider_ == nullptr) throw invalid_argument("physical_allocation: export of an empty allocation");
-  return unique_fd(provider_->export_fd(handle_));
+  return provider_->export_fd(handle_);
 }
 
 physical_handle physical_allocation::release() noexcept {
@@ -63,7 +70,7 @@ physical_handle physical_allocation::release() noexcept {
 
 void physical_allocation::reset() noexcept {
   if (provider_ != nullptr) {
-    detail::cleanup("physical_allocation: release", [&] { provider_->release(handle_); });
+    detail::cleanup("physical_allocation: destroy", [&] { provider_->destroy(handle_); });
   }
   provider_.reset();
   handle_ = 0;

@@ -38,7 +38,7 @@ ring_buffer::ring_buffer(std::shared_ptr<chunk_pool> pool, std::size_t capacity,
     : view_(make_view(pool, capacity, options)), capacity_(capacity) {
   reset();
   // The counters are zero before anyone (the host included) can use the view.
-  view_.provider()->synchronize(view_.stream());
+  view_.provider()->executor().synchronize(view_.stream());
 }
 
 ring_buffer::ring_buffer(location where, std::size_t capacity, ring_buffer_options options)
@@ -66,8 +66,8 @@ std::uint64_t ring_buffer::read_counter(std::size_t offset) const {
   if (capacity_ == 0) throw invalid_argument("ring_buffer: counters of a moved-from ring");
   std::uint64_t value = 0;
   const auto& provider = view_.provider();
-  provider->copy(&value, data() + 2 * capacity_ + offset, sizeof value, view_.stream());
-  provider->synchronize(view_.stream());
+  provider->executor().copy(&value, data() + 2 * capacity_ + offset, sizeof value, view_.stream());
+  provider->executor().synchronize(view_.stream());
   return value;
 }
 
@@ -77,7 +77,7 @@ std::uint64_t ring_buffer::tail() const { return read_counter(ring_tail_offset);
 
 void ring_buffer::reset() {
   if (capacity_ == 0) throw invalid_argument("ring_buffer: reset of a moved-from ring");
-  view_.provider()->fill(data() + 2 * capacity_, 0, ring_control_bytes, view_.stream());
+  view_.provider()->executor().fill(data() + 2 * capacity_, 0, ring_control_bytes, view_.stream());
 }
 
 }  // namespace vmm

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "cleanup.hpp"
+#include "peer_access.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/error.hpp"
 
@@ -35,17 +35,19 @@ void check_arguments(const std::vector<int>& devices, std::size_t size,
     throw invalid_argument(
         fmt::format("striped_buffer: unknown stripe mode {}", static_cast<int>(options.mode)));
   for (std::size_t i = 0; i < options.access.size(); ++i) {
-    const device_access& entry = options.access[i];
-    if (entry.device < 0)
-      throw invalid_argument(
-          fmt::format("striped_buffer: access for negative device ordinal {}", entry.device));
+    const access_grant& entry = options.access[i];
+    if (entry.who.kind != accessor::kind_type::device)
+      throw invalid_argument("striped_buffer: the host cannot be given access to GPU memory");
+    if (entry.who.device_ordinal < 0)
+      throw invalid_argument(fmt::format("striped_buffer: access for negative device ordinal {}",
+                                         entry.who.device_ordinal));
     if (!known_mode(entry.mode))
       throw invalid_argument(fmt::format("striped_buffer: unknown access mode {} for gpu {}",
-                                         static_cast<int>(entry.mode), entry.device));
+                                         static_cast<int>(entry.mode), entry.who.device_ordinal));
     for (std::size_t j = 0; j < i; ++j)
-      if (options.access[j].device == entry.device)
+      if (options.access[j].who == entry.who)
         throw invalid_argument(
-            fmt::format("striped_buffer: access names gpu {} twice", entry.device));
+            fmt::format("striped_buffer: access names gpu {} twice", entry.who.device_ordinal));
   }
   if (!options.pools.empty()) {
     if (options.pools.size() != devices.size())
@@ -68,11 +70,11 @@ void check_arguments(const std::vector<int>& devices, std::size_t size,
           fmt::format("striped_buffer: a stream for negative device ordinal {}", entry.device));
 }
 
-std::vector<device_access> effective_access(const std::vector<int>& devices,
-                                            const std::vector<device_access>& access) {
+std::vector<access_grant> effective_access(const std::vector<int>& devices,
+                                           const std::vector<access_grant>& access) {
   if (!access.empty()) return access;
-  std::vector<device_access> result;
-  for (int device : devices) result.push_back({device, access_mode::read_write});
+  std::vector<access_grant> result;
+  for (int device : devices) result.push_back({accessor::device(device), access_mode::read_write});
   return result;
 }
 
@@ -94,17 +96,18 @@ std::size_t common_granularity(const std::vector<std::shared_ptr<chunk_pool>>& p
 
 namespace detail {
 
-void require_peer_access(std::span<const int> holders, std::span<const device_access> access,
+void require_peer_access(std::span<const int> holders, std::span<const access_grant> access,
                          bool (*can_access)(int accessor, int holder)) {
-  for (const device_access& entry : access) {
+  for (const access_grant& entry : access) {
     if (entry.mode == access_mode::none) continue;
+    const int device = entry.who.device_ordinal;
     for (int holder : holders) {
-      if (holder == entry.device || can_access(entry.device, holder)) continue;
+      if (holder == device || can_access(device, holder)) continue;
       throw invalid_argument(
           fmt::format("striped_buffer: gpu {} cannot access the memory of gpu {} (no peer access "
                       "between them), "
                       "so it cannot be given {} access to a range with stripes on gpu {}",
-                      entry.device, holder, to_string(entry.mode), holder));
+                      device, holder, to_string(entry.mode), holder));
     }
   }
 }
@@ -127,11 +130,11 @@ striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
     if (std::any_of(users_.begin(), users_.end(),
                     [&](const device_user& u) { return u.device == device; }))
       return;
-    users_.push_back({device, provider_for(location::device(device)), {nullptr}});
+    users_.push_back({device, &provider_for(location::device(device))->executor(), {stream_ref()}});
   };
   for (int device : devices_) add_user(device);
-  for (const device_access& entry : access_)
-    if (entry.mode != access_mode::none) add_user(entry.device);
+  for (const access_grant& entry : access_)
+    if (entry.mode != access_mode::none) add_user(entry.who.device_ordinal);
   for (const device_stream& entry : options.streams) add_stream(entry.device, entry.stream);
 
   const std::size_t granularity = common_granularity(pools_);
@@ -146,10 +149,8 @@ striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
 
   detail::require_peer_access(devices_, access_, &can_access_peer);
 
-  // Reserve, then one chunk per stripe in address order, mapped with no access yet.
-  range_ = address_range(pools_.front()->provider(), static_cast<std::size_t>(layout_.size));
-  chunks_.reserve(layout_.stripe_count());
-  mappings_.reserve(layout_.stripe_count());
+  // One range, then one chunk per stripe in address order, mapped with no access yet.
+  mapped_range run(pools_.front()->provider(), static_cast<std::size_t>(layout_.size));
   for (std::uint64_t offset = 0; offset < layout_.size;) {
     const stripe_position stripe_at = layout_.locate(offset);
     const int device = devices_[stripe_at.device];
@@ -161,20 +162,18 @@ striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
           "striped_buffer: no memory for the stripe at offset {} ({} bytes) on gpu {}: {}", offset,
           stripe_at.extent.length, device, error.what()));
     }
-    chunks_.push_back(std::make_shared<const pooled_chunk>(std::move(chunk)));
-    mappings_.emplace_back(chunks_.back()->memory(), range_.get() + offset,
-                           std::span<const access_grant>{});
+    run.push_back(std::make_shared<const pooled_chunk>(std::move(chunk)));
     offset += stripe_at.extent.length;
   }
 
   // One access call over the whole range, one grant per accessor: the driver's cost is per
-  // call and handle, and the shared address-space registry lets the first device's
-  // provider cover chunks of every device.
+  // call and handle, and every device's memory lives in the one CUDA address space, so the
+  // first device's provider covers chunks of every device (vmm/address_space.hpp).
   std::vector<access_grant> grants;
-  for (const device_access& entry : access_)
-    if (entry.mode != access_mode::none)
-      grants.push_back({location::device(entry.device), entry.mode});
-  if (!grants.empty()) pools_.front()->provider()->set_access(range_.get(), range_.size(), grants);
+  for (const access_grant& entry : access_)
+    if (entry.mode != access_mode::none) grants.push_back(entry);
+  if (!grants.empty()) run.set_access(0, run.mapped(), grants);
+  run_ = std::move(run);
 }
 
 striped_buffer::striped_buffer(striped_buffer&& other) noexcept
@@ -183,46 +182,37 @@ striped_buffer::striped_buffer(striped_buffer&& other) noexcept
       pools_(std::move(other.pools_)),
       users_(std::move(other.users_)),
       layout_(std::exchange(other.layout_, stripe_layout{})),
-      chunks_(std::move(other.chunks_)),
-      range_(std::move(other.range_)),
-      mappings_(std::move(other.mappings_)) {
+      run_(std::move(other.run_)) {
   other.devices_.clear();
   other.access_.clear();
   other.pools_.clear();
   other.users_.clear();
-  other.chunks_.clear();
-  other.mappings_.clear();
 }
 
 striped_buffer& striped_buffer::operator=(striped_buffer&& other) noexcept {
   if (this != &other) {
-    striped_buffer old(std::move(*this));  // waits, unmaps and gives back in its destructor
+    striped_buffer old(std::move(*this));  // retired by old's destructor
     devices_ = std::move(other.devices_);
     access_ = std::move(other.access_);
     pools_ = std::move(other.pools_);
     users_ = std::move(other.users_);
     layout_ = std::exchange(other.layout_, stripe_layout{});
-    chunks_ = std::move(other.chunks_);
-    range_ = std::move(other.range_);
-    mappings_ = std::move(other.mappings_);
+    run_ = std::move(other.run_);
     other.devices_.clear();
     other.access_.clear();
     other.pools_.clear();
     other.users_.clear();
-    other.chunks_.clear();
-    other.mappings_.clear();
   }
   return *this;
 }
 
 striped_buffer::~striped_buffer() {
-  if (mappings_.empty()) return;
-  // Work queued on any device may still read or write the range: wait before the members
-  // unmap it.
+  if (run_.data() == nullptr) return;
+  // Work queued on any device may still read or write the range: retire it after all of it.
+  std::vector<stream_use> uses;
   for (const device_user& user : users_)
-    for (stream_handle stream : user.streams)
-      detail::cleanup("striped_buffer: waiting for a stream before unmapping",
-                      [&] { user.provider->synchronize(stream); });
+    for (stream_ref stream : user.streams) uses.push_back({user.executor, stream});
+  std::move(run_).retire_after(uses);
 }
 
 int striped_buffer::device_of(std::size_t offset) const {
@@ -240,7 +230,7 @@ std::uint32_t striped_buffer::device_index(int ordinal) const {
   return static_cast<std::uint32_t>(it - devices_.begin());
 }
 
-void striped_buffer::add_stream(int ordinal, stream_handle stream) {
+void striped_buffer::add_stream(int ordinal, stream_ref stream) {
   const auto it = std::find_if(users_.begin(), users_.end(),
                                [&](const device_user& u) { return u.device == ordinal; });
   if (it == users_.end())

@@ -21,8 +21,10 @@ const char* yes_no(bool value) { return value ? "yes" : "no"; }
 
 int main() try {
   const vmm::system_capabilities caps = vmm::query_capabilities();
-  fmt::print("os host provider: page size {} B, granularity {} (memfd + mmap, no CUDA)\n",
-             caps.os_page_size, mib(caps.os_host_granularity.minimum));
+  fmt::print("os host provider: page size {} B, granularity {}, commit budget {:.1f} GiB "
+             "(memfd + mmap, no CUDA)\n",
+             caps.os_page_size, mib(caps.os_host_granularity.minimum),
+             static_cast<double>(caps.os_host_commit_budget) / (1u << 30));
   if (!caps.driver_loaded) {
     fmt::print("no GPU: {}\n", caps.driver_problem);
     return 0;
@@ -40,9 +42,10 @@ int main() try {
                mib(d.host_numa_granularity.minimum), mib(d.host_numa_granularity.recommended));
     if (d.vmm_supported) {
       // What sharing will use: fabric handles only where creating one works (an IMEX channel).
-      const auto provider = vmm::provider_for(vmm::location::device(d.ordinal));
-      const std::string why_not = provider->fabric_unavailable_reason();
-      fmt::print("  export: {}{}\n", vmm::to_string(provider->export_handle_kind()),
+      const vmm::provider_capabilities& offered =
+          vmm::provider_for(vmm::location::device(d.ordinal))->capabilities();
+      const std::string& why_not = offered.fabric_unavailable_reason;
+      fmt::print("  export: {}{}\n", vmm::to_string(offered.export_kind),
                  why_not.empty() ? std::string() : fmt::format(" (no fabric: {})", why_not));
     }
   }

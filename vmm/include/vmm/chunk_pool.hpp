@@ -2,6 +2,13 @@
 /// @file
 /// A per-location cache of physical chunks, shared by buffers, with statistics.
 ///
+///     auto pool = vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(0)),
+///                                         {.release_threshold = 1ull << 30});
+///     vmm::growable_buffer a(pool), b(pool);   // both draw chunks from `pool`
+///     a.resize(256 << 20);                     // creates memory (cuMemCreate)
+///     a.resize(0); b.resize(256 << 20);        // b takes a's chunks: no driver call
+///     pool->trim_to(0);                        // idle memory back to the device
+///
 /// Creating and releasing physical memory costs the driver tens of microseconds a handle
 /// (more for large ones); a pool keeps chunks that buffers give back and hands them out
 /// again without calling cuMemCreate/cuMemRelease. Its knobs and counters mean what the
@@ -22,9 +29,11 @@
 #include <mutex>
 #include <vector>
 
+#include <atomic>
+
 #include "vmm/physical_allocation.hpp"
 #include "vmm/provider.hpp"
-#include "vmm/stream_event.hpp"
+#include "vmm/stream_executor.hpp"
 
 namespace vmm {
 
@@ -54,24 +63,41 @@ class chunk_pool;
 class pooled_chunk {
  public:
   pooled_chunk() noexcept = default;
-  pooled_chunk(pooled_chunk&&) noexcept = default;
+  pooled_chunk(pooled_chunk&& other) noexcept
+      : pool_(std::move(other.pool_)),
+        memory_(std::move(other.memory_)),
+        discarded_(other.discarded_.exchange(false)) {}
   pooled_chunk& operator=(pooled_chunk&& other) noexcept;
+  /// Memory that belongs to no pool (imported from another process, say): destroyed when
+  /// the last holder lets go.
+  [[nodiscard]] static pooled_chunk own(physical_allocation memory) noexcept {
+    return pooled_chunk(nullptr, std::move(memory));
+  }
   pooled_chunk(const pooled_chunk&) = delete;
   pooled_chunk& operator=(const pooled_chunk&) = delete;
   ~pooled_chunk();
 
   [[nodiscard]] const physical_allocation& memory() const noexcept { return memory_; }
   [[nodiscard]] std::size_t size() const noexcept { return memory_.size(); }
+  /// The pool it goes back to (null for memory that belongs to no pool).
+  [[nodiscard]] const std::shared_ptr<chunk_pool>& pool() const noexcept { return pool_; }
   explicit operator bool() const noexcept { return static_cast<bool>(memory_); }
   /// Gives the chunk back; other streams get it once `stream` passes this point.
-  void give_back(stream_handle stream);
+  /// @throws vmm::invalid_argument the chunk is empty.
+  void give_back(stream_ref stream);
+  /// Says that the memory must never be lent again: it is still mapped somewhere it could
+  /// not be unmapped from. When the chunk is given back, the pool destroys the handle
+  /// instead of keeping it (the mapping keeps the memory alive) and stops counting it.
+  void discard() const noexcept { discarded_ = true; }
 
  private:
   friend class chunk_pool;
   pooled_chunk(std::shared_ptr<chunk_pool> pool, physical_allocation memory) noexcept
       : pool_(std::move(pool)), memory_(std::move(memory)) {}
+  void return_to_pool(bool ordered, stream_ref stream) noexcept;
   std::shared_ptr<chunk_pool> pool_;
   physical_allocation memory_;
+  mutable std::atomic<bool> discarded_{false};
 };
 
 /// See the file comment. Always held by std::shared_ptr (chunks keep their pool alive).
@@ -93,10 +119,10 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   /// releases idle chunks and tries once more.
   /// @throws vmm::out_of_memory the cap or the memory is exhausted.
   /// @throws vmm::invalid_argument size is 0.
-  [[nodiscard]] pooled_chunk acquire(std::size_t size, stream_handle stream = nullptr);
+  [[nodiscard]] pooled_chunk acquire(std::size_t size, stream_ref stream = {});
   /// The largest idle chunk of at most `max_size` bytes that `stream` may use, or an empty
   /// chunk. Never creates memory.
-  [[nodiscard]] pooled_chunk acquire_idle(std::size_t max_size, stream_handle stream = nullptr);
+  [[nodiscard]] pooled_chunk acquire_idle(std::size_t max_size, stream_ref stream = {});
 
   /// Releases idle chunks (those no stream still has to pass) until at most
   /// `bytes_to_keep` bytes are reserved or none is left to release.
@@ -116,16 +142,19 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   friend class pooled_chunk;
   struct idle_chunk {
     physical_allocation memory;
-    stream_handle stream = nullptr;
+    stream_ref stream;
     bool ordered = false;  // given back with a stream: others wait for `ready`
     stream_event ready;
   };
   using idle_map = std::multimap<std::size_t, idle_chunk>;
 
-  void give_back(physical_allocation memory, bool ordered, stream_handle stream) noexcept;
+  // Takes back `memory` (or, when discarded, destroys it and stops counting it).
+  void give_back(physical_allocation memory, bool ordered, stream_ref stream, bool discarded) noexcept;
   // Picks a usable idle chunk in [first, last), or last.
   idle_map::iterator find_usable(idle_map::iterator first, idle_map::iterator last,
-                                 stream_handle stream) const;
+                                 stream_ref stream) const;
+  // Creates a chunk of `size` bytes, counted already; uncounts it when creating fails.
+  pooled_chunk create_counted(std::size_t size);
   pooled_chunk lend(idle_map::iterator it);  // under the lock
   // Moves idle chunks nobody waits for out of the pool until reserved <= target.
   std::vector<physical_allocation> evict_until(std::size_t target);  // under the lock

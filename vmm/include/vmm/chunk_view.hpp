@@ -2,6 +2,12 @@
 /// @file
 /// The same physical memory at another address ("virtual aliasing"): views, re-layout.
 ///
+///     vmm::growable_buffer buffer(vmm::location::device(0), {.policy = vmm::chunk_policy::fixed(64 << 20)});
+///     buffer.resize(256 << 20);
+///     vmm::chunk_view reader = vmm::alias(buffer, 0, 128 << 20, vmm::access_mode::read_only);
+///     std::size_t order[] = {3, 2, 1, 0};
+///     vmm::chunk_view reversed = vmm::permute(buffer, order);   // no byte copied
+///
 /// A chunk_view reserves an address range of its own and maps a list of physical chunks
 /// into it back to back, in the order given. The chunks are the ones a growable_buffer (or
 /// another view) already maps: nothing is copied and no physical memory is created. One
@@ -17,8 +23,9 @@
 ///
 /// Lifetime. A view holds a shared_chunk for each chunk it maps, so physical memory lives
 /// while any buffer or view maps it, whatever order they are destroyed in; it goes back to
-/// its pool when the last of them lets go. Destroying a view first waits for the view's
-/// stream (work queued there may still read through it), then unmaps and frees its range.
+/// its pool when the last of them lets go. Destroying a view does not block: work queued on
+/// the view's stream may still read through it, so the view is retired in stream order
+/// (vmm/retirement.hpp) and unmapped once the stream has passed its destruction.
 ///
 /// Costs are per handle (GPU-FACTS.md): a view maps each chunk once and sets access once
 /// over its whole range, so it costs about one cuMemMap and one cuMemSetAccess handle-step
@@ -42,10 +49,10 @@
 #include <span>
 #include <vector>
 
-#include "vmm/address_range.hpp"
 #include "vmm/growable_buffer.hpp"
-#include "vmm/mapping.hpp"
+#include "vmm/mapped_range.hpp"
 #include "vmm/provider.hpp"
+#include "vmm/stream_ref.hpp"
 
 namespace vmm {
 
@@ -57,49 +64,52 @@ class chunk_view {
   chunk_view() noexcept = default;
   /// Maps `chunks`, in order (a chunk may appear more than once), at a new address range
   /// and grants `mode` to the provider's default accessors with one access call over the
-  /// whole range. `stream` is where work using the view is queued: destruction waits for
-  /// it (nullptr: the legacy default stream).
+  /// whole range. `stream` is where work using the view is queued: destruction is ordered
+  /// after it (the legacy default stream when not given).
   /// @throws vmm::invalid_argument the list is empty, holds a null or empty chunk, or its
   ///         chunks come from different providers (the message names both locations).
   /// @throws vmm::out_of_memory no address range of that size is left.
   /// @throws vmm::driver_error, vmm::os_error mapping or setting access failed; whatever was
   ///         mapped is unmapped again.
   explicit chunk_view(std::vector<shared_chunk> chunks, access_mode mode = access_mode::read_write,
-                      stream_handle stream = nullptr);
-  /// As above, with explicit grants: one per accessor (devices, the host), e.g. read-only
-  /// for a consumer GPU and read-write for the host.
+                      stream_ref stream = {});
+  /// As above, with explicit grants: one per accessor (GPUs, the host), e.g. read-only for a
+  /// consumer GPU and read-write for the host.
   /// @throws vmm::invalid_argument as above, or `grants` is empty or names an accessor the
   ///         provider cannot grant.
   chunk_view(std::vector<shared_chunk> chunks, std::span<const access_grant> grants,
-             stream_handle stream = nullptr);
-  chunk_view(chunk_view&& other) noexcept;
+             stream_ref stream = {});
+  chunk_view(chunk_view&& other) noexcept = default;
   chunk_view& operator=(chunk_view&& other) noexcept;
   chunk_view(const chunk_view&) = delete;
   chunk_view& operator=(const chunk_view&) = delete;
-  /// Waits for the view's stream, then unmaps, frees the range and lets go of the chunks.
+  /// Retires the view after its stream (see the file comment); never blocks.
   ~chunk_view();
 
   /// The first byte (nullptr when empty).
-  [[nodiscard]] void* data() const noexcept { return range_.data(); }
+  [[nodiscard]] void* data() const noexcept { return run_.data(); }
   /// The first byte as an address (0 when empty).
-  [[nodiscard]] std::uintptr_t get() const noexcept { return range_.get(); }
+  [[nodiscard]] std::uintptr_t address() const noexcept { return run_.address(); }
   /// Bytes mapped: the sum of the chunks' sizes.
-  [[nodiscard]] std::size_t size() const noexcept { return range_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return run_.mapped(); }
   /// The number of chunks mapped (repeats counted).
-  [[nodiscard]] std::size_t chunk_count() const noexcept { return chunks_.size(); }
+  [[nodiscard]] std::size_t chunk_count() const noexcept { return run_.chunks().size(); }
   /// The chunks mapped, in address order.
-  [[nodiscard]] const std::vector<shared_chunk>& chunks() const noexcept { return chunks_; }
+  [[nodiscard]] const std::vector<shared_chunk>& chunks() const noexcept { return run_.chunks(); }
   /// The chunks that back [offset, offset + length), in address order, to map elsewhere in
   /// turn (a view of a view). Same contract as growable_buffer::chunks().
   /// @throws vmm::invalid_argument zero length, past size(), or not on chunk boundaries.
-  [[nodiscard]] std::vector<shared_chunk> chunks(std::size_t offset, std::size_t length) const;
+  [[nodiscard]] std::vector<shared_chunk> chunks(std::size_t offset, std::size_t length) const {
+    return run_.chunks(offset, length);
+  }
   /// The provider of the chunks (null when empty).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
-    return range_.provider();
+    return run_.provider();
   }
-  [[nodiscard]] stream_handle stream() const noexcept { return stream_; }
+  /// The stream destruction is ordered after.
+  [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
   /// Orders destruction after work on `stream` instead.
-  void set_stream(stream_handle stream) noexcept { stream_ = stream; }
+  void set_stream(stream_ref stream) noexcept { stream_ = stream; }
 
   /// Grants `mode` to the provider's default accessors over the whole view (one call).
   /// Other views of the same memory keep their own access.
@@ -113,14 +123,10 @@ class chunk_view {
  private:
   struct without_access {};
   // Validates the list and maps it with no access yet; the constructors then set access.
-  chunk_view(without_access, std::vector<shared_chunk> chunks, stream_handle stream);
+  chunk_view(without_access, std::vector<shared_chunk> chunks, stream_ref stream);
 
-  // Declaration order is destruction order reversed: mappings go first, then the range,
-  // then the chunks, so a constructor that throws half-way leaves nothing behind.
-  std::vector<shared_chunk> chunks_;
-  address_range range_;
-  std::vector<mapping> mappings_;
-  stream_handle stream_ = nullptr;
+  mapped_range run_;
+  stream_ref stream_;
 };
 
 /// An alias of [offset, offset + length) of `buffer`: the same physical chunks at a new
@@ -130,12 +136,11 @@ class chunk_view {
 /// @throws vmm::invalid_argument zero length, past the capacity, or not on chunk boundaries
 ///         (the message names the nearest boundaries).
 [[nodiscard]] chunk_view alias(const growable_buffer& buffer, std::size_t offset, std::size_t length,
-                               access_mode mode = access_mode::read_write,
-                               stream_handle stream = nullptr);
+                               access_mode mode = access_mode::read_write, stream_ref stream = {});
 /// As above, with explicit grants per accessor.
 /// @throws vmm::invalid_argument as above, or `grants` is empty or not grantable.
 [[nodiscard]] chunk_view alias(const growable_buffer& buffer, std::size_t offset, std::size_t length,
-                               std::span<const access_grant> grants, stream_handle stream = nullptr);
+                               std::span<const access_grant> grants, stream_ref stream = {});
 
 /// A whole-chunk piece of a buffer: [offset, offset + length) of *buffer.
 struct buffer_slice {
@@ -151,8 +156,7 @@ struct buffer_slice {
 ///         the capacity or not on chunk boundaries (the message names the slice), or
 ///         buffers of different providers.
 [[nodiscard]] chunk_view splice(std::span<const buffer_slice> slices,
-                                access_mode mode = access_mode::read_write,
-                                stream_handle stream = nullptr);
+                                access_mode mode = access_mode::read_write, stream_ref stream = {});
 
 /// Concatenation: the first size() bytes of each buffer back to back, in order, without
 /// copying. Each buffer's size() must end on a chunk boundary (a buffer grown with
@@ -161,14 +165,13 @@ struct buffer_slice {
 ///         boundary (the message names the buffer), or buffers of different providers.
 [[nodiscard]] chunk_view concatenate(std::span<const growable_buffer* const> buffers,
                                      access_mode mode = access_mode::read_write,
-                                     stream_handle stream = nullptr);
+                                     stream_ref stream = {});
 
 /// Permutation: a view whose i-th chunk is chunk order[i] of `buffer`, counting the chunks
 /// that back [0, buffer.capacity()) from 0 in address order. `order` may also repeat or
 /// leave out indices (a gather of chunks).
 /// @throws vmm::invalid_argument `order` is empty or names a chunk index past the last.
 [[nodiscard]] chunk_view permute(const growable_buffer& buffer, std::span<const std::size_t> order,
-                                 access_mode mode = access_mode::read_write,
-                                 stream_handle stream = nullptr);
+                                 access_mode mode = access_mode::read_write, stream_ref stream = {});
 
 }  // namespace vmm

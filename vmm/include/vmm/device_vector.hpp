@@ -2,6 +2,12 @@
 /// @file
 /// device_vector<T>: a vector of trivially copyable elements that grows in place.
 ///
+///     vmm::device_vector<float> v(vmm::location::device(0));
+///     v.append(host_batch);                          // on the vector's default stream
+///     v.resize(1 << 30, vmm::element_init::zeroed, stream);   // on `stream`
+///     kernel<<<grid, block, 0, stream.get()>>>(v.data(), v.size());
+///     std::vector<float> back = v.to_host(stream);   // waits for `stream`
+///
 /// The elements live in one growable_buffer: an address range reserved once for the
 /// vector's max_size(), with physical chunks mapped at its end as the vector grows. So
 /// data() never changes (pointers held by kernels and captured CUDA graphs stay valid across
@@ -19,14 +25,16 @@
 /// std::vector does) until shrink_to_fit() or destruction. So the vector maps memory with
 /// growable_buffer::reserve() only, and its size is its own count, never the buffer's.
 ///
-/// Stream order. Every copy and fill is queued through the provider on stream(), so it is
-/// ordered with the kernels the caller queues there; nothing waits for the GPU except the
-/// reads into host memory (copy_to_host(), to_host()), which synchronize stream(). On the
-/// OS host provider every call completes before it returns. Host sources follow
-/// cuMemcpyAsync: pageable host memory may be reused as soon as the call returns;
-/// page-locked host memory must stay unchanged until stream() has passed the copy.
-/// Shrinking is stream-ordered too (see growable_buffer): memory past the size is unmapped
-/// only once stream() has passed the shrink.
+/// Stream order. Every function that queues work takes a stream_ref; without one it uses
+/// the vector's default stream (stream(), set_stream()). Copies and fills are queued through
+/// the provider's executor on that stream, so they are ordered with the kernels the caller
+/// queues there; nothing waits for the GPU except the reads into host memory
+/// (copy_to_host(), to_host()), which synchronize their stream. On the OS host provider
+/// every call completes before it returns. Host sources follow cuMemcpyAsync: pageable host
+/// memory may be reused as soon as the call returns; page-locked host memory must stay
+/// unchanged until the stream has passed the copy. Shrinking is stream-ordered too (see
+/// growable_buffer): memory past the size is unmapped only once the stream has passed the
+/// shrink; destruction retires the memory after the default stream and never blocks.
 ///
 /// Guarantees. push_back, append, resize and reserve either complete or leave the vector
 /// exactly as it was: size, capacity, data() and contents (the buffer's strong guarantee,
@@ -50,6 +58,7 @@
 #include "vmm/growable_buffer.hpp"
 #include "vmm/location.hpp"
 #include "vmm/provider.hpp"
+#include "vmm/stream_ref.hpp"
 
 namespace vmm {
 
@@ -65,14 +74,14 @@ namespace detail {
 // makes a failed copy or fill after a successful grow leave the vector exactly as it was.
 class capacity_rollback {
  public:
-  explicit capacity_rollback(growable_buffer& buffer) noexcept
-      : buffer_(&buffer), capacity_(buffer.capacity()) {}
+  capacity_rollback(growable_buffer& buffer, stream_ref stream) noexcept
+      : buffer_(&buffer), capacity_(buffer.capacity()), stream_(stream) {}
   capacity_rollback(const capacity_rollback&) = delete;
   capacity_rollback& operator=(const capacity_rollback&) = delete;
   ~capacity_rollback() {
     if (buffer_ == nullptr || buffer_->capacity() == capacity_) return;
     try {
-      buffer_->resize(capacity_);  // retires exactly the chunks mapped past capacity_
+      buffer_->resize(capacity_, stream_);  // retires exactly the chunks mapped past capacity_
     } catch (...) {
       report_cleanup_failure("device_vector: retiring the capacity of a failed operation failed");
     }
@@ -82,6 +91,7 @@ class capacity_rollback {
  private:
   growable_buffer* buffer_;
   std::size_t capacity_;
+  stream_ref stream_;
 };
 
 }  // namespace detail
@@ -134,7 +144,8 @@ class device_vector {
   }
   device_vector(const device_vector&) = delete;
   device_vector& operator=(const device_vector&) = delete;
-  /// Waits for stream(), then unmaps everything and gives the chunks back to the pool.
+  /// Retires the memory after the default stream (never blocks): it is unmapped and goes
+  /// back to the pool once the stream has passed this point.
   ~device_vector() = default;
 
   /// The first element; never changes for the vector's life (nullptr once moved from).
@@ -169,35 +180,41 @@ class device_vector {
     return buffer_.provider();
   }
 
-  /// The stream copies, fills and shrinks are queued on (nullptr: the default stream).
-  [[nodiscard]] stream_handle stream() const noexcept { return buffer_.stream(); }
-  /// Queues later work on `stream` instead. Work already queued on the old stream is not
-  /// ordered before it: synchronize the old stream (or make `stream` wait for it) first.
-  void set_stream(stream_handle stream) noexcept { buffer_.set_stream(stream); }
+  /// The default stream: for calls given none, and what destruction is ordered after.
+  [[nodiscard]] stream_ref stream() const noexcept { return buffer_.stream(); }
+  /// Sets the default stream. Work already queued on the old one is not ordered before
+  /// later work: synchronize the old stream (or make the new one wait for it) first.
+  void set_stream(stream_ref stream) noexcept { buffer_.set_stream(stream); }
 
-  /// Appends a copy of `value`, a host object, queued on stream(). Maps a chunk only when
+  /// Appends a copy of `value`, a host object, queued on `stream`. Maps a chunk only when
   /// the vector is full.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
   /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
-  void push_back(const T& value) {
+  void push_back(const T& value, stream_ref stream) {
     if (size_ == max_size()) throw_past_max_size(1);
     const size_type first = size_;
-    grow_to(first + 1, [&] { provider()->copy(data() + first, &value, sizeof(T), stream()); });
+    grow_to(first + 1, stream, [&] {
+      provider()->executor().copy(data() + first, &value, sizeof(T), stream);
+    });
   }
+  /// push_back(value, stream()).
+  void push_back(const T& value) { push_back(value, stream()); }
 
-  /// Appends the elements of a host range with one copy queued on stream().
+  /// Appends the elements of a host range with one copy queued on `stream`.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
   /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
-  void append(std::span<const T> values) {
+  void append(std::span<const T> values, stream_ref stream) {
     if (values.empty()) return;
     if (values.size() > max_size() - size_) throw_past_max_size(values.size());
     const size_type first = size_;
-    grow_to(first + values.size(), [&] {
-      provider()->copy(data() + first, values.data(), values.size_bytes(), stream());
+    grow_to(first + values.size(), stream, [&] {
+      provider()->executor().copy(data() + first, values.data(), values.size_bytes(), stream);
     });
   }
+  /// append(values, stream()).
+  void append(std::span<const T> values) { append(values, stream()); }
 
   /// Appends [first, last), a host range. A contiguous range of T is copied as it is; any
   /// other is first gathered into host memory. One copy queued on stream() either way.
@@ -209,89 +226,104 @@ class device_vector {
   void append(Iterator first, Sentinel last) {
     if constexpr (std::contiguous_iterator<Iterator> && std::sized_sentinel_for<Sentinel, Iterator> &&
                   std::is_same_v<std::iter_value_t<Iterator>, T>) {
-      append(std::span<const T>(std::to_address(first), static_cast<size_type>(last - first)));
+      append(std::span<const T>(std::to_address(first), static_cast<size_type>(last - first)), stream());
     } else {
       std::vector<T> gathered;
       for (; first != last; ++first) gathered.push_back(static_cast<T>(*first));
-      append(std::span<const T>(gathered));
+      append(std::span<const T>(gathered), stream());
     }
   }
 
   /// Sets the size to `count`. Growing maps memory when needed and then, with
-  /// element_init::zeroed, queues a fill of the new elements with 0 on stream(); with
+  /// element_init::zeroed, queues a fill of the new elements with 0 on `stream`; with
   /// element_init::uninitialized it writes nothing. Getting smaller keeps the capacity.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
   /// @throws vmm::driver_error the fill could not be queued; the vector is as it was.
-  void resize(size_type count, element_init init) {
+  void resize(size_type count, element_init init, stream_ref stream) {
     if (count <= size_) {
       size_ = count;
       return;
     }
     if (count > max_size()) throw_past_max_size(count - size_);
     const size_type first = size_;
-    grow_to(count, [&] {
+    grow_to(count, stream, [&] {
       if (init == element_init::zeroed)
-        provider()->fill(data() + first, 0, (count - first) * sizeof(T), stream());
+        provider()->executor().fill(data() + first, 0, (count - first) * sizeof(T), stream);
     });
   }
+  /// resize(count, init, stream()).
+  void resize(size_type count, element_init init) { resize(count, init, stream()); }
 
   /// Maps memory for at least `count` elements without changing size(): later growth up to
   /// capacity() makes no driver call.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
-  void reserve(size_type count) {
+  void reserve(size_type count, stream_ref stream) {
     if (count <= capacity()) return;
     if (count > max_size()) throw_past_max_size(count - size_);
-    buffer_.reserve(count * sizeof(T));
+    buffer_.reserve(count * sizeof(T), stream);
   }
+  /// reserve(count, stream()).
+  void reserve(size_type count) { reserve(count, stream()); }
 
   /// Retires the chunks wholly past size(): capacity() drops now. They are unmapped and go
-  /// back to the pool at the first shrink (or destruction) after stream() has passed this
-  /// point, at once on host providers; a grow before then takes them back with no driver
-  /// call.
-  /// @throws vmm::driver_error recording the point on stream() failed; nothing changed.
-  void shrink_to_fit() { buffer_.resize(size_ * sizeof(T)); }
+  /// back to the pool once `stream` has passed this point (at once on host providers); a
+  /// grow before then takes them back with no driver call.
+  /// @throws vmm::driver_error recording the point on the stream failed; nothing changed.
+  void shrink_to_fit(stream_ref stream) { buffer_.resize(size_ * sizeof(T), stream); }
+  /// shrink_to_fit(stream()).
+  void shrink_to_fit() { shrink_to_fit(stream()); }
 
   /// Sets the size to 0; keeps the capacity and data().
   void clear() noexcept { size_ = 0; }
 
   /// Overwrites elements [first, first + values.size()) with a host range, queued on
-  /// stream().
+  /// `stream`.
   /// @throws vmm::invalid_argument the range passes size().
   /// @throws vmm::driver_error the copy could not be queued.
-  void copy_from_host(size_type first, std::span<const T> values) {
+  void copy_from_host(size_type first, std::span<const T> values, stream_ref stream) {
     check_range(first, values.size(), "copy_from_host");
     if (!values.empty())
-      provider()->copy(data() + first, values.data(), values.size_bytes(), stream());
+      provider()->executor().copy(data() + first, values.data(), values.size_bytes(), stream);
+  }
+  /// copy_from_host(first, values, stream()).
+  void copy_from_host(size_type first, std::span<const T> values) {
+    copy_from_host(first, values, stream());
   }
 
   /// Copies elements [first, first + destination.size()) into host memory, then waits for
-  /// stream(): the copy sees all work queued there before it.
+  /// `stream`: the copy sees all work queued there before it.
   /// @throws vmm::invalid_argument the range passes size().
   /// @throws vmm::driver_error the copy or the wait failed.
-  void copy_to_host(size_type first, std::span<T> destination) const {
+  void copy_to_host(size_type first, std::span<T> destination, stream_ref stream) const {
     check_range(first, destination.size(), "copy_to_host");
     if (destination.empty()) return;
-    provider()->copy(destination.data(), data() + first, destination.size_bytes(), stream());
-    provider()->synchronize(stream());
+    provider()->executor().copy(destination.data(), data() + first, destination.size_bytes(), stream);
+    provider()->executor().synchronize(stream);
+  }
+  /// copy_to_host(first, destination, stream()).
+  void copy_to_host(size_type first, std::span<T> destination) const {
+    copy_to_host(first, destination, stream());
   }
 
-  /// All elements, copied into a new host vector after the work queued on stream().
+  /// All elements, copied into a new host vector after the work queued on `stream`.
   /// @throws vmm::driver_error the copy or the wait failed.
-  [[nodiscard]] std::vector<T> to_host() const {
+  [[nodiscard]] std::vector<T> to_host(stream_ref stream) const {
     std::vector<T> result(size_);
-    copy_to_host(0, result);
+    copy_to_host(0, result, stream);
     return result;
   }
+  /// to_host(stream()).
+  [[nodiscard]] std::vector<T> to_host() const { return to_host(stream()); }
 
  private:
   // Maps room for `count` elements, runs `write` (which queues the copy or fill of the new
   // elements), then sets the size. If either throws, the vector is as it was.
   template <class Write>
-  void grow_to(size_type count, Write&& write) {
-    detail::capacity_rollback rollback(buffer_);
-    if (count > capacity()) buffer_.reserve(count * sizeof(T));
+  void grow_to(size_type count, stream_ref stream, Write&& write) {
+    detail::capacity_rollback rollback(buffer_, stream);
+    if (count > capacity()) buffer_.reserve(count * sizeof(T), stream);
     std::forward<Write>(write)();
     rollback.dismiss();
     size_ = count;

@@ -2,7 +2,13 @@
 /// @file
 /// A buffer that grows in place: its address never changes.
 ///
-/// The buffer reserves an address range for its maximum size once, then maps physical
+///     vmm::growable_buffer buffer(vmm::location::device(0));   // reserves addresses only
+///     void* p = buffer.data();
+///     buffer.resize(1 << 30, stream);      // maps memory; p stays valid, nothing copied
+///     buffer.resize(64 << 20);             // on the buffer's default stream
+///     assert(buffer.data() == p);
+///
+/// The buffer allocates an address range for its maximum size once, then maps physical
 /// chunks from a chunk_pool at the end of what is mapped as it grows, and unmaps them as it
 /// shrinks. data() stays the same for the buffer's life, so pointers held by kernels and
 /// captured CUDA graphs stay valid across growth, and growing never copies.
@@ -17,23 +23,32 @@
 /// chunk that large, the grow falls back to smaller chunks down to the granularity, so a
 /// buffer can take all of the memory there is.
 ///
+/// Streams. Every operation that queues work takes a stream (stream_ref); without one it
+/// uses the buffer's default stream (options.stream, set_stream()). Shrinking records a
+/// point on the stream given and keeps the chunks past the new size mapped ("retired")
+/// until the stream has passed it; a later grow takes retired chunks back without any
+/// driver call (ordering the growing stream after that point). Destruction never blocks: it
+/// retires everything after the default stream (vmm/retirement.hpp); work queued on other
+/// streams must be done, or ordered before the default stream, by then.
+///
 /// Guarantees:
-///  - a grow either completes or leaves the buffer exactly as it was (strong guarantee):
-///    chunks mapped for a failed grow are unmapped and given back to the pool;
-///  - nothing is unmapped while work queued on the buffer's stream may still use it:
-///    shrinking records an event on the stream and keeps the chunks mapped ("retired")
-///    until the event has passed; a later grow takes retired chunks back without any
-///    driver call; release_retired() and the destructor wait for the event.
+///  - a grow or a shrink either completes or leaves the buffer exactly as it was (strong
+///    guarantee): chunks mapped for a failed grow are unmapped and given back to the pool,
+///    and retired chunks are taken back only once the grow has succeeded;
+///  - nothing is unmapped while work queued on the stream of the shrink may still use it;
+///  - a chunk that the driver or the OS refuses to unmap stays mapped and retired: the
+///    buffer takes it back at its next grow, and its pool never lends it to anyone else.
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "vmm/address_range.hpp"
 #include "vmm/chunk_pool.hpp"
-#include "vmm/mapping.hpp"
-#include "vmm/stream_event.hpp"
+#include "vmm/mapped_range.hpp"
+#include "vmm/shared_chunk.hpp"
+#include "vmm/stream_executor.hpp"
+#include "vmm/stream_ref.hpp"
 
 namespace vmm {
 
@@ -41,54 +56,56 @@ namespace vmm {
 class chunk_policy {
  public:
   /// Chunks as large as the growth asks, at least 1/slack_divisor of the new size (a power
-  /// of two): O(log size) handles, slack under size/slack_divisor.
+  /// of two): O(log size) handles, slack under size/slack_divisor. slack_divisor > 0.
   static constexpr chunk_policy geometric(std::size_t slack_divisor = 8) noexcept {
-    return chunk_policy(0, slack_divisor);
+    return chunk_policy(false, slack_divisor);
   }
-  /// Every chunk is `chunk_size` bytes (rounded up to the granularity).
+  /// Every chunk is `chunk_size` bytes (rounded up to the granularity). chunk_size > 0.
   static constexpr chunk_policy fixed(std::size_t chunk_size) noexcept {
-    return chunk_policy(chunk_size, 0);
+    return chunk_policy(true, chunk_size);
   }
   /// The chunk to map when growing from `mapped` bytes to at least `required` bytes.
   [[nodiscard]] std::size_t next_chunk(std::size_t mapped, std::size_t required,
                                        std::size_t granularity) const;
-  [[nodiscard]] bool is_fixed() const noexcept { return fixed_size_ != 0; }
+  [[nodiscard]] bool is_fixed() const noexcept { return fixed_; }
+  /// Throws vmm::invalid_argument naming the policy when its parameter is 0.
+  void check() const;
 
  private:
-  constexpr chunk_policy(std::size_t fixed_size, std::size_t divisor) noexcept
-      : fixed_size_(fixed_size), slack_divisor_(divisor) {}
-  std::size_t fixed_size_;
-  std::size_t slack_divisor_;
+  constexpr chunk_policy(bool fixed, std::size_t parameter) noexcept
+      : fixed_(fixed), parameter_(parameter) {}
+  bool fixed_;
+  std::size_t parameter_;  // the chunk size, or the slack divisor
 };
 
 /// Settings of a growable_buffer.
 struct growable_buffer_options {
   /// The most the buffer may ever hold (its address range). 0: the location's physical
-  /// memory size (the GPU's total memory; the host's RAM), rounded up to the granularity.
+  /// memory size (the GPU's total memory; the OS provider's commit budget), rounded up to
+  /// the granularity.
   std::size_t max_size = 0;
   chunk_policy policy = chunk_policy::geometric();
-  /// The stream work on the buffer is queued on: shrinking and destruction are ordered
-  /// after it. nullptr is the default stream.
-  stream_handle stream = nullptr;
+  /// The default stream: for operations given none, and what destruction is ordered after.
+  /// A stream of the first pool's device.
+  stream_ref stream;
   /// Who gets access (empty: every pool's default accessors, read-write).
   std::vector<access_grant> access;
   /// Pools to continue on, in order, once the ones before are out of memory: a buffer that
   /// fills one GPU and spills onto the next, one pointer throughout. Their memory must be
-  /// of the same kind as the first pool's. With max_size 0 the range holds all of them.
-  /// Every accessor must be able to reach every pool's memory (peer access between GPUs).
+  /// of the same kind as the first pool's and live in the same address space. With
+  /// max_size 0 the range holds all of them. Every accessor must be able to reach every
+  /// pool's memory (peer access between GPUs).
   std::vector<std::shared_ptr<chunk_pool>> spill_to;
 };
 
-/// A physical chunk shared by the buffer that mapped it and every view that maps it too
-/// (vmm/chunk_view.hpp): it goes back to its pool when the last of them lets go.
-using shared_chunk = std::shared_ptr<const pooled_chunk>;
-
-/// See the file comment. Move-only.
+/// See the file comment. Move-only. Not thread-safe: one thread at a time uses a buffer.
 class growable_buffer {
  public:
   /// An empty buffer drawing chunks from `pool`, with an address range of
-  /// options.max_size reserved now. Nothing is mapped yet.
-  /// @throws vmm::invalid_argument the pool is null or an option is bad.
+  /// options.max_size allocated now. Nothing is mapped yet.
+  /// @throws vmm::invalid_argument the pool is null or an option is bad (a zero chunk
+  ///         policy, a null spill pool, a spill pool of another kind of memory or of another
+  ///         address space).
   /// @throws vmm::out_of_memory no address range of that size is left.
   explicit growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buffer_options options = {});
   /// A buffer on the default pool of `where`.
@@ -97,40 +114,49 @@ class growable_buffer {
   growable_buffer& operator=(growable_buffer&&) noexcept;
   growable_buffer(const growable_buffer&) = delete;
   growable_buffer& operator=(const growable_buffer&) = delete;
-  /// Waits for the stream, then unmaps everything, gives the chunks back and frees the
-  /// address range.
+  /// Retires everything after the default stream (never blocks; see the file comment).
   ~growable_buffer();
 
   /// The first byte; never changes (nullptr only for a moved-from buffer).
-  [[nodiscard]] void* data() const noexcept { return range_.data(); }
+  [[nodiscard]] void* data() const noexcept { return run_.data(); }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// Bytes mapped and accessible (>= size()).
-  [[nodiscard]] std::size_t capacity() const noexcept { return mapped_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   /// The most the buffer can ever hold.
-  [[nodiscard]] std::size_t max_size() const noexcept { return range_.size(); }
-  /// Physical chunks mapped (including retired ones).
-  [[nodiscard]] std::size_t chunk_count() const noexcept { return chunks_.size(); }
-  [[nodiscard]] stream_handle stream() const noexcept { return options_.stream; }
-  /// Orders later shrinks after work on `stream` instead.
-  void set_stream(stream_handle stream) noexcept { options_.stream = stream; }
+  [[nodiscard]] std::size_t max_size() const noexcept { return run_.size(); }
+  /// Physical chunks mapped (retired ones included).
+  [[nodiscard]] std::size_t chunk_count() const noexcept { return run_.chunks().size(); }
+  /// The default stream.
+  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
+  /// Sets the default stream (later operations given none, and destruction, use it).
+  void set_stream(stream_ref stream) noexcept { options_.stream = stream; }
+  /// The pool chunks come from first (null for a moved-from buffer).
   [[nodiscard]] const std::shared_ptr<chunk_pool>& pool() const noexcept { return pool_; }
+  /// The provider of the first pool (null for a moved-from buffer).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
-    return pool_->provider();
+    return run_.provider();
   }
 
   /// Sets the size to `bytes`, mapping chunks as needed, and on shrinking retires the
-  /// chunks wholly past the new size (stream-ordered). Contents up to min(old, new) stay;
-  /// new bytes are uninitialized.
-  /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the device's memory;
-  ///         the buffer is then exactly as it was.
-  void resize(std::size_t bytes);
+  /// chunks wholly past the new size after `stream`'s queued work. Contents up to
+  /// min(old, new) stay; new bytes are uninitialized.
+  /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the device's memory.
+  /// @throws vmm::driver_error, vmm::os_error mapping, setting access or recording failed.
+  /// On any exception the buffer is exactly as it was.
+  void resize(std::size_t bytes, stream_ref stream);
+  /// resize(bytes, stream()).
+  void resize(std::size_t bytes) { resize(bytes, options_.stream); }
   /// Maps at least `bytes` without changing size(). Same errors and guarantee as resize.
-  void reserve(std::size_t bytes);
-  /// Retires every chunk wholly past size() (stream-ordered).
-  void shrink_to_fit();
+  void reserve(std::size_t bytes, stream_ref stream);
+  /// reserve(bytes, stream()).
+  void reserve(std::size_t bytes) { reserve(bytes, options_.stream); }
+  /// Retires every chunk wholly past size() after `stream`'s queued work.
+  void shrink_to_fit(stream_ref stream);
+  /// shrink_to_fit(stream()).
+  void shrink_to_fit() { shrink_to_fit(options_.stream); }
   /// Unmaps retired chunks and gives them back to the pool. With wait, blocks until the
-  /// stream has passed their retirement; without, releases only those it has passed.
-  void release_retired(bool wait = true);
+  /// streams have passed their retirement; without, collects only those already passed.
+  void collect_retired(bool wait = false);
 
   /// The chunks that back [offset, offset + length), in address order, for mapping the same
   /// physical memory elsewhere (aliases, re-layout). The range must start and end on chunk
@@ -140,29 +166,22 @@ class growable_buffer {
   [[nodiscard]] std::vector<shared_chunk> chunks(std::size_t offset, std::size_t length) const;
 
  private:
-  struct mapped_chunk {
-    shared_chunk memory;
-    mapping view;
-    std::size_t pool_index;  // 0: pool_, i: options_.spill_to[i - 1]
-  };
   struct retirement {
-    std::size_t first_chunk;  // chunks_[first_chunk..] retired at `passed`
+    std::size_t first_chunk;  // chunks [first_chunk, next retirement's) retired at `passed`
     stream_event passed;
   };
-  void grow_mapping(std::size_t required);
-  void retire_beyond(std::size_t bytes);
-  void take_back_retired(std::size_t required);
-  void release_retired_from(std::size_t retirement_index, bool wait);
+  void grow_mapping(std::size_t required, stream_ref stream);
+  void retire_beyond(std::size_t bytes, stream_ref stream);
   [[nodiscard]] std::size_t active_chunks() const noexcept;
   [[nodiscard]] std::vector<access_grant> grants() const;
   [[nodiscard]] chunk_pool& pool_at(std::size_t index) const;
+  [[nodiscard]] std::size_t pool_index_of(const shared_chunk& chunk) const noexcept;
 
   std::shared_ptr<chunk_pool> pool_;
   growable_buffer_options options_;
-  address_range range_;
-  std::vector<mapped_chunk> chunks_;     // in address order from data()
-  std::vector<retirement> retirements_;  // ascending first_chunk; the tail of chunks_
-  std::size_t mapped_ = 0;               // bytes in active (non-retired) chunks
+  mapped_range run_;                     // every chunk mapped, retired ones included
+  std::vector<retirement> retirements_;  // ascending first_chunk; the tail of run_'s chunks
+  std::size_t capacity_ = 0;             // bytes in active (not retired) chunks
   std::size_t size_ = 0;
 };
 

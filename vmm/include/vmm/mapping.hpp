@@ -36,16 +36,20 @@ class mapping {
   mapping& operator=(const mapping&) = delete;
   ~mapping();
 
-  [[nodiscard]] std::uintptr_t get() const noexcept { return address_; }
+  /// The first address (0 when empty).
+  [[nodiscard]] std::uintptr_t address() const noexcept { return address_; }
   [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address_); }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
   /// Changes the access of the whole mapping.
   void set_access(access_mode mode);
-  /// Gives up ownership: the caller must unmap [get(), get() + size()).
+  /// Gives up ownership: the caller must unmap [address(), address() + size()).
   std::uintptr_t release() noexcept;
-  /// Unmaps now (reporting, not throwing, on failure) and becomes empty.
-  void reset() noexcept;
+  /// Unmaps now and becomes empty. Returns false when the unmap failed (the failure is
+  /// reported, not thrown): the mapping then still owns the range, and a later reset()
+  /// tries again; the destructor tries once more and then gives up. While memory could not
+  /// be unmapped, whoever owns it must not hand it to anyone else.
+  bool reset() noexcept;
 
  private:
   mapping(const physical_allocation& memory, std::uintptr_t address);  // maps, no access

@@ -10,8 +10,8 @@
 
 namespace vmm {
 
-/// Owns a physical memory handle; releases it on destruction. Mappings of it stay valid
-/// after release (the memory lives until its last mapping goes). Move-only.
+/// Owns a physical memory handle; destroys it on destruction. Mappings of it stay valid
+/// after that (the memory lives until its last mapping goes). Move-only.
 class physical_allocation {
  public:
   /// An empty allocation.
@@ -25,6 +25,12 @@ class physical_allocation {
   /// @throws vmm::invalid_argument the fd is not such memory, or the size does not match.
   [[nodiscard]] static physical_allocation import_fd(std::shared_ptr<memory_provider> provider,
                                                      int fd, std::size_t size);
+  /// Takes ownership of a handle of `size` bytes obtained outside the provider (vmm::ipc
+  /// imports fabric handles through the driver): see memory_provider::adopt().
+  /// @throws vmm::invalid_argument the provider is null or the size is not a multiple of
+  ///         the granularity; the handle is then still the caller's.
+  [[nodiscard]] static physical_allocation adopt(std::shared_ptr<memory_provider> provider,
+                                                 physical_handle handle, std::size_t size);
   physical_allocation(physical_allocation&& other) noexcept;
   physical_allocation& operator=(physical_allocation&& other) noexcept;
   physical_allocation(const physical_allocation&) = delete;
@@ -41,9 +47,9 @@ class physical_allocation {
   /// Exports the memory as a new file descriptor (send it to another process).
   /// @throws vmm::invalid_argument the memory cannot be exported, or this is empty.
   [[nodiscard]] unique_fd export_fd() const;
-  /// Gives up ownership of the handle: the caller must release it through the provider.
+  /// Gives up ownership of the handle: the caller must destroy it through the provider.
   physical_handle release() noexcept;
-  /// Releases the handle now (reporting, not throwing, on failure) and becomes empty.
+  /// Destroys the handle now (reporting, not throwing, on failure) and becomes empty.
   void reset() noexcept;
 
  private:

@@ -3,6 +3,10 @@
 /// A ring buffer whose memory is mapped twice back to back, so that windows across the
 /// wrap point are contiguous.
 ///
+///     vmm::ring_buffer ring(vmm::location::device(0), 64 << 20, {.stream = stream});
+///     producer<<<1, 256, 0, stream.get()>>>(ring.view());   // records straddle the wrap
+///     consumer<<<1, 256, 0, stream.get()>>>(ring.view());   // read through plain pointers
+///
 /// Capacity C is backed by C bytes of physical memory (one chunk from a chunk_pool), mapped
 /// at [p, p + C) and again at [p + C, p + 2C) by one vmm::chunk_view whose chunk list names
 /// the chunk twice. Any window of length <= C that starts in [0, C) is then contiguous
@@ -38,8 +42,9 @@ struct ring_buffer_options {
   /// accessors, read-write).
   std::vector<access_grant> access;
   /// The stream work on the ring is queued on: construction zeroes the counters on it (and
-  /// waits for that), destruction waits for it. nullptr is the legacy default stream.
-  stream_handle stream = nullptr;
+  /// waits for that), destruction is ordered after it. The legacy default stream when not
+  /// given.
+  stream_ref stream;
 };
 
 /// See the file comment. Move-only.
@@ -56,7 +61,7 @@ class ring_buffer {
   ring_buffer& operator=(ring_buffer&& other) noexcept;
   ring_buffer(const ring_buffer&) = delete;
   ring_buffer& operator=(const ring_buffer&) = delete;
-  /// Waits for the stream, unmaps, and gives the chunks back to the pool.
+  /// Retires the ring after its stream (never blocks), then its chunks go back to the pool.
   ~ring_buffer() = default;
 
   /// The first byte of the ring; [data(), data() + 2 * capacity()) is mapped, its second
@@ -77,7 +82,7 @@ class ring_buffer {
   void reset();
   /// The doubly mapped memory and the control block, as one view.
   [[nodiscard]] const chunk_view& memory() const noexcept { return view_; }
-  [[nodiscard]] stream_handle stream() const noexcept { return view_.stream(); }
+  [[nodiscard]] stream_ref stream() const noexcept { return view_.stream(); }
 
  private:
   [[nodiscard]] std::uint64_t read_counter(std::size_t offset) const;

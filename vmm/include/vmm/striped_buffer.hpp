@@ -2,6 +2,11 @@
 /// @file
 /// One address range whose stripes live on several GPUs.
 ///
+///     vmm::striped_buffer b({0, 1}, 16ull << 30, {.stripe_size = 64 << 20});
+///     // each GPU reads its own stripes at local bandwidth, through the one pointer:
+///     for (int d : b.devices())
+///       sum_own_stripes<<<...>>>(b.data(), b.layout(), b.device_index(d));
+///
 /// A striped_buffer reserves one range of virtual addresses and maps into it one physical
 /// chunk per stripe, each created on the GPU the vmm::stripe_layout assigns that stripe to:
 /// round-robin stripes of a settable size, or one contiguous block per GPU. A kernel on any
@@ -22,9 +27,10 @@
 /// per stripe and accessor. Large stripes (64 MiB) also stream faster than small ones.
 ///
 /// Kernels address the whole range through one pointer; host code that wants to know where
-/// a byte lives asks layout() or device_of(). Like every vmm buffer, destruction waits for
-/// the streams work on the buffer is queued on (see striped_buffer_options::streams) before
-/// it unmaps: cuMemUnmap does not wait for kernels still running.
+/// a byte lives asks layout() or device_of(). Like every vmm buffer, destruction does not
+/// block: the buffer is retired after the streams work on it is queued on (see
+/// striped_buffer_options::streams) and unmapped once they have passed
+/// (vmm/retirement.hpp): cuMemUnmap does not wait for kernels still running.
 
 #include <cstddef>
 #include <cstdint>
@@ -32,26 +38,20 @@
 #include <span>
 #include <vector>
 
-#include "vmm/address_range.hpp"
 #include "vmm/chunk_pool.hpp"
-#include "vmm/growable_buffer.hpp"
 #include "vmm/location.hpp"
-#include "vmm/mapping.hpp"
+#include "vmm/mapped_range.hpp"
 #include "vmm/provider.hpp"
+#include "vmm/shared_chunk.hpp"
+#include "vmm/stream_ref.hpp"
 #include "vmm/stripe_layout.hpp"
 
 namespace vmm {
 
-/// The access one GPU gets to a whole striped_buffer.
-struct device_access {
-  int device = 0;  ///< CUDA device ordinal
-  access_mode mode = access_mode::read_write;
-};
-
 /// A stream on one GPU that work on a striped_buffer is queued on.
 struct device_stream {
   int device = 0;  ///< the ordinal of the device the stream belongs to
-  stream_handle stream = nullptr;
+  stream_ref stream;
 };
 
 /// Settings of a striped_buffer.
@@ -62,15 +62,16 @@ struct striped_buffer_options {
   /// balance small buffers better.
   std::size_t stripe_size = 0;
   stripe_mode mode = stripe_mode::round_robin;
-  /// Who gets access, one entry per device (devices holding no stripe may be named too).
-  /// Empty: every device of the list, read-write. A device not named gets no access, even
-  /// to its own stripes. access_mode::none entries are allowed and grant nothing.
-  std::vector<device_access> access;
+  /// Who gets access, one entry per GPU (accessor::device; GPUs holding no stripe may be
+  /// named too). Empty: every device of the list, read-write. A device not named gets no
+  /// access, even to its own stripes. access_mode::none entries are allowed and grant
+  /// nothing.
+  std::vector<access_grant> access;
   /// Pools to take each device's chunks from, parallel to the device list (pools[i] must
   /// hold memory of devices[i]). Empty: default_pool(location::device(d)) for each.
   std::vector<std::shared_ptr<chunk_pool>> pools;
-  /// Streams work on the buffer is queued on: destruction waits for each of them, and for
-  /// the legacy default stream of every device that holds stripes or has access.
+  /// Streams work on the buffer is queued on: destruction is ordered after each of them, and
+  /// after the legacy default stream of every device that holds stripes or has access.
   std::vector<device_stream> streams;
 };
 
@@ -88,7 +89,8 @@ class striped_buffer {
   /// against each device's granularity, and peer access for every (accessor, holder) pair.
   /// @param devices CUDA device ordinals, in the order the layout deals stripes to them.
   /// @throws vmm::invalid_argument the device list is empty, names a device twice or a
-  ///         negative one; size is 0; options.access names a device twice or a negative one;
+  ///         negative one; size is 0; options.access names a device twice, a negative one,
+  ///         or the host;
   ///         options.pools does not match the device list (count, null, or memory of another
   ///         location); the mode is unknown (all before any driver call); a device does not
   ///         exist; a stream names a device that neither holds stripes nor has access; the
@@ -106,14 +108,14 @@ class striped_buffer {
   striped_buffer& operator=(striped_buffer&& other) noexcept;
   striped_buffer(const striped_buffer&) = delete;
   striped_buffer& operator=(const striped_buffer&) = delete;
-  /// Waits for the buffer's streams (see striped_buffer_options::streams), then unmaps
-  /// every stripe, frees the range and gives the chunks back to their pools.
+  /// Retires the buffer after its streams (see striped_buffer_options::streams): never
+  /// blocks; the stripes are unmapped and go back to their pools once the streams pass.
   ~striped_buffer();
 
   /// The first byte: every stripe, on every device, through this one pointer.
-  [[nodiscard]] void* data() const noexcept { return range_.data(); }
+  [[nodiscard]] void* data() const noexcept { return run_.data(); }
   /// The first byte as an address.
-  [[nodiscard]] std::uintptr_t get() const noexcept { return range_.get(); }
+  [[nodiscard]] std::uintptr_t address() const noexcept { return run_.address(); }
   /// Bytes mapped: the size asked for, rounded up to the granularity.
   [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(layout_.size); }
   /// Where every byte lives: pass it to kernels by value, with device_index() of the GPU
@@ -122,7 +124,7 @@ class striped_buffer {
   /// The device ordinals, in layout order: layout device index i is devices()[i].
   [[nodiscard]] const std::vector<int>& devices() const noexcept { return devices_; }
   /// The access granted, one entry per device named (the defaults filled in).
-  [[nodiscard]] const std::vector<device_access>& access() const noexcept { return access_; }
+  [[nodiscard]] const std::vector<access_grant>& access() const noexcept { return access_; }
   /// The pools the chunks came from, parallel to devices().
   [[nodiscard]] const std::vector<std::shared_ptr<chunk_pool>>& pools() const noexcept {
     return pools_;
@@ -130,7 +132,7 @@ class striped_buffer {
   /// The physical chunks, one per stripe, in address order; chunk i's provider says which
   /// device it was created on. Map them elsewhere (vmm::chunk_view) for a second view,
   /// e.g. one device's stripes back to back.
-  [[nodiscard]] const std::vector<shared_chunk>& chunks() const noexcept { return chunks_; }
+  [[nodiscard]] const std::vector<shared_chunk>& chunks() const noexcept { return run_.chunks(); }
 
   /// The ordinal of the device that holds byte `offset`.
   /// @throws vmm::invalid_argument offset >= size().
@@ -138,39 +140,24 @@ class striped_buffer {
   /// The layout's index of device `ordinal` (what a kernel on it passes to stripes_of()).
   /// @throws vmm::invalid_argument the device is not in devices().
   [[nodiscard]] std::uint32_t device_index(int ordinal) const;
-  /// Makes destruction wait for `stream` (a stream of device `ordinal`) as well.
+  /// Orders destruction after `stream` (a stream of device `ordinal`) as well.
   /// @throws vmm::invalid_argument the device neither holds stripes nor has access.
-  void add_stream(int ordinal, stream_handle stream);
+  void add_stream(int ordinal, stream_ref stream);
 
  private:
-  // A device that holds stripes or has access: destruction waits for its streams.
+  // A device that holds stripes or has access: destruction is ordered after its streams.
   struct device_user {
     int device;
-    std::shared_ptr<memory_provider> provider;  // runs the waits in the device's context
-    std::vector<stream_handle> streams;         // always holds nullptr, the legacy stream
+    stream_executor* executor;      // records the points in the device's context
+    std::vector<stream_ref> streams;  // always holds the legacy default stream
   };
 
-  // Declaration order is destruction order reversed: the mappings go first, then the
-  // range, then the chunks; so a constructor that throws half-way leaves nothing behind.
   std::vector<int> devices_;
-  std::vector<device_access> access_;
+  std::vector<access_grant> access_;
   std::vector<std::shared_ptr<chunk_pool>> pools_;
   std::vector<device_user> users_;
   stripe_layout layout_;
-  std::vector<shared_chunk> chunks_;
-  address_range range_;
-  std::vector<mapping> mappings_;
+  mapped_range run_;
 };
-
-namespace detail {
-
-/// Throws vmm::invalid_argument naming both devices for the first accessor in `access`
-/// (mode other than none) that `can_access(accessor, holder)` says cannot reach a holder
-/// in `holders` (accessor != holder). striped_buffer calls it with vmm::can_access_peer;
-/// tests call it with a stand-in.
-void require_peer_access(std::span<const int> holders, std::span<const device_access> access,
-                         bool (*can_access)(int accessor, int holder));
-
-}  // namespace detail
 
 }  // namespace vmm

@@ -10,6 +10,7 @@ namespace vmm::driver {
 int device_count() {
   int count = 0;
   VMM_DRIVER_CHECK(cuDeviceGetCount, [] { return std::string("cuDeviceGetCount()"); }, &count);
+  if (count == 0) throw driver_unavailable(CUDA_ERROR_NO_DEVICE, "the CUDA driver sees no GPU");
   return count;
 }
 

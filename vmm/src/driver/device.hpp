@@ -10,7 +10,8 @@
 
 namespace vmm::driver {
 
-// Number of GPUs the driver sees. Throws driver_unavailable.
+// Number of GPUs the driver sees (at least 1). Throws driver_unavailable when there is no
+// driver or no GPU.
 int device_count();
 
 // Throws vmm::invalid_argument naming `ordinal` and the device count when it is out of range.

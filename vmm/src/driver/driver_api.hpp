@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "fault_injection.hpp"
+
 namespace vmm::driver {
 
 // (name, pinned CUDA version). Keep it sorted by topic; every entry point vmm uses is here.
@@ -82,19 +84,22 @@ std::string error_name(CUresult result) noexcept;
 // Throws driver_unavailable: "the driver (version N) is too old for <name>".
 [[noreturn]] void throw_missing(const char* name);
 
-// Calls an entry point that may be missing (driver too old), checking both.
+// Calls an entry point that may be missing (driver too old): the one place every driver
+// call goes through, so a test can make the Nth of them fail (fault_injection.hpp).
+template <class Fn, class... Args>
+CUresult try_call(Fn* entry, Args... args) noexcept {
+  if (entry == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (int injected = 0; detail::fault::fail_here(detail::fault::driver, injected))
+    return static_cast<CUresult>(injected);
+  return entry(args...);
+}
+
+// The throwing form: checks that the entry point exists and that the call succeeded.
 // `describe` builds the "call(arguments)" text only when an error is thrown.
 template <class Fn, class Describe, class... Args>
 void check(Fn* entry, const char* name, Describe&& describe, Args... args) {
   if (entry == nullptr) throw_missing(name);
-  if (CUresult result = entry(args...); result != CUDA_SUCCESS) throw_error(result, describe());
-}
-
-// The form for cleanup paths: returns the result instead of throwing
-// (CUDA_ERROR_NOT_FOUND when the entry point is missing).
-template <class Fn, class... Args>
-CUresult try_call(Fn* entry, Args... args) noexcept {
-  return entry == nullptr ? CUDA_ERROR_NOT_FOUND : entry(args...);
+  if (CUresult result = try_call(entry, args...); result != CUDA_SUCCESS) throw_error(result, describe());
 }
 
 }  // namespace vmm::driver

@@ -6,17 +6,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <optional>
+#include <limits>
+#include <string>
 
+#include "os/system.hpp"
 #include "vmm/error.hpp"
-#include "vmm/unique_fd.hpp"
 
 namespace vmm::detail {
 namespace {
 
 constexpr const char* provider_name = "os host";
+constexpr int required_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 [[noreturn]] void throw_errno(int error, const std::string& call) {
   if (error == ENOMEM || error == ENOSPC)
@@ -26,190 +32,220 @@ constexpr const char* provider_name = "os host";
 
 int fd_of(physical_handle handle) { return static_cast<int>(handle); }
 
+std::size_t page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+
 std::size_t checked_granularity(std::size_t granularity) {
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  if (!std::has_single_bit(granularity) || granularity < page)
+  if (!std::has_single_bit(granularity) || granularity < page_size())
     throw invalid_argument(fmt::format(
         "os host: granularity {} is not a power-of-two multiple of the page size {}", granularity,
-        page));
+        page_size()));
   return granularity;
+}
+
+// The first number in `path` (a cgroup file such as memory.max), or nullopt ("max", absent).
+std::optional<std::size_t> read_number(const char* path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word.empty() || word.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  try {
+    return static_cast<std::size_t>(std::stoull(word));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<std::size_t> mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return std::nullopt;
+}
+
+// What the memory cgroup still allows: v2 memory.max - memory.current, else v1.
+std::optional<std::size_t> cgroup_room() {
+  const std::pair<const char*, const char*> files[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_file, usage_file] : files) {
+    const auto limit = read_number(limit_file);
+    if (!limit || *limit >= (std::size_t{1} << 60)) continue;  // "max", or v1's huge "no limit"
+    const std::size_t used = read_number(usage_file).value_or(0);
+    return *limit > used ? *limit - used : 0;
+  }
+  return std::nullopt;
+}
+
+// Duplicates `fd` close-on-exec.
+unique_fd duplicate(int fd, const char* what) {
+  unique_fd copy(os::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy) throw_errno(errno, fmt::format("os host: {} (fcntl F_DUPFD_CLOEXEC of fd {})", what, fd));
+  return copy;
 }
 
 }  // namespace
 
-os_host_provider::os_host_provider(std::size_t granularity)
-    : granularity_(checked_granularity(granularity)), rules_{granularity_, provider_name} {}
-
-std::span<const location> os_host_provider::default_accessors() const noexcept {
-  static constexpr location host[] = {location::os_host()};
-  return host;
+std::size_t safe_commit_budget(std::size_t floor) {
+  std::size_t room = mem_available().value_or(static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) *
+                                              page_size());
+  if (const auto cgroup = cgroup_room()) room = std::min(room, *cgroup);
+  const std::size_t headroom = std::max<std::size_t>(room / 8, std::size_t{256} << 20);
+  return std::max(floor, room > headroom ? room - headroom : 0);
 }
 
-std::uintptr_t os_host_provider::reserve(std::size_t size, std::size_t alignment) {
-  rules_.check_size(size, "reserve");
-  alignment = rules_.check_alignment(alignment);
-  // Over-reserve by the alignment, then give back the unaligned head and the tail. mmap
+namespace {
+
+provider_capabilities os_capabilities(const os_host_options& options) {
+  provider_capabilities result;
+  result.where = location::os_host();
+  result.granularity = checked_granularity(options.granularity);
+  result.recommended_granularity = result.granularity;
+  const std::size_t budget =
+      options.commit_budget != 0 ? options.commit_budget : safe_commit_budget(result.granularity);
+  result.physical_memory_size = budget / result.granularity * result.granularity;
+  result.default_accessors = {accessor::host()};
+  result.export_kind = handle_kind::posix_fd;
+  result.fabric_unavailable_reason = "os host memory has no fabric handles (only GPU memory does)";
+  result.host_accessible = true;
+  result.synchronous = true;
+  return result;
+}
+
+}  // namespace
+
+os_host_provider::os_host_provider(os_host_options options)
+    : memory_provider(os_capabilities(options), std::make_shared<vmm::address_space>(provider_name),
+                      host_executor()) {}
+
+std::uintptr_t os_host_provider::do_allocate_range(std::size_t size, std::size_t alignment) {
+  // Over-allocate by the alignment, then give back the unaligned head and the tail. mmap
   // only promises page alignment, so the worst head to skip is alignment - page.
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t padded = size + alignment - page;
-  if (padded < size) throw out_of_memory(fmt::format("os host: reserve of {} bytes overflows", size));
-  void* base = ::mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  const std::size_t padded = size + alignment - page_size();
+  if (padded < size)
+    throw invalid_argument(fmt::format("os host: an address range of {} bytes overflows", size));
+  void* base = os::mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED)
-    throw_errno(errno, fmt::format("os host: mmap(PROT_NONE) reserve of {} bytes", size));
+    throw_errno(errno, fmt::format("os host: mmap(PROT_NONE) of a {}-byte address range", size));
   const auto start = reinterpret_cast<std::uintptr_t>(base);
   const std::uintptr_t aligned = (start + alignment - 1) & ~(alignment - 1);
-  if (aligned > start) ::munmap(base, aligned - start);
-  if (const std::uintptr_t end = start + padded; end > aligned + size)
-    ::munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
-  std::lock_guard lock(mutex_);
-  registry_.add_reservation(aligned, size);
+  const std::uintptr_t end = start + padded;
+  // Trim the tail first: if the head's munmap fails after it, the whole padded range is
+  // still one piece to give back.
+  if (end > aligned + size &&
+      os::munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size)) != 0) {
+    const int error = errno;
+    ::munmap(base, padded);
+    throw_errno(error, fmt::format("os host: munmap of the {}-byte tail padding", end - aligned - size));
+  }
+  if (aligned > start && os::munmap(base, aligned - start) != 0) {
+    const int error = errno;
+    ::munmap(base, aligned + size - start);
+    throw_errno(error, fmt::format("os host: munmap of the {}-byte head padding", aligned - start));
+  }
   return aligned;
 }
 
-void os_host_provider::free_range(std::uintptr_t address, std::size_t size) {
-  std::lock_guard lock(mutex_);
-  registry_.check_free(rules_, address, size);
-  if (::munmap(reinterpret_cast<void*>(address), size) != 0)
+void os_host_provider::do_free_range(std::uintptr_t address, std::size_t size) {
+  if (os::munmap(reinterpret_cast<void*>(address), size) != 0)
     throw_errno(errno, fmt::format("os host: munmap({:#x}, {})", address, size));
-  registry_.remove_reservation(address);
 }
 
-physical_handle os_host_provider::create(std::size_t size) {
-  rules_.check_size(size, "create");
-  unique_fd fd(::memfd_create("vmm", MFD_CLOEXEC));
+physical_handle os_host_provider::do_create(std::size_t size) {
+  const std::size_t budget = capabilities().physical_memory_size;
+  const std::size_t committed = committed_.load();
+  if (size > budget || committed > budget - size)
+    throw out_of_memory(fmt::format(
+        "os host: creating {} bytes would pass the commit budget of {} bytes ({} committed); "
+        "set os_host_options::commit_budget to change it",
+        size, budget, committed));
+  unique_fd fd(os::memfd_create("vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno(errno, "os host: memfd_create");
   // fallocate commits the pages now, so that running out is an error here, not a SIGBUS on
   // first touch.
   int result = 0;
   do {
-    result = ::fallocate(fd.get(), 0, 0, static_cast<off_t>(size));
+    result = os::fallocate(fd.get(), 0, 0, static_cast<off_t>(size));
   } while (result != 0 && errno == EINTR);
   if (result != 0) throw_errno(errno, fmt::format("os host: fallocate of {} bytes", size));
-  std::lock_guard lock(mutex_);
-  registry_.add_handle(static_cast<physical_handle>(fd.get()), size);
+  if (os::fcntl(fd.get(), F_ADD_SEALS, required_seals) != 0)
+    throw_errno(errno, "os host: sealing the memfd (F_ADD_SEALS shrink, grow, seal)");
+  created_.emplace(static_cast<physical_handle>(fd.get()), size);
+  committed_ += size;
   return static_cast<physical_handle>(fd.release());
 }
 
-void os_host_provider::release(physical_handle handle) {
-  std::lock_guard lock(mutex_);
-  (void)registry_.handle_size(rules_, handle);
-  registry_.remove_handle(handle);
+void os_host_provider::do_destroy(physical_handle handle) {
+  if (auto it = created_.find(handle); it != created_.end()) {
+    committed_ -= it->second;
+    created_.erase(it);
+  }
   ::close(fd_of(handle));
 }
 
-std::size_t os_host_provider::size_of(physical_handle handle) const {
-  std::lock_guard lock(mutex_);
-  return registry_.handle_size(rules_, handle);
-}
-
-void os_host_provider::map(std::uintptr_t address, std::size_t size, physical_handle handle) {
-  std::lock_guard lock(mutex_);
-  registry_.check_map(rules_, address, size, handle);
-  if (::mmap(reinterpret_cast<void*>(address), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
-             fd_of(handle), 0) == MAP_FAILED)
+void os_host_provider::do_map(std::uintptr_t address, std::size_t size, physical_handle handle) {
+  if (os::mmap(reinterpret_cast<void*>(address), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+               fd_of(handle), 0) == MAP_FAILED)
     throw_errno(errno, fmt::format("os host: mmap(MAP_FIXED) of {} bytes at {:#x}", size, address));
-  registry_.add_mapping(address, size, handle);
 }
 
-void os_host_provider::unmap(std::uintptr_t address, std::size_t size) {
-  std::lock_guard lock(mutex_);
-  registry_.check_covered(rules_, address, size, "unmap");
-  if (::mmap(reinterpret_cast<void*>(address), size, PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED)
+void os_host_provider::do_unmap(std::uintptr_t address, std::size_t size) {
+  if (os::mmap(reinterpret_cast<void*>(address), size, PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED)
     throw_errno(errno, fmt::format("os host: unmap of {} bytes at {:#x}", size, address));
-  registry_.remove_mappings(address, size);
 }
 
-void os_host_provider::set_access(std::uintptr_t address, std::size_t size,
-                                  std::span<const access_grant> grants) {
+void os_host_provider::do_set_access(std::uintptr_t address, std::size_t size,
+                                     std::span<const access_grant> grants) {
   int protection = PROT_NONE;
   for (const access_grant& grant : grants) {
-    if (grant.accessor.kind != memory_kind::os_host)
-      throw invalid_argument(fmt::format("os host: {} cannot be given access to OS host memory",
-                                         to_string(grant.accessor)));
+    if (grant.who != accessor::host())
+      throw invalid_argument(
+          fmt::format("os host: {} cannot be given access to OS host memory", to_string(grant.who)));
     if (grant.mode == access_mode::read_only) protection = PROT_READ;
     if (grant.mode == access_mode::read_write) protection = PROT_READ | PROT_WRITE;
   }
-  std::lock_guard lock(mutex_);
-  registry_.check_covered(rules_, address, size, "set_access");
-  if (::mprotect(reinterpret_cast<void*>(address), size, protection) != 0)
+  if (os::mprotect(reinterpret_cast<void*>(address), size, protection) != 0)
     throw_errno(errno, fmt::format("os host: mprotect of {} bytes at {:#x}", size, address));
 }
 
-int os_host_provider::export_fd(physical_handle handle) {
-  std::lock_guard lock(mutex_);
-  (void)registry_.handle_size(rules_, handle);
-  const int fd = ::fcntl(fd_of(handle), F_DUPFD_CLOEXEC, 0);
-  if (fd < 0) throw_errno(errno, "os host: export (fcntl F_DUPFD_CLOEXEC)");
-  return fd;
+int os_host_provider::do_export_fd(physical_handle handle) {
+  return duplicate(fd_of(handle), "export").release();
 }
 
-physical_handle os_host_provider::import_fd(int fd, std::size_t size) {
-  rules_.check_size(size, "import");
+physical_handle os_host_provider::do_import_fd(int fd, std::size_t size) {
   struct stat status {};
-  if (::fstat(fd, &status) != 0)
-    throw invalid_argument(fmt::format("os host: import of fd {}: not an open file ({})", fd,
-                                       std::strerror(errno)));
+  if (os::fstat(fd, &status) != 0) {
+    if (errno == EBADF)
+      throw invalid_argument(fmt::format("os host: import of fd {}: not an open descriptor", fd));
+    throw_errno(errno, fmt::format("os host: fstat of fd {} for import", fd));
+  }
   if (!S_ISREG(status.st_mode))
     throw invalid_argument(fmt::format("os host: import of fd {}: not a memory file", fd));
+  const int seals = os::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    if (errno == EINVAL)
+      throw invalid_argument(fmt::format(
+          "os host: import of fd {}: not a sealable memory file (F_GET_SEALS refused)", fd));
+    throw_errno(errno, fmt::format("os host: F_GET_SEALS of fd {} for import", fd));
+  }
+  if ((seals & required_seals) != required_seals) {
+    std::string missing;
+    for (const auto& [seal, name] : {std::pair{F_SEAL_SHRINK, "F_SEAL_SHRINK"},
+                                     std::pair{F_SEAL_GROW, "F_SEAL_GROW"},
+                                     std::pair{F_SEAL_SEAL, "F_SEAL_SEAL"}})
+      if ((seals & seal) == 0) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", name);
+    throw invalid_argument(fmt::format(
+        "os host: import of fd {}: the memory file lacks the seal(s) {} (a peer could resize it "
+        "under the mapping)",
+        fd, missing));
+  }
   if (static_cast<std::size_t>(status.st_size) != size)
     throw invalid_argument(fmt::format("os host: import of fd {}: it holds {} bytes, not {}", fd,
                                        status.st_size, size));
-  unique_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!copy) throw_errno(errno, "os host: import (fcntl F_DUPFD_CLOEXEC)");
-  std::lock_guard lock(mutex_);
-  registry_.add_handle(static_cast<physical_handle>(copy.get()), size);
-  return static_cast<physical_handle>(copy.release());
-}
-
-void os_host_provider::copy(void* destination, const void* source, std::size_t n, stream_handle) {
-  std::memmove(destination, source, n);
-}
-
-void os_host_provider::fill(void* destination, std::uint8_t value, std::size_t n, stream_handle) {
-  std::memset(destination, value, n);
-}
-
-void os_host_provider::synchronize(stream_handle) {}
-
-// The OS provider works synchronously: every event has passed when it is made, and the
-// interprocess form is a fixed token no GPU event handle can be mistaken for.
-event_handle os_host_provider::record_event(stream_handle) { return 0; }
-void os_host_provider::record_event_at(event_handle, stream_handle) {}
-void os_host_provider::stream_wait_event(stream_handle, event_handle) {}
-
-event_handle os_host_provider::create_interprocess_event(interprocess_event_handle* exported) {
-  if (exported == nullptr) throw invalid_argument("os host: create_interprocess_event(nullptr)");
-  *exported = host_event_token();
-  return 0;
-}
-
-event_handle os_host_provider::open_interprocess_event(const interprocess_event_handle& handle) {
-  if (handle != host_event_token())
-    throw invalid_argument(
-        "os host: the interprocess event handle is not a host event's (a GPU event cannot be "
-        "opened through a host provider)");
-  return 0;
-}
-
-std::string os_host_provider::fabric_unavailable_reason() const {
-  return "os host memory has no fabric handles (only GPU memory does)";
-}
-
-fabric_handle os_host_provider::export_fabric(physical_handle) {
-  throw invalid_argument("os host: fabric handles are not available: " + fabric_unavailable_reason());
-}
-
-physical_handle os_host_provider::import_fabric(const fabric_handle&, std::size_t) {
-  throw invalid_argument("os host: fabric handles cannot be imported here: " + fabric_unavailable_reason());
-}
-bool os_host_provider::event_done(event_handle) { return true; }
-void os_host_provider::wait_event(event_handle) {}
-void os_host_provider::destroy_event(event_handle) noexcept {}
-
-std::size_t os_host_provider::physical_memory_size() const {
-  return static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) *
-         static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return static_cast<physical_handle>(duplicate(fd, "import").release());
 }
 
 }  // namespace vmm::detail

@@ -2,6 +2,13 @@
 /// @file
 /// The exporting side of sharing: buffers become a manifest plus file descriptors.
 ///
+///     vmm::ipc::exporter exporter;
+///     vmm::ipc::exported_manifest sent = exporter.export_buffer(buffer);
+///     vmm::ipc::send_manifest(socket, sent);                 // the importer maps it
+///     buffer.resize(2 * buffer.size());
+///     sent = exporter.export_growth(buffer, sent.description);
+///     vmm::ipc::send_manifest(socket, sent);                 // only the new chunks travel
+///
 /// Export cost and the cache. The first cuMemExportToShareableHandle of a physical handle
 /// costs the driver 570-720 us; a later export of the same handle 15-19 us (GPU-FACTS.md).
 /// An exporter therefore exports each chunk once and keeps the resulting fd (or fabric
@@ -15,17 +22,22 @@
 /// through the exporter or at purge(); a cached fd never keeps memory alive beyond that.
 /// A chunk given back to a pool and lent again is a new chunk: it is exported afresh.
 ///
-/// Live growth. An importer that maps [0, n) of a growable buffer follows its growth with
-/// export_growth(buffer, n): a manifest of the chunks past n only, at their offsets. The
-/// exporter remembers which chunks it exported for each buffer, and refuses a growth
-/// manifest when the chunks below n are no longer those (the buffer shrank and grew
-/// again): the importer would otherwise keep mapping memory the buffer no longer uses.
+/// Live growth. Each export_buffer() starts an export generation, named by the manifest's
+/// buffer_id. An importer follows the buffer's growth with export_growth(buffer, last),
+/// `last` being the last manifest sent to that importer: a manifest of the chunks past
+/// last.end only, at their offsets, in the same generation. The exporter keeps, per
+/// generation, every chunk it ever exported in it, at its offset, and refuses a growth
+/// manifest when the buffer no longer maps one of them there (it shrank and grew again):
+/// an importer of that generation may map the old chunk, and would show bytes the buffer
+/// no longer holds. Importers of different generations are checked apart, so one importer
+/// being up to date never lets another map stale memory.
 ///
 /// The cache holds one fd per exported chunk: a buffer of thousands of chunks needs as many
 /// descriptors (raise RLIMIT_NOFILE, or grow in larger chunks). All functions are
 /// thread-safe.
 
 #include <vmm/chunk_view.hpp>
+#include <vmm/ipc/fabric.hpp>
 #include <vmm/growable_buffer.hpp>
 #include <vmm/ipc/fd_channel.hpp>
 #include <vmm/ipc/manifest.hpp>
@@ -57,8 +69,8 @@ struct export_options {
   /// enforce.
   access_mode grant = access_mode::read_write;
   /// The handle kind for every chunk; nullopt: each chunk's provider's
-  /// export_handle_kind() (fabric where the device and an IMEX channel allow it, else a
-  /// POSIX fd).
+  /// capabilities().export_kind (fabric where the device and an IMEX channel allow it, else
+  /// a POSIX fd).
   std::optional<handle_kind> handle;
 };
 
@@ -100,16 +112,19 @@ class exporter {
   ///         chunk, or mixes kinds of memory.
   [[nodiscard]] exported_manifest export_chunks(std::span<const shared_chunk> chunks,
                                                 export_options options = {});
-  /// The chunks of `buffer` past `importer_end`, for an importer that maps [0, importer_end)
-  /// from an earlier export_buffer() or export_growth() of this buffer by this exporter.
-  /// An importer that is up to date gets a manifest with no chunks (carrying the new size).
-  /// @throws vmm::invalid_argument the buffer was not exported whole by this exporter,
-  ///         importer_end is not a chunk boundary, or the chunks below it changed since they
-  ///         were exported (the buffer shrank: the importer must import it again).
-  [[nodiscard]] exported_manifest export_growth(const growable_buffer& buffer, std::size_t importer_end,
+  /// The chunks of `buffer` past last.end, for an importer whose last manifest from this
+  /// exporter was `last` (the whole manifest of export_buffer() or a growth manifest since):
+  /// a growth manifest of the same generation. An importer that is up to date gets a
+  /// manifest with no chunks (carrying the new size).
+  /// @throws vmm::invalid_argument `last` is not of a generation this exporter started for
+  ///         this buffer, last.end is not a chunk boundary or lies past the capacity, or the
+  ///         buffer no longer maps a chunk the generation exported (it shrank and grew
+  ///         again: the importer must import it again).
+  [[nodiscard]] exported_manifest export_growth(const growable_buffer& buffer, const manifest& last,
                                                 export_options options = {});
 
-  /// Drops the entries whose chunks have died, closing their fds.
+  /// Drops the entries whose chunks have died, closing their fds, and the generations
+  /// whose chunks have all died.
   void purge();
   [[nodiscard]] export_statistics statistics() const;
 
@@ -119,8 +134,10 @@ class exporter {
     std::optional<fabric_handle> fabric;   // made on the first fabric export
   };
   using chunk_key = std::weak_ptr<const pooled_chunk>;
-  // The chunks last exported for a buffer, in address order from offset 0.
-  struct exported_layout {
+  // One export generation: every chunk exported in it, in address order from offset 0.
+  // Appended to by growth, never rewritten.
+  struct generation {
+    const void* buffer;  // the buffer's data(): its identity while it lives
     std::vector<chunk_key> chunks;
   };
 
@@ -130,7 +147,7 @@ class exporter {
 
   mutable std::mutex mutex_;
   std::map<chunk_key, cache_entry, std::owner_less<>> cache_;
-  std::map<std::uint64_t, exported_layout> layouts_;  // by buffer_id
+  std::map<std::uint64_t, generation> generations_;  // by buffer_id
   export_statistics statistics_;
 };
 

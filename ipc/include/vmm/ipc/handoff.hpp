@@ -8,14 +8,14 @@
 ///   (writes queued on stream s)
 ///   p.publish(s): record `ready` on s -------> c.acquire(t): stream t waits for `ready`
 ///                                              (reads queued on t)
-///   p.wait_consumed(s): s waits for `done` <-- c.release(t): record `done` on t
+///   p.wait_consumed(s): s waits for `done` <-- c.finish(t): record `done` on t
 ///   (now s may overwrite or release the memory)
 ///
 /// Neither host blocks: the waits are cuStreamWaitEvent. The socket carries the order of
 /// the records (a wait enqueued before the matching record would not wait at all); the
 /// events carry the order of the GPU work. The producer creates both events and the
 /// consumer opens them, so both live as long as the producer; destroy the producer only
-/// after the consumer is done with them (after its last release() arrived). If a process
+/// after the consumer is done with them (after its last finish() arrived). If a process
 /// dies with a record pending on the GPU, the other side's waits on that event may never
 /// complete: keep a timeout in whatever supervises the processes.
 ///
@@ -26,7 +26,7 @@
 /// the first message (type 1), the two events' 64-byte handles; type 2 is "ready", type 3
 /// "done", each carrying the sequence number of its round (1, 2, ...). Each is checked.
 
-#include <vmm/interprocess_event.hpp>
+#include <vmm/ipc/interprocess_event.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -48,13 +48,13 @@ class handoff_producer {
   /// and tells the consumer. Call once per round, after the writes are queued.
   /// @throws vmm::invalid_argument the previous round was not consumed yet.
   /// @throws vmm::os_error, vmm::driver_error.
-  void publish(stream_handle stream);
+  void publish(stream_ref stream);
   /// Receives the consumer's "done" for the current round and makes work queued on
   /// `stream` from now on wait for the consumer's work. The host does not wait for the
   /// GPU; it waits for the consumer's message.
   /// @throws vmm::invalid_argument nothing is published, or the message is not this round's.
   /// @throws vmm::ipc::peer_closed the consumer went away.
-  void wait_consumed(stream_handle stream);
+  void wait_consumed(stream_ref stream);
   /// The rounds published so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
 
@@ -79,14 +79,14 @@ class handoff_consumer {
 
   /// Receives the producer's "ready" for the next round and makes work queued on `stream`
   /// from now on wait for the producer's writes.
-  /// @throws vmm::invalid_argument the previous round was not released, or the message is
+  /// @throws vmm::invalid_argument the previous round was not finished, or the message is
   ///         not the next round's.
   /// @throws vmm::ipc::peer_closed the producer went away.
-  void acquire(stream_handle stream);
+  void acquire(stream_ref stream);
   /// Marks the end of the work queued on `stream` so far as the producer's to wait for,
-  /// and tells the producer.
+  /// and tells the producer that this round is finished.
   /// @throws vmm::invalid_argument nothing is acquired.
-  void release(stream_handle stream);
+  void finish(stream_ref stream);
   /// The rounds acquired so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
 
@@ -95,7 +95,7 @@ class handoff_consumer {
   interprocess_event ready_;
   interprocess_event done_;
   std::uint64_t sequence_ = 0;
-  bool released_ = true;
+  bool finished_ = true;
 };
 
 }  // namespace vmm::ipc

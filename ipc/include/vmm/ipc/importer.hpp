@@ -2,6 +2,11 @@
 /// @file
 /// The importing side of sharing: a manifest and its fds become a mapped address range.
 ///
+///     vmm::ipc::imported_buffer shared = vmm::ipc::imported_buffer::receive(socket,
+///                                            {.access = vmm::access_mode::read_only});
+///     reader<<<grid, block, 0, stream.get()>>>(shared.data(), shared.size());
+///     shared.receive_growth(socket);   // the exporter grew: same address, more chunks
+///
 /// An imported_buffer reserves the exporter's max_size at a new address, imports every
 /// chunk's handle and maps each chunk at its manifest offset, so that byte i of the import
 /// is byte base_offset + i of the exporter's buffer. Growth manifests map the new tail at
@@ -24,14 +29,19 @@
 /// exporter from a hostile process; give hostile processes nothing.
 ///
 /// Lifetimes. Imported memory lives while this process maps it, whatever the exporter does
-/// (it may release its buffer or exit). Destroying an imported_buffer waits for its stream,
-/// then unmaps, releases the imported handles and frees the range; if the importing process
-/// dies instead, the OS and the driver release the same, and the exporter holds nothing for
-/// it.
+/// (it may destroy its buffer or exit). Destroying an imported_buffer does not block: it is
+/// retired after its stream (vmm/retirement.hpp), then unmapped, its imported handles
+/// destroyed and its range freed; if the importing process dies instead, the OS and the
+/// driver release the same, and the exporter holds nothing for it.
+///
+/// Address space. A manifest says how many bytes to reserve (max_size); a peer could ask
+/// for more than this process can spare. import_options::max_size_limit bounds it (by
+/// default, the physical memory size of the manifest's location).
 
-#include <vmm/address_range.hpp>
 #include <vmm/ipc/fd_channel.hpp>
 #include <vmm/ipc/manifest.hpp>
+#include <vmm/mapped_range.hpp>
+#include <vmm/stream_ref.hpp>
 #include <vmm/unique_fd.hpp>
 
 #include <cstddef>
@@ -62,9 +72,12 @@ struct import_options {
   /// The provider for every chunk; null: provider_for() of each chunk's location. Its
   /// location and granularity must match the manifest's.
   std::shared_ptr<memory_provider> provider;
-  /// Where work using the import is queued: destruction waits for it (nullptr: the legacy
-  /// default stream).
-  stream_handle stream = nullptr;
+  /// Where work using the import is queued: destruction is ordered after it (the legacy
+  /// default stream when not given).
+  stream_ref stream;
+  /// The largest max_size a manifest may make this process reserve; 0: the physical memory
+  /// size of the manifest's location (provider_capabilities::physical_memory_size).
+  std::size_t max_size_limit = 0;
 };
 
 /// Another process's buffer, mapped here with its layout. See the file comment. Move-only.
@@ -79,6 +92,7 @@ class imported_buffer {
   ///         asked exceeds the grant, a location has no provider here, the granularity
   ///         differs, or a handle is not the memory the manifest says (wrong size, not
   ///         memory at all).
+  /// @throws vmm::invalid_argument the manifest's max_size passes max_size_limit.
   /// @throws vmm::out_of_memory no address range of max_size is left.
   /// @throws vmm::driver_error, vmm::os_error importing or mapping failed.
   /// Whatever the failure, nothing stays mapped or reserved.
@@ -92,7 +106,8 @@ class imported_buffer {
   imported_buffer& operator=(imported_buffer&& other) noexcept;
   imported_buffer(const imported_buffer&) = delete;
   imported_buffer& operator=(const imported_buffer&) = delete;
-  /// Waits for the stream, then unmaps, releases the imported handles and frees the range.
+  /// Retires the import after its stream (never blocks): unmapped, the imported handles
+  /// destroyed and the range freed once the stream has passed.
   ~imported_buffer();
 
   /// Maps the chunks of a growth manifest after what is mapped, with its fds.
@@ -107,32 +122,31 @@ class imported_buffer {
   void receive_growth(int socket_fd);
 
   /// The first byte (nullptr when empty); never changes, growth included.
-  [[nodiscard]] void* data() const noexcept { return range_.data(); }
+  [[nodiscard]] void* data() const noexcept { return run_.data(); }
   /// Bytes in use at the exporter when it sent the latest manifest (<= capacity()).
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// Bytes mapped.
-  [[nodiscard]] std::size_t capacity() const noexcept { return mapped_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return run_.mapped(); }
   /// The address range reserved: the exporter's max size.
-  [[nodiscard]] std::size_t max_size() const noexcept { return range_.size(); }
+  [[nodiscard]] std::size_t max_size() const noexcept { return run_.size(); }
   /// Chunks mapped.
-  [[nodiscard]] std::size_t chunk_count() const noexcept;
+  [[nodiscard]] std::size_t chunk_count() const noexcept { return run_.chunks().size(); }
   /// The access the mappings grant.
   [[nodiscard]] access_mode access() const noexcept { return access_; }
   /// The exporter's name for the buffer.
   [[nodiscard]] std::uint64_t buffer_id() const noexcept { return buffer_id_; }
   /// Where this import starts in the exporter's buffer.
   [[nodiscard]] std::uint64_t base_offset() const noexcept { return base_offset_; }
-  /// The provider the range was reserved through (null when empty).
+  /// The provider the range was allocated through (null when empty).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
-    return range_.provider();
+    return run_.provider();
   }
-  [[nodiscard]] stream_handle stream() const noexcept { return stream_; }
+  [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
   /// Orders destruction after work on `stream` instead.
-  void set_stream(stream_handle stream) noexcept { stream_ = stream; }
+  void set_stream(stream_ref stream) noexcept { stream_ = stream; }
 
  private:
   struct fd_source;
-  class imported_chunk;  // one imported handle, mapped; unmaps and releases on destruction
   struct unmapped {};
   // Checks a whole manifest and the options; maps nothing yet.
   imported_buffer(unmapped, const manifest& description, import_options options);
@@ -144,18 +158,15 @@ class imported_buffer {
   [[nodiscard]] std::shared_ptr<memory_provider> provider_of(const location& where) const;
 
   std::shared_ptr<memory_provider> chosen_provider_;  // import_options::provider
-  // Declaration order is destruction order reversed: the chunks (mappings and handles) go
-  // before the range.
-  address_range range_;
-  std::vector<imported_chunk> chunks_;
+  mapped_range run_;
   location where_;
   std::uint64_t buffer_id_ = 0;
   std::uint64_t granularity_ = 0;
   std::uint64_t base_offset_ = 0;
-  std::size_t mapped_ = 0;
+  std::size_t max_size_limit_ = 0;
   std::size_t size_ = 0;
   access_mode access_ = access_mode::none;
-  stream_handle stream_ = nullptr;
+  stream_ref stream_;
 };
 
 }  // namespace vmm::ipc

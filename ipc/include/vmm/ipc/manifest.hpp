@@ -22,7 +22,8 @@
 ///     13   3  reserved       0
 ///     16   4  location id    device ordinal or NUMA node (>= 0; 0 for os host)
 ///     20   4  reserved       0
-///     24   8  buffer_id      names the exported buffer (growth manifests must match it)
+///     24   8  buffer_id      names the export generation: a whole export and the growth that
+///                            follows it (growth manifests must match it)
 ///     32   8  granularity    the exporter's: a power of two >= 4096
 ///     40   8  max_size       bytes the importer reserves: non-zero multiple of granularity
 ///     48   8  base_offset    where the importer's range starts in the exporter's buffer
@@ -52,6 +53,7 @@
 
 #include <vmm/error.hpp>
 #include <vmm/location.hpp>
+#include <vmm/ipc/fabric.hpp>
 #include <vmm/provider.hpp>
 
 #include <cstddef>

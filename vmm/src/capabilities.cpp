@@ -19,11 +19,7 @@ int driver_version() {
   return version;
 }
 
-int device_count() {
-  const int count = driver::device_count();
-  if (count == 0) throw driver_unavailable(CUDA_ERROR_NO_DEVICE, "the CUDA driver sees no GPU");
-  return count;
-}
+int device_count() { return driver::device_count(); }
 
 bool gpu_available(std::string* why) noexcept {
   if (!driver::available(why)) return false;
@@ -87,7 +83,8 @@ system_capabilities query_capabilities() {
   system_capabilities result;
   result.os_page_size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const auto os = provider_for(location::os_host());
-  result.os_host_granularity = {os->granularity(), os->recommended_granularity()};
+  result.os_host_granularity = {os->granularity(), os->capabilities().recommended_granularity};
+  result.os_host_commit_budget = os->capabilities().physical_memory_size;
   if (!gpu_available(&result.driver_problem)) {
     if (driver::available()) result.driver_version = driver_version();
     return result;

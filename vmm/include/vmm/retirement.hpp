@@ -1,0 +1,32 @@
+#pragma once
+/// @file
+/// Memory that objects stopped using in stream order, unmapped once the streams pass.
+///
+///     {
+///       vmm::chunk_view view = vmm::alias(buffer, 0, n, vmm::access_mode::read_only, stream);
+///       kernel<<<grid, block, 0, stream.get()>>>(view.data());
+///     }                            // returns at once: the kernel may still read the view
+///     vmm::collect_retired(true);  // waits for `stream`, then unmaps the view's range
+///
+/// cuMemUnmap does not wait for kernels that still use a range, so nothing in vmm unmaps
+/// memory that queued work may still touch. Destroying a view, a striped buffer, an imported
+/// buffer or a growable buffer (and shrinking one) does not block the host either: the
+/// object records an event on each stream it was used with and hands its mappings, its
+/// address range and its chunks to the process's retirement list. They are unmapped, freed
+/// and given back to their pools once every event has passed: at the next call to
+/// collect_retired(), whenever a chunk pool is about to create fresh memory, and (waiting)
+/// before a chunk pool reports out of memory. Host memory's events are always done, so on
+/// the OS provider all of this happens at once, before the destructor returns.
+
+#include <cstddef>
+
+namespace vmm {
+
+/// Unmaps and gives back what was retired and whose streams have passed; with `wait`,
+/// first blocks until every retirement's streams have passed. Thread-safe.
+void collect_retired(bool wait = false);
+
+/// Retirements still waiting for their streams.
+[[nodiscard]] std::size_t retired_count();
+
+}  // namespace vmm

@@ -1,0 +1,52 @@
+#pragma once
+// Test-only fault injection: makes the Nth call of chosen OS functions or of any driver
+// entry point fail, so that tests can sweep N over an operation and prove that every
+// failure point leaves a documented exception, the strong guarantee where documented, and
+// nothing leaked. Every OS call vmm makes goes through vmm::os (os/system.hpp) and every
+// driver call through driver::check / driver::try_call, which ask fail_here() first.
+//
+// Disarmed (the normal state) the cost is one relaxed atomic load per call. Arming is
+// process-wide: sweeps run single-threaded; calls from other threads count too.
+
+#include <atomic>
+#include <cstdint>
+
+namespace vmm::detail::fault {
+
+// The places a failure can be injected. A mask of them says which calls count.
+enum site : std::uint32_t {
+  memfd_create = 1u << 0,
+  fallocate = 1u << 1,
+  mmap = 1u << 2,
+  munmap = 1u << 3,
+  mprotect = 1u << 4,
+  fcntl = 1u << 5,  // dup (F_DUPFD_CLOEXEC), seals
+  fstat = 1u << 6,
+  sendmsg = 1u << 7,
+  recvmsg = 1u << 8,
+  poll = 1u << 9,
+  driver = 1u << 10,  // any CUDA driver entry point
+  all_os = (1u << 10) - 1,
+};
+
+// Counts calls at `sites` from now on; the `nth` (1-based) fails with `error` (an errno for
+// OS sites, a CUresult for the driver). nth == 0 only counts.
+void arm(std::uint32_t sites, std::uint64_t nth, int error) noexcept;
+void disarm() noexcept;
+// Calls at the armed sites since arm().
+[[nodiscard]] std::uint64_t calls() noexcept;
+// Whether the armed failure has been injected.
+[[nodiscard]] bool fired() noexcept;
+
+namespace internal {
+extern std::atomic<bool> armed;
+bool should_fail(site where, int& error) noexcept;
+}  // namespace internal
+
+// True when this call must fail; `error` then holds the value to fail with.
+inline bool fail_here(site where, int& error) noexcept {
+  if (!internal::armed.load(std::memory_order_relaxed)) return false;
+  return internal::should_fail(where, error);
+}
+
+}  // namespace vmm::detail::fault

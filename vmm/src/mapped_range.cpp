@@ -1,0 +1,142 @@
+#include "vmm/mapped_range.hpp"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "cleanup.hpp"
+#include "retirement.hpp"
+#include "vmm/error.hpp"
+
+namespace vmm {
+
+mapped_range::mapped_range(std::shared_ptr<memory_provider> provider, std::size_t size,
+                           std::size_t alignment)
+    : range_(std::move(provider), size, alignment) {}
+
+mapped_range::mapped_range(mapped_range&& other) noexcept
+    : chunks_(std::move(other.chunks_)),
+      range_(std::move(other.range_)),
+      mappings_(std::move(other.mappings_)),
+      mapped_(std::exchange(other.mapped_, 0)) {
+  other.chunks_.clear();
+  other.mappings_.clear();
+}
+
+mapped_range& mapped_range::operator=(mapped_range&& other) noexcept {
+  if (this != &other) {
+    mapped_range old(std::move(*this));  // unmapped by old's destructor
+    chunks_ = std::move(other.chunks_);
+    range_ = std::move(other.range_);
+    mappings_ = std::move(other.mappings_);
+    mapped_ = std::exchange(other.mapped_, 0);
+    other.chunks_.clear();
+    other.mappings_.clear();
+  }
+  return *this;
+}
+
+mapped_range::~mapped_range() {
+  for (std::size_t i = mappings_.size(); i-- > 0;)
+    if (!mappings_[i].reset()) chunks_[i]->discard();  // still mapped: never lent again
+  // A range that still holds a mapping cannot be freed: address_range reports that.
+}
+
+void mapped_range::push_back(shared_chunk chunk) {
+  if (chunk == nullptr || !*chunk) throw invalid_argument("mapped_range: the chunk is empty");
+  const std::shared_ptr<memory_provider>& memory = chunk->memory().provider();
+  if (&memory->address_space() != &provider()->address_space())
+    throw invalid_argument(fmt::format(
+        "mapped_range: {} memory lives in {}, but the range is in {}: memory of two address "
+        "spaces never shares a range",
+        to_string(memory->where()), memory->address_space().name(),
+        provider()->address_space().name()));
+  if (chunk->size() > size() - mapped_)
+    throw invalid_argument(fmt::format("mapped_range: a chunk of {} bytes does not fit: {} of {} bytes "
+                                       "are mapped",
+                                       chunk->size(), mapped_, size()));
+  chunks_.reserve(chunks_.size() + 1);
+  mappings_.reserve(mappings_.size() + 1);
+  mappings_.emplace_back(chunk->memory(), address() + mapped_, std::span<const access_grant>{});
+  mapped_ += chunk->size();
+  chunks_.push_back(std::move(chunk));
+}
+
+std::vector<shared_chunk> mapped_range::chunks(std::size_t offset, std::size_t length) const {
+  if (length == 0) throw invalid_argument("a chunk range of length 0");
+  if (offset > mapped_ || length > mapped_ - offset)
+    throw invalid_argument(
+        fmt::format("chunk range [{}, +{}) runs past the {} bytes mapped", offset, length, mapped_));
+  std::vector<shared_chunk> result;
+  std::size_t position = 0;
+  for (std::size_t i = 0; i < chunks_.size() && position < offset + length; ++i) {
+    const std::size_t chunk_size = chunks_[i]->size();
+    const bool starts_inside = offset > position && offset < position + chunk_size;
+    const bool ends_inside = offset + length > position && offset + length < position + chunk_size;
+    if (starts_inside || ends_inside)
+      throw invalid_argument(fmt::format(
+          "chunk range [{}, +{}) is not on chunk boundaries (chunk [{}, +{}))", offset, length,
+          position, chunk_size));
+    if (position >= offset) result.push_back(chunks_[i]);
+    position += chunk_size;
+  }
+  return result;
+}
+
+void mapped_range::set_access(std::size_t offset, std::size_t length,
+                              std::span<const access_grant> grants) {
+  if (offset > mapped_ || length > mapped_ - offset)
+    throw invalid_argument(fmt::format("mapped_range: set_access of [{}, +{}) passes the {} bytes mapped",
+                                       offset, length, mapped_));
+  provider()->set_access(address() + offset, length, grants);
+}
+
+void mapped_range::set_access(std::size_t offset, std::size_t length, access_mode mode) {
+  std::vector<access_grant> grants;
+  for (const accessor& who : provider()->capabilities().default_accessors) grants.push_back({who, mode});
+  set_access(offset, length, grants);
+}
+
+std::size_t mapped_range::unmap_from(std::size_t first) noexcept {
+  while (mappings_.size() > first) {
+    // Still mapped: keep it, its chunk and all below (the failure was reported).
+    if (!mappings_.back().reset()) break;
+    mapped_ -= chunks_.back()->size();
+    mappings_.pop_back();
+    chunks_.pop_back();
+  }
+  return mappings_.size();
+}
+
+void mapped_range::retire(std::vector<stream_event> passed) && noexcept {
+  if (range_.address() == 0) return;
+  std::shared_ptr<void> held;
+  try {
+    held = std::make_shared<mapped_range>(std::move(*this));
+  } catch (...) {
+    // No memory for the list's entry: wait here instead, then unmap.
+    for (const stream_event& point : passed)
+      detail::cleanup("mapped_range: waiting for a stream", [&] { point.synchronize(); });
+    mapped_range now(std::move(*this));
+    return;
+  }
+  detail::retire(std::move(passed), std::move(held));
+}
+
+void mapped_range::retire_after(std::span<const stream_use> uses,
+                                std::vector<stream_event> also) && noexcept {
+  std::vector<stream_event> passed = std::move(also);
+  for (const stream_use& use : uses) {
+    bool recorded = false;
+    detail::cleanup("mapped_range: recording the point of a stream", [&] {
+      passed.emplace_back(*use.executor, use.stream);
+      recorded = true;
+    });
+    if (!recorded)
+      detail::cleanup("mapped_range: waiting for a stream",
+                      [&] { use.executor->synchronize(use.stream); });
+  }
+  std::move(*this).retire(std::move(passed));
+}
+
+}  // namespace vmm

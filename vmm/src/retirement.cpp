@@ -1,0 +1,91 @@
+#include "retirement.hpp"
+
+#include <algorithm>
+#include <mutex>
+
+#include "cleanup.hpp"
+
+namespace vmm {
+namespace {
+
+struct retired {
+  std::vector<stream_event> passed;
+  std::shared_ptr<void> held;
+
+  [[nodiscard]] bool done() const {
+    return std::all_of(passed.begin(), passed.end(), [](const stream_event& e) { return e.done(); });
+  }
+  void synchronize() const {
+    for (const stream_event& e : passed) e.synchronize();
+  }
+};
+
+struct retirement_list {
+  std::mutex mutex;
+  std::vector<retired> entries;
+};
+
+retirement_list& list() {
+  static auto* const instance = new retirement_list();  // never destroyed: used at exit
+  return *instance;
+}
+
+// Moves out of the list the entries that are done (all of them after waiting, with wait).
+std::vector<retired> take_done(bool wait) {
+  std::vector<retired> taken;
+  std::vector<retired> pending;
+  {
+    std::lock_guard lock(list().mutex);
+    pending.swap(list().entries);
+  }
+  std::vector<retired> keep;
+  for (retired& entry : pending) {
+    // An event that cannot be queried belongs to a broken context (a kernel fault): the
+    // work is over either way, and the failure is reported.
+    bool done = true;
+    detail::cleanup("collect_retired: waiting for a stream", [&] {
+      if (wait) entry.synchronize();
+      done = entry.done();
+    });
+    (done ? taken : keep).push_back(std::move(entry));
+  }
+  if (!keep.empty()) {
+    std::lock_guard lock(list().mutex);
+    for (retired& entry : keep) list().entries.push_back(std::move(entry));
+  }
+  return taken;
+}
+
+}  // namespace
+
+void collect_retired(bool wait) {
+  std::vector<retired> done = take_done(wait);
+  done.clear();  // unmaps, frees and gives back, outside the list's lock
+}
+
+std::size_t retired_count() {
+  std::lock_guard lock(list().mutex);
+  return list().entries.size();
+}
+
+namespace detail {
+
+void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexcept {
+  retired entry{std::move(passed), std::move(held)};
+  bool done = true;  // as in take_done: a failed query means the work is over
+  cleanup("retire: querying a stream", [&] { done = entry.done(); });
+  if (!done) {
+    try {
+      std::lock_guard lock(list().mutex);
+      list().entries.push_back(std::move(entry));
+      return;
+    } catch (...) {
+      cleanup("retire: waiting for a stream", [&] { entry.synchronize(); });
+    }
+  }
+  entry.held.reset();
+  cleanup("retire: collecting earlier retirements", [] { collect_retired(false); });
+}
+
+}  // namespace detail
+}  // namespace vmm
