@@ -386,8 +386,9 @@ TEST(FdChannel, WrongDescriptorCountIsRejectedAndClosesWhatArrived) {
   vmm::ipc::send_message(sender.get(), to_bytes("payload"), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get(), 2); },
-                                      "expected 2 descriptors but the message carries 1");
+  expect_error<vmm::ipc::protocol_error>(
+      [&] { (void)vmm::ipc::receive_message(receiver.get(), 2); },
+      "expected 2 descriptors but the message carries 1");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -450,8 +451,8 @@ TEST(FdChannel, BadMagicIsRejectedAndClosesTheDescriptors) {
   send_raw(sender.get(), header_bytes(0xdeadbeef, 2, 0), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "bad magic 0xdeadbeef");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "bad magic 0xdeadbeef");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -463,8 +464,8 @@ TEST(FdChannel, OversizedDeclaredPayloadIsRejectedAndClosesTheDescriptors) {
   send_raw(sender.get(), header_bytes(vmm::ipc::frame_magic, 1, declared), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "a payload of " + std::to_string(declared) + " bytes");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "a payload of " + std::to_string(declared) + " bytes");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -475,8 +476,8 @@ TEST(FdChannel, HeaderDescriptorCountMustMatchWhatArrived) {
   send_raw(sender.get(), header_bytes(vmm::ipc::frame_magic, 3, 0), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "header declares 3 descriptors but 1 arrived");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "header declares 3 descriptors but 1 arrived");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -489,8 +490,8 @@ TEST(FdChannel, DescriptorsAfterTheFirstReadAreRejectedAndClosed) {
   send_raw(sender.get(), to_bytes("late"), late_fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "2 descriptors arrived after 0 payload bytes");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "2 descriptors arrived after 0 payload bytes");
   EXPECT_EQ(open_fd_count(), before);
 }
 

@@ -150,7 +150,7 @@ void receive_exact(int socket_fd, std::span<std::byte> buffer, std::vector<uniqu
     std::size_t const received =
         receive_some(socket_fd, buffer.subspan(filled), fds_allowed ? fds : late_fds);
     if (!late_fds.empty()) {
-      throw invalid_argument(fmt::format(
+      throw protocol_error(fmt::format(
           "receive_message on socket {}: {} descriptors arrived after {} {} bytes; they must "
           "come with the message's first byte",
           socket_fd, late_fds.size(), filled, part));
@@ -274,23 +274,23 @@ message receive_message(int socket_fd, std::optional<std::size_t> expected_fd_co
                 "header");
 
   if (header.magic != frame_magic) {
-    throw invalid_argument(
+    throw protocol_error(
         fmt::format("receive_message on socket {}: bad magic {:#010x} (expected {:#010x}); the "
                     "peer is not a vmm channel or the stream lost sync",
                     socket_fd, header.magic, frame_magic));
   }
   if (header.payload_size > max_payload_bytes) {
-    throw invalid_argument(fmt::format(
+    throw protocol_error(fmt::format(
         "receive_message on socket {}: header declares a payload of {} bytes; at most {} allowed",
         socket_fd, header.payload_size, max_payload_bytes));
   }
   if (header.fd_count != received.fds.size()) {
-    throw invalid_argument(
+    throw protocol_error(
         fmt::format("receive_message on socket {}: header declares {} descriptors but {} arrived",
                     socket_fd, header.fd_count, received.fds.size()));
   }
   if (expected_fd_count && *expected_fd_count != received.fds.size()) {
-    throw invalid_argument(
+    throw protocol_error(
         fmt::format("receive_message on socket {}: expected {} descriptors but the message "
                     "carries {}",
                     socket_fd, *expected_fd_count, received.fds.size()));

@@ -1,6 +1,7 @@
 #include <vmm/ipc/handoff.hpp>
 
 #include <vmm/ipc/fd_channel.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 
 #include <fmt/format.h>
 
@@ -50,17 +51,23 @@ std::vector<std::byte> receive(int socket_fd, message_type type, std::uint64_t s
                                std::size_t extra = 0) {
   message received = receive_message(socket_fd, 0);
   const std::span<const std::byte> bytes(received.payload);
-  if (bytes.size() != header_bytes + extra)
-    throw invalid_argument(fmt::format("handoff: a {} message of {} bytes, expected {}", name(type),
-                                       bytes.size(), header_bytes + extra));
+  if (bytes.size() < header_bytes)
+    throw protocol_error(fmt::format("handoff on socket {}: a message of {} bytes where \"{}\" was due; "
+                                     "the header alone is {}",
+                                     socket_fd, bytes.size(), name(type), header_bytes));
   if (const auto magic = load<std::uint32_t>(bytes, 0); magic != handoff_magic)
-    throw invalid_argument(fmt::format("handoff: bad magic {:#010x}: not a hand-off message", magic));
+    throw protocol_error(fmt::format("handoff on socket {}: bad magic {:#010x} (expected {:#010x}): not a "
+                                     "hand-off message",
+                                     socket_fd, magic, handoff_magic));
   if (const auto got = load<std::uint32_t>(bytes, 4); got != static_cast<std::uint32_t>(type))
-    throw invalid_argument(fmt::format("handoff: message type {} where \"{}\" ({}) was due", got, name(type),
-                                       static_cast<std::uint32_t>(type)));
+    throw protocol_error(fmt::format("handoff on socket {}: message type {} where \"{}\" ({}) was due",
+                                     socket_fd, got, name(type), static_cast<std::uint32_t>(type)));
+  if (bytes.size() != header_bytes + extra)
+    throw protocol_error(fmt::format("handoff on socket {}: a \"{}\" message of {} bytes, expected {}",
+                                     socket_fd, name(type), bytes.size(), header_bytes + extra));
   if (const auto got = load<std::uint64_t>(bytes, 8); got != sequence)
-    throw invalid_argument(fmt::format("handoff: \"{}\" of round {} where round {} was due", name(type),
-                                       got, sequence));
+    throw protocol_error(fmt::format("handoff on socket {}: \"{}\" of round {} where round {} was due",
+                                     socket_fd, name(type), got, sequence));
   return {bytes.begin() + header_bytes, bytes.end()};
 }
 

@@ -29,11 +29,14 @@ std::size_t first_batch(std::size_t fd_count) { return std::min(fd_count, max_fd
 
 // Receives continuation message `index` of a manifest, carrying exactly `count` fds.
 std::vector<unique_fd> receive_continuation(int socket_fd, std::uint32_t index, std::size_t count) {
-  message continuation = receive_message(socket_fd, count);
+  message continuation = receive_message(socket_fd);
+  if (continuation.fds.size() != count)
+    throw bad_manifest(fmt::format("manifest on socket {}: continuation {} carries {} fds instead of {}",
+                                   socket_fd, index, continuation.fds.size(), count));
   const auto& payload = continuation.payload;
   if (payload.size() != 8)
-    throw bad_manifest(fmt::format("manifest: continuation {} has a payload of {} bytes, not 8", index,
-                                   payload.size()));
+    throw bad_manifest(fmt::format("manifest on socket {}: continuation {} has a payload of {} bytes, not 8",
+                                   socket_fd, index, payload.size()));
   std::uint32_t magic = 0;
   std::uint32_t number = 0;
   for (std::size_t i = 0; i < 4; ++i) {
@@ -41,9 +44,12 @@ std::vector<unique_fd> receive_continuation(int socket_fd, std::uint32_t index, 
     number |= std::uint32_t{std::to_integer<std::uint8_t>(payload[4 + i])} << (8 * i);
   }
   if (magic != manifest_continuation_magic)
-    throw bad_manifest(fmt::format("manifest: continuation {} has bad magic {:#010x}", index, magic));
+    throw bad_manifest(fmt::format("manifest on socket {}: continuation {} has bad magic {:#010x} (expected "
+                                   "{:#010x})",
+                                   socket_fd, index, magic, manifest_continuation_magic));
   if (number != index)
-    throw bad_manifest(fmt::format("manifest: continuation {} arrived where {} was due", number, index));
+    throw bad_manifest(fmt::format("manifest on socket {}: continuation {} arrived where {} was due",
+                                   socket_fd, number, index));
   return std::move(continuation.fds);
 }
 
@@ -53,10 +59,10 @@ received_manifest receive_first(int socket_fd) {
   received_manifest result{parse_manifest(first.payload), std::move(first.fds)};
   const std::size_t expected = first_batch(result.description.fd_count());
   if (result.fds.size() != expected)
-    throw invalid_argument(fmt::format(
-        "manifest: its message carries {} fds, but the manifest names {} posix-fd chunks ({} of "
-        "them travel with it)",
-        result.fds.size(), result.description.fd_count(), expected));
+    throw bad_manifest(fmt::format(
+        "manifest on socket {}: its message carries {} fds, but the manifest names {} posix-fd chunks "
+        "({} of them travel with it)",
+        socket_fd, result.fds.size(), result.description.fd_count(), expected));
   return result;
 }
 

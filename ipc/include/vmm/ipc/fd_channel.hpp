@@ -11,6 +11,7 @@
 /// again. peer_closed is the one exception to this: it is the orderly end of a conversation.
 
 #include <vmm/error.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 #include <vmm/unique_fd.hpp>
 
 #include <cerrno>
@@ -112,8 +113,8 @@ void send_message(int socket_fd, std::span<const std::byte> payload,
 ///         what() says after how many of how many header or payload bytes.
 /// @throws vmm::os_error if recvmsg fails, or if the kernel truncated the descriptors
 ///         (MSG_CTRUNC; EMFILE when this process ran out of descriptors).
-/// @throws vmm::invalid_argument if the peer broke the protocol: a wrong magic, a payload
-///         or descriptor count over its limit, a descriptor count that differs from the
+/// @throws vmm::ipc::protocol_error if the peer broke the protocol: a wrong magic, a
+///         payload size over max_payload_bytes, a descriptor count that differs from the
 ///         header's or from `expected_fd_count`, or descriptors that arrived after the
 ///         message's first read.
 /// @throws std::bad_alloc if the payload buffer cannot be allocated.

@@ -24,9 +24,11 @@
 ///
 /// Messages: a 16-byte header (u32 "VMMH", u32 type, u64 sequence; little-endian) and, for
 /// the first message (type 1), the two events' 64-byte handles; type 2 is "ready", type 3
-/// "done", each carrying the sequence number of its round (1, 2, ...). Each is checked.
+/// "done", each carrying the sequence number of its round (1, 2, ...). Each is checked: a
+/// message that breaks these rules raises vmm::ipc::protocol_error.
 
 #include <vmm/interprocess_event.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -52,8 +54,10 @@ class handoff_producer {
   /// Receives the consumer's "done" for the current round and makes work queued on
   /// `stream` from now on wait for the consumer's work. The host does not wait for the
   /// GPU; it waits for the consumer's message.
-  /// @throws vmm::invalid_argument nothing is published, or the message is not this round's.
+  /// @throws vmm::invalid_argument nothing is published.
+  /// @throws vmm::ipc::protocol_error the message is not this round's "done".
   /// @throws vmm::ipc::peer_closed the consumer went away.
+  /// @throws vmm::os_error receiving failed.
   void wait_consumed(stream_handle stream);
   /// The rounds published so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
@@ -70,7 +74,8 @@ class handoff_producer {
 class handoff_consumer {
  public:
   /// Receives the producer's event handles and opens them through `provider`.
-  /// @throws vmm::invalid_argument the provider is null or the message is malformed.
+  /// @throws vmm::invalid_argument the provider is null.
+  /// @throws vmm::ipc::protocol_error the message is not the producer's "events" message.
   /// @throws vmm::driver_error the events could not be opened.
   /// @throws vmm::ipc::peer_closed, vmm::os_error receiving failed.
   handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider);
@@ -79,13 +84,15 @@ class handoff_consumer {
 
   /// Receives the producer's "ready" for the next round and makes work queued on `stream`
   /// from now on wait for the producer's writes.
-  /// @throws vmm::invalid_argument the previous round was not released, or the message is
-  ///         not the next round's.
+  /// @throws vmm::invalid_argument the previous round was not released.
+  /// @throws vmm::ipc::protocol_error the message is not the next round's "ready".
   /// @throws vmm::ipc::peer_closed the producer went away.
+  /// @throws vmm::os_error receiving failed.
   void acquire(stream_handle stream);
   /// Marks the end of the work queued on `stream` so far as the producer's to wait for,
   /// and tells the producer.
   /// @throws vmm::invalid_argument nothing is acquired.
+  /// @throws vmm::os_error, vmm::driver_error.
   void release(stream_handle stream);
   /// The rounds acquired so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }

@@ -48,11 +48,13 @@ struct received_manifest {
 };
 
 /// Receives a manifest sent by send_manifest (the manifest message and its continuation
-/// messages), parses it and checks every message's fd count.
-/// @throws vmm::ipc::bad_manifest the bytes are not a valid manifest, or a continuation
-///         message is malformed; every fd received is closed.
-/// @throws vmm::invalid_argument a message carries the wrong number of fds.
-/// @throws vmm::ipc::peer_closed, vmm::os_error as receive_message.
+/// messages), parses it and checks every message's fd count. Whatever it throws, every fd
+/// received is closed.
+/// @throws vmm::ipc::bad_manifest the bytes are not a valid manifest, a message carries
+///         another number of fds than the manifest calls for, or a continuation message is
+///         malformed or out of order.
+/// @throws vmm::ipc::protocol_error, vmm::ipc::peer_closed, vmm::os_error as receive_message
+///         (a broken frame, the peer gone, a failed recvmsg).
 [[nodiscard]] received_manifest receive_manifest(int socket_fd);
 
 /// How to import.
