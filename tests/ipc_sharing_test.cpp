@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -670,6 +671,14 @@ TYPED_TEST(ipc_sharing, hand_off_messages_out_of_order_or_malformed_are_protocol
                                     "\"done\" of round 2 where round 1 was due");
 }
 
+TYPED_TEST(ipc_sharing, a_producer_waits_for_done_no_longer_than_its_timeout) {
+  auto [producer_end, consumer_end] = ipc::make_socket_pair();  // the consumer never answers
+  ipc::handoff_producer producer(producer_end.get(), this->provider_, std::chrono::milliseconds{200});
+  producer.publish(nullptr);
+  expect_error<ipc::timeout_error>([&] { producer.wait_consumed(nullptr); },
+                                   "timed out with 0 of 16 header bytes received");
+}
+
 TYPED_TEST(ipc_sharing_every_kind, an_interprocess_event_records_and_waits_through_the_provider) {
   interprocess_event event(this->provider_);
   EXPECT_TRUE(event.created_here());
@@ -785,6 +794,41 @@ TYPED_TEST(ipc_sharing, a_forged_manifest_is_refused_with_nothing_mapped_and_eve
     }
   }
   EXPECT_EQ(open_fd_count(), fds_before);
+}
+
+TYPED_TEST(ipc_sharing, a_manifest_whose_continuation_never_comes_times_out_with_nothing_mapped) {
+  this->warm_up_import();
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make_buffer(1, 27);
+  ipc::exporter exporter;
+  const ipc::exported_manifest exported = exporter.export_buffer(buffer);
+  // More chunks than one message has fds for: the exporter owes a continuation, and never
+  // sends it, though it keeps the connection open.
+  ipc::manifest many = exported.description;
+  many.chunks.clear();
+  std::uint64_t offset = 0;
+  for (std::size_t i = 0; i < ipc::max_fds_per_message + 1; ++i, offset += g)
+    many.chunks.push_back({offset, g, many.where, handle_kind::posix_fd, {}});
+  many.end = many.size = many.max_size = offset;
+  const std::vector<int> first(ipc::max_fds_per_message, exported.fds[0].get());
+  constexpr std::chrono::milliseconds timeout{200};
+
+  const std::size_t fds_before = open_fd_count();
+  const std::size_t mappings_before = memfd_mapping_count();
+  {
+    auto [sender, receiver] = ipc::make_socket_pair();
+    ipc::send_message(sender.get(), ipc::serialize(many), first);
+    expect_error<ipc::timeout_error>(
+        [&] {
+          (void)ipc::imported_buffer::receive(receiver.get(), {.provider = this->provider_, .timeout = timeout});
+        },
+        "timed out with 0 of 16 header bytes received");
+    ipc::send_message(sender.get(), ipc::serialize(many), first);
+    expect_error<ipc::timeout_error>([&] { (void)ipc::receive_manifest(receiver.get(), timeout); },
+                                     "timed out with 0 of 16 header bytes received");
+  }
+  EXPECT_EQ(open_fd_count(), fds_before);
+  EXPECT_EQ(memfd_mapping_count(), mappings_before);
 }
 
 TYPED_TEST(ipc_sharing, an_unknown_version_is_refused_with_nothing_mapped_and_every_fd_closed) {

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <random>
 
+#include "deadline.hpp"
+
 namespace vmm::ipc {
 namespace {
 
@@ -232,7 +234,7 @@ export_statistics exporter::statistics() const {
   return result;
 }
 
-void send_manifest(int socket_fd, const exported_manifest& exported) {
+void send_manifest(int socket_fd, const exported_manifest& exported, std::chrono::milliseconds timeout) {
   if (exported.fds.size() != exported.description.fd_count())
     throw invalid_argument(fmt::format("send_manifest: {} fds for a manifest of {} posix-fd chunks",
                                        exported.fds.size(), exported.description.fd_count()));
@@ -241,7 +243,8 @@ void send_manifest(int socket_fd, const exported_manifest& exported) {
   for (const unique_fd& fd : exported.fds) fds.push_back(fd.get());
   const std::span<const int> all(fds);
   std::size_t sent = std::min(all.size(), max_fds_per_message);
-  send_message(socket_fd, exported.bytes, all.first(sent));
+  const detail::deadline until(timeout);
+  detail::send_message(socket_fd, exported.bytes, all.first(sent), until);
   for (std::uint32_t index = 1; sent < all.size(); ++index) {
     const std::size_t count = std::min(all.size() - sent, max_fds_per_message);
     std::array<std::byte, 8> payload{};
@@ -249,7 +252,7 @@ void send_manifest(int socket_fd, const exported_manifest& exported) {
       payload[i] = static_cast<std::byte>(manifest_continuation_magic >> (8 * i));
       payload[4 + i] = static_cast<std::byte>(index >> (8 * i));
     }
-    send_message(socket_fd, payload, all.subspan(sent, count));
+    detail::send_message(socket_fd, payload, all.subspan(sent, count), until);
     sent += count;
   }
 }
