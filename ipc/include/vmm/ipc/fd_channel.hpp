@@ -85,8 +85,8 @@ class peer_closed : public os_error {
 /// The peer did not send (or, for send_message, did not make room for) the rest of a
 /// message before the deadline, though it kept the connection open. code() is ETIMEDOUT;
 /// what() says how many of how many bytes got through and how long the call waited. Every
-/// descriptor received with the message was closed. The stream now stands inside a
-/// message: close the socket.
+/// descriptor received with the message was closed. As after any error but peer_closed,
+/// close the socket.
 class timeout_error : public os_error {
  public:
   /// @param message what was being sent or received, on which socket, and how far it got.

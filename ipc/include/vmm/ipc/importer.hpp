@@ -51,11 +51,11 @@ struct received_manifest {
 /// Receives a manifest sent by send_manifest (the manifest message and its continuation
 /// messages), parses it and checks every message's fd count. Whatever it throws, every fd
 /// received is closed.
+/// @param timeout how long to wait for the whole manifest, every continuation message
+///        included (no_timeout: without end).
 /// @throws vmm::ipc::bad_manifest the bytes are not a valid manifest, a message carries
 ///         another number of fds than the manifest calls for, or a continuation message is
 ///         malformed or out of order.
-/// @param timeout how long to wait for the whole manifest, every continuation message
-///        included (no_timeout: without end).
 /// @throws vmm::ipc::timeout_error the manifest was not complete within `timeout`.
 /// @throws vmm::ipc::protocol_error, vmm::ipc::peer_closed, vmm::os_error as receive_message
 ///         (a broken frame, the peer gone, a failed recvmsg).
