@@ -5,6 +5,7 @@
 
 #include <vmm/error.hpp>
 #include <vmm/ipc/fd_channel.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 #include <vmm/unique_fd.hpp>
 
 #include <fcntl.h>
@@ -25,11 +26,13 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -386,8 +389,9 @@ TEST(FdChannel, WrongDescriptorCountIsRejectedAndClosesWhatArrived) {
   vmm::ipc::send_message(sender.get(), to_bytes("payload"), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get(), 2); },
-                                      "expected 2 descriptors but the message carries 1");
+  expect_error<vmm::ipc::protocol_error>(
+      [&] { (void)vmm::ipc::receive_message(receiver.get(), 2); },
+      "expected 2 descriptors but the message carries 1");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -450,8 +454,8 @@ TEST(FdChannel, BadMagicIsRejectedAndClosesTheDescriptors) {
   send_raw(sender.get(), header_bytes(0xdeadbeef, 2, 0), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "bad magic 0xdeadbeef");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "bad magic 0xdeadbeef");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -463,8 +467,8 @@ TEST(FdChannel, OversizedDeclaredPayloadIsRejectedAndClosesTheDescriptors) {
   send_raw(sender.get(), header_bytes(vmm::ipc::frame_magic, 1, declared), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "a payload of " + std::to_string(declared) + " bytes");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "a payload of " + std::to_string(declared) + " bytes");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -475,8 +479,8 @@ TEST(FdChannel, HeaderDescriptorCountMustMatchWhatArrived) {
   send_raw(sender.get(), header_bytes(vmm::ipc::frame_magic, 3, 0), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "header declares 3 descriptors but 1 arrived");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "header declares 3 descriptors but 1 arrived");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -489,8 +493,8 @@ TEST(FdChannel, DescriptorsAfterTheFirstReadAreRejectedAndClosed) {
   send_raw(sender.get(), to_bytes("late"), late_fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                      "2 descriptors arrived after 0 payload bytes");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
+                                           "2 descriptors arrived after 0 payload bytes");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -554,6 +558,181 @@ TEST(FdChannel, SendToAClosedPeerIsEpipeNotSigpipe) {
     ADD_FAILURE() << "expected vmm::os_error";
   } catch (const vmm::os_error& error) {
     EXPECT_EQ(error.code().value(), EPIPE);
+  }
+}
+
+/// The timeout of the deadline tests: short, so that they run quickly, and long enough
+/// that a loaded machine does not matter, since the peer in these tests never sends more.
+constexpr std::chrono::milliseconds short_timeout{200};
+
+/// Runs `receive` and expects a timeout_error (ETIMEDOUT) whose what() contains
+/// `expected_text`.
+template <typename Receive>
+void expect_timeout(Receive&& receive, std::string_view expected_text) {
+  try {
+    receive();
+    ADD_FAILURE() << "expected vmm::ipc::timeout_error containing \"" << expected_text << "\"";
+  } catch (const vmm::ipc::timeout_error& error) {
+    EXPECT_EQ(error.code().value(), ETIMEDOUT);
+    EXPECT_NE(std::string_view{error.what()}.find(expected_text), std::string_view::npos)
+        << "what(): " << error.what();
+  }
+}
+
+TEST(FdChannel, PeerStoppingMidPayloadTimesOutAndClosesWhatArrived) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  unique_fd const memfd = make_memfd("stalled");
+  std::array<int, 2> const fds{memfd.get(), memfd.get()};
+  std::vector<std::byte> frame = header_bytes(vmm::ipc::frame_magic, 2, 100);
+  frame.resize(frame.size() + 3, std::byte{0x5a});
+  send_raw(sender.get(), frame, fds);  // and the sender stays open, sending nothing more
+
+  std::size_t const before = open_fd_count();
+  expect_timeout(
+      [&] { (void)vmm::ipc::receive_message(receiver.get(), 2, short_timeout); },
+      "timed out with 3 of 100 payload bytes received");
+  EXPECT_EQ(open_fd_count(), before);
+}
+
+TEST(FdChannel, PeerStoppingMidHeaderTimesOut) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  std::vector<std::byte> frame = header_bytes(vmm::ipc::frame_magic, 0, 0);
+  frame.resize(5);
+  send_raw(sender.get(), frame);
+
+  expect_timeout([&] { (void)vmm::ipc::receive_message(receiver.get(), {}, short_timeout); },
+                 "timed out with 5 of 16 header bytes received");
+}
+
+TEST(FdChannel, PeerSendingNothingTimesOut) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  try {
+    (void)vmm::ipc::receive_message(receiver.get(), {}, short_timeout);
+    ADD_FAILURE() << "expected vmm::ipc::timeout_error";
+  } catch (const vmm::ipc::peer_closed& error) {
+    ADD_FAILURE() << "the peer is still there: " << error.what();
+  } catch (const vmm::ipc::timeout_error& error) {
+    EXPECT_EQ(error.code().value(), ETIMEDOUT);
+    EXPECT_NE(std::string_view{error.what()}.find("timed out with 0 of 16 header bytes received"),
+              std::string_view::npos)
+        << error.what();
+    EXPECT_NE(std::string_view{error.what()}.find("(timeout 200 ms)"), std::string_view::npos)
+        << error.what();
+  }
+}
+
+TEST(FdChannel, ZeroTimeoutTakesOnlyWhatHasArrived) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  using std::chrono::milliseconds;
+  expect_timeout([&] { (void)vmm::ipc::receive_message(receiver.get(), {}, milliseconds{0}); },
+                 "0 of 16 header bytes");
+  vmm::ipc::send_message(sender.get(), to_bytes("queued"), {}, milliseconds{0});
+  EXPECT_EQ(to_string(vmm::ipc::receive_message(receiver.get(), 0, milliseconds{0}).payload),
+            "queued");
+}
+
+TEST(FdChannel, NoTimeoutCarriesMessagesAsBefore) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  unique_fd const memfd = make_memfd("unbounded");
+  std::array<int, 1> const fds{memfd.get()};
+  vmm::ipc::send_message(sender.get(), to_bytes("no deadline"), fds, vmm::ipc::no_timeout);
+  message const received = vmm::ipc::receive_message(receiver.get(), 1, vmm::ipc::no_timeout);
+  EXPECT_EQ(to_string(received.payload), "no deadline");
+  EXPECT_EQ(read_file(received.fds.at(0).get()), "unbounded");
+}
+
+TEST(FdChannel, SignalsDuringTheWaitDoNotPostponeTheDeadline) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  interrupting_signal const handler;
+  interruptions = 0;
+
+  // Without SA_RESTART every signal ends the reader's poll() with EINTR. A poll() called
+  // again with the whole timeout would never end while the signals keep coming; the
+  // deadline holds only if each call waits for the time left (else this test hangs until
+  // ctest's TIMEOUT fails it).
+  std::atomic<bool> receive_done{false};
+  pthread_t const reader_thread = ::pthread_self();
+  std::thread interrupter([&] {
+    while (!receive_done) ::pthread_kill(reader_thread, SIGUSR1);
+  });
+  std::exception_ptr failure;
+  try {
+    (void)vmm::ipc::receive_message(receiver.get(), {}, short_timeout);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  receive_done = true;
+  interrupter.join();
+
+  EXPECT_GT(interruptions.load(), 0);
+  ASSERT_TRUE(failure) << "expected vmm::ipc::timeout_error";
+  expect_timeout([&] { std::rethrow_exception(failure); }, "0 of 16 header bytes");
+}
+
+TEST(FdChannel, SendToAPeerThatNeverReadsTimesOut) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  constexpr std::size_t payload_size = std::size_t{8} << 20;
+  int send_buffer = 0;
+  socklen_t length = sizeof(send_buffer);
+  ASSERT_EQ(::getsockopt(sender.get(), SOL_SOCKET, SO_SNDBUF, &send_buffer, &length), 0);
+  ASSERT_LT(static_cast<std::size_t>(send_buffer), payload_size / 2)
+      << "the socket buffer would hold the whole payload, so the send would not wait";
+
+  std::vector<std::byte> const payload(payload_size);
+  expect_timeout(
+      [&] { vmm::ipc::send_message(sender.get(), payload, {}, short_timeout); },
+      " of " + std::to_string(sizeof(frame_header) + payload_size) + " bytes sent");
+}
+
+TEST(FdChannel, NonBlockingSocketsCarryALargeMessageWhole) {
+  auto [sender, receiver] = vmm::ipc::make_socket_pair();
+  for (int const fd : {sender.get(), receiver.get()}) {
+    ASSERT_EQ(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK), 0) << std::strerror(errno);
+  }
+  std::vector<std::byte> payload(std::size_t{4} << 20);
+  for (std::size_t i = 0; i < payload.size(); ++i) {
+    payload[i] = static_cast<std::byte>((i * 13) ^ (i >> 9));
+  }
+  unique_fd const memfd = make_memfd("non-blocking");
+  std::array<int, 1> const fds{memfd.get()};
+
+  // Both ends find the socket full or empty many times over (EAGAIN) and wait in poll().
+  std::exception_ptr send_error;
+  std::thread writer([&, socket = std::move(sender)]() mutable {
+    try {
+      vmm::ipc::send_message(socket.get(), payload, fds);
+    } catch (...) {
+      send_error = std::current_exception();
+    }
+    socket.reset();  // a message cut short then fails the reader instead of blocking it
+  });
+  std::optional<message> received;
+  std::exception_ptr receive_error;
+  try {
+    received = vmm::ipc::receive_message(receiver.get(), 1);
+  } catch (...) {
+    receive_error = std::current_exception();
+    receiver.reset();  // unblocks the writer with EPIPE
+  }
+  writer.join();
+  if (send_error) std::rethrow_exception(send_error);
+  if (receive_error) std::rethrow_exception(receive_error);
+
+  EXPECT_TRUE(received->payload == payload) << "the payload was corrupted or reordered";
+  EXPECT_EQ(read_file(received->fds.at(0).get()), "non-blocking");
+}
+
+TEST(FdChannel, ANegativeSocketIsEbadfAtOnce) {
+  // poll() would skip it and wait out the whole timeout.
+  for (auto const& call : std::array<std::function<void()>, 2>{
+           [] { (void)vmm::ipc::receive_message(-1, {}, vmm::ipc::no_timeout); },
+           [] { vmm::ipc::send_message(-1, to_bytes("x"), {}, vmm::ipc::no_timeout); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "expected vmm::os_error";
+    } catch (const vmm::os_error& error) {
+      EXPECT_EQ(error.code().value(), EBADF) << error.what();
+    }
   }
 }
 

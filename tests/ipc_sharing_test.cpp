@@ -16,11 +16,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "helpers/ipc_peer_protocol.hpp"
@@ -37,6 +39,7 @@
 #include "vmm/ipc/handoff.hpp"
 #include "vmm/ipc/importer.hpp"
 #include "vmm/ipc/manifest.hpp"
+#include "vmm/ipc/protocol_error.hpp"
 #include "vmm/mapping.hpp"
 #include "vmm/physical_allocation.hpp"
 
@@ -133,6 +136,10 @@ ipc::manifest two_chunk_manifest(std::uint64_t g) {
               {g, g, location::os_host(), handle_kind::posix_fd, {}}};
   return m;
 }
+
+// A bad manifest comes from a peer that broke the protocol, never from a bad argument.
+static_assert(std::is_base_of_v<ipc::protocol_error, ipc::bad_manifest>);
+static_assert(!std::is_base_of_v<std::invalid_argument, ipc::protocol_error>);
 
 TEST(manifest_format, every_field_round_trips) {
   ipc::manifest m = two_chunk_manifest(2 * mib);
@@ -655,6 +662,72 @@ TYPED_TEST(ipc_sharing, a_consumer_reads_each_round_after_the_producer_publishes
   EXPECT_TRUE(exited_cleanly(peer.wait()));
 }
 
+// A hand-off message as handoff.hpp's file comment lays it out: u32 magic, u32 type, u64
+// round, then `extra` zero bytes.
+std::vector<std::byte> handoff_message(std::uint32_t magic, std::uint32_t type, std::uint64_t round,
+                                       std::size_t extra = 0) {
+  std::vector<std::byte> bytes(16 + extra);
+  bytes = patched<std::uint32_t>(std::move(bytes), 0, magic);
+  bytes = patched<std::uint32_t>(std::move(bytes), 4, type);
+  return patched<std::uint64_t>(std::move(bytes), 8, round);
+}
+constexpr std::uint32_t handoff_magic = 0x484d4d56;  // "VMMH"
+constexpr std::uint32_t handoff_events = 1, handoff_ready = 2, handoff_done = 3;
+
+// Runs `fn`, which must throw Error with `says` in its what().
+template <class Error, class Fn>
+void expect_error(Fn&& fn, const std::string& says) {
+  try {
+    fn();
+    ADD_FAILURE() << "nothing thrown; expected an error that says \"" << says << "\"";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(says), std::string::npos) << error.what();
+  }
+}
+
+TYPED_TEST(ipc_sharing, hand_off_messages_out_of_order_or_malformed_are_protocol_errors) {
+  const auto consumer_given = [&](std::span<const std::byte> first, std::span<const int> fds = {}) {
+    auto [producer_end, consumer_end] = ipc::make_socket_pair();
+    ipc::send_message(producer_end.get(), first, fds);
+    (void)ipc::handoff_consumer(consumer_end.get(), this->provider_);
+  };
+  const std::size_t events_extra = 2 * sizeof(ipc::interprocess_event_handle::bytes);
+  const std::size_t fds_before = open_fd_count();
+  expect_error<ipc::protocol_error>(
+      [&] { consumer_given(handoff_message(handoff_magic, handoff_ready, 1)); },
+      "message type 2 where \"events\" (1) was due");
+  expect_error<ipc::protocol_error>(
+      [&] { consumer_given(handoff_message(0x0badf00d, handoff_events, 0, events_extra)); },
+      "bad magic 0x0badf00d");
+  expect_error<ipc::protocol_error>(
+      [&] { consumer_given(handoff_message(handoff_magic, handoff_events, 0, 1)); },
+      "a \"events\" message of 17 bytes, expected 144");
+  expect_error<ipc::protocol_error>([&] { consumer_given(std::vector<std::byte>(15)); },
+                                    "a message of 15 bytes where \"events\" was due");
+  // Hand-off messages carry no fds; one that does is refused, and the fd closed.
+  const int stray[] = {STDIN_FILENO};
+  expect_error<ipc::protocol_error>(
+      [&] { consumer_given(handoff_message(handoff_magic, handoff_events, 0, events_extra), stray); },
+      "expected 0 descriptors but the message carries 1");
+  EXPECT_EQ(open_fd_count(), fds_before);
+
+  auto [producer_end, consumer_end] = ipc::make_socket_pair();
+  ipc::handoff_producer producer(producer_end.get(), this->provider_);
+  (void)ipc::receive_message(consumer_end.get(), 0);  // the events
+  producer.publish(nullptr);
+  ipc::send_message(consumer_end.get(), handoff_message(handoff_magic, handoff_done, 2));
+  expect_error<ipc::protocol_error>([&] { producer.wait_consumed(nullptr); },
+                                    "\"done\" of round 2 where round 1 was due");
+}
+
+TYPED_TEST(ipc_sharing, a_producer_waits_for_done_no_longer_than_its_timeout) {
+  auto [producer_end, consumer_end] = ipc::make_socket_pair();  // the consumer never answers
+  ipc::handoff_producer producer(producer_end.get(), this->provider_, std::chrono::milliseconds{200});
+  producer.publish(nullptr);
+  expect_error<ipc::timeout_error>([&] { producer.wait_consumed(nullptr); },
+                                   "timed out with 0 of 16 header bytes received");
+}
+
 TYPED_TEST(ipc_sharing_every_kind, an_interprocess_event_records_and_waits_through_the_provider) {
   using ipc::interprocess_event;
   using ipc::interprocess_event_handle;
@@ -757,8 +830,56 @@ TYPED_TEST(ipc_sharing, a_forged_manifest_is_refused_with_nothing_mapped_and_eve
     ipc::send_message(sender.get(), not_a_continuation, std::span(fds).first(1));
     EXPECT_THROW((void)ipc::imported_buffer::receive(receiver.get(), {.provider = this->provider_}),
                  ipc::bad_manifest);
+    // A continuation in order, but without the fd it owes.
+    ipc::send_message(sender.get(), ipc::serialize(many), first);
+    const std::vector<std::byte> continuation =
+        patched<std::uint32_t>(patched<std::uint32_t>(std::vector<std::byte>(8), 0, ipc::manifest_continuation_magic),
+                               4, 1);
+    ipc::send_message(sender.get(), continuation);
+    try {
+      (void)ipc::receive_manifest(receiver.get());
+      ADD_FAILURE() << "a continuation without its fd was accepted";
+    } catch (const ipc::bad_manifest& error) {
+      EXPECT_NE(std::string(error.what()).find("continuation 1 carries 0 fds instead of 1"), std::string::npos)
+          << error.what();
+    }
   }
   EXPECT_EQ(open_fd_count(), fds_before);
+}
+
+TYPED_TEST(ipc_sharing, a_manifest_whose_continuation_never_comes_times_out_with_nothing_mapped) {
+  this->warm_up_import();
+  const std::size_t g = this->granularity_;
+  growable_buffer buffer = this->make_buffer(1, 27);
+  ipc::exporter exporter;
+  const ipc::exported_manifest exported = exporter.export_buffer(buffer);
+  // More chunks than one message has fds for: the exporter owes a continuation, and never
+  // sends it, though it keeps the connection open.
+  ipc::manifest many = exported.description;
+  many.chunks.clear();
+  std::uint64_t offset = 0;
+  for (std::size_t i = 0; i < ipc::max_fds_per_message + 1; ++i, offset += g)
+    many.chunks.push_back({offset, g, many.where, handle_kind::posix_fd, {}});
+  many.end = many.size = many.max_size = offset;
+  const std::vector<int> first(ipc::max_fds_per_message, exported.fds[0].get());
+  constexpr std::chrono::milliseconds timeout{200};
+
+  const std::size_t fds_before = open_fd_count();
+  const std::size_t mappings_before = memfd_mapping_count();
+  {
+    auto [sender, receiver] = ipc::make_socket_pair();
+    ipc::send_message(sender.get(), ipc::serialize(many), first);
+    expect_error<ipc::timeout_error>(
+        [&] {
+          (void)ipc::imported_buffer::receive(receiver.get(), {.provider = this->provider_, .timeout = timeout});
+        },
+        "timed out with 0 of 16 header bytes received");
+    ipc::send_message(sender.get(), ipc::serialize(many), first);
+    expect_error<ipc::timeout_error>([&] { (void)ipc::receive_manifest(receiver.get(), timeout); },
+                                     "timed out with 0 of 16 header bytes received");
+  }
+  EXPECT_EQ(open_fd_count(), fds_before);
+  EXPECT_EQ(memfd_mapping_count(), mappings_before);
 }
 
 TYPED_TEST(ipc_sharing, an_unknown_version_is_refused_with_nothing_mapped_and_every_fd_closed) {
@@ -779,10 +900,11 @@ TYPED_TEST(ipc_sharing, a_wrong_fd_count_is_refused_with_nothing_mapped_and_ever
   const ipc::exported_manifest exported = exporter.export_buffer(buffer);
   const int two[] = {exported.fds[0].get(), exported.fds[1].get()};
   const int three[] = {exported.fds[0].get(), exported.fds[1].get(), exported.fds[0].get()};
-  this->template expect_refused<invalid_argument>(exported.bytes, {}, "no fds");
-  this->template expect_refused<invalid_argument>(exported.bytes, std::span(two).first(1), "one fd short");
-  this->template expect_refused<invalid_argument>(exported.bytes, three, "one fd too many");
-  // The constructor that takes a manifest and fds checks the same.
+  // Fds that disagree with the manifest: the exporter broke the protocol.
+  this->template expect_refused<ipc::bad_manifest>(exported.bytes, {}, "no fds");
+  this->template expect_refused<ipc::bad_manifest>(exported.bytes, std::span(two).first(1), "one fd short");
+  this->template expect_refused<ipc::bad_manifest>(exported.bytes, three, "one fd too many");
+  // The constructor that takes a manifest and fds checks the same, as its caller's argument.
   std::vector<unique_fd> one;
   one.emplace_back(::fcntl(two[0], F_DUPFD_CLOEXEC, 0));
   EXPECT_THROW(ipc::imported_buffer(exported.description, std::move(one), {.provider = this->provider_}),

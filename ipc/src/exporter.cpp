@@ -12,6 +12,7 @@
 #include <random>
 
 #include "continuation.hpp"
+#include "deadline.hpp"
 #include "os/system.hpp"
 
 namespace vmm::ipc {
@@ -241,7 +242,7 @@ export_statistics exporter::statistics() const {
   return result;
 }
 
-void send_manifest(int socket_fd, const exported_manifest& exported) {
+void send_manifest(int socket_fd, const exported_manifest& exported, std::chrono::milliseconds timeout) {
   if (exported.fds.size() != exported.description.fd_count())
     throw invalid_argument(fmt::format("send_manifest: {} fds for a manifest of {} posix-fd chunks",
                                        exported.fds.size(), exported.description.fd_count()));
@@ -250,10 +251,11 @@ void send_manifest(int socket_fd, const exported_manifest& exported) {
   for (const unique_fd& fd : exported.fds) fds.push_back(fd.get());
   const std::span<const int> all(fds);
   std::size_t sent = std::min(all.size(), max_fds_per_message);
-  send_message(socket_fd, exported.bytes, all.first(sent));
+  const detail::deadline until(timeout);
+  detail::send_message(socket_fd, exported.bytes, all.first(sent), until);
   for (std::uint32_t index = 1; sent < all.size(); ++index) {
     const std::size_t count = std::min(all.size() - sent, max_fds_per_message);
-    send_message(socket_fd, detail::continuation_payload(index), all.subspan(sent, count));
+    detail::send_message(socket_fd, detail::continuation_payload(index), all.subspan(sent, count), until);
     sent += count;
   }
 }

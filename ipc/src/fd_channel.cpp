@@ -15,16 +15,29 @@
 ///    the first read are a protocol error, and are closed like all the others.
 ///  - When the receiver cannot install every descriptor (EMFILE), it gets those that fit
 ///    and MSG_CTRUNC; that is an error too, after the ones that fit are owned.
+///
+/// Deadlines. A blocking recvmsg waits for as long as the peer keeps the connection open,
+/// and a blocking sendmsg of a large message for as long as the peer does not read: a peer
+/// that stops half-way would hang this process. So no call here ever blocks in the kernel
+/// except poll(): each recvmsg or sendmsg follows a poll() given the time left to the
+/// message's deadline, and passes MSG_DONTWAIT, which moves what can be moved now whatever
+/// the socket's O_NONBLOCK says. A poll() that a signal interrupts is called again with the
+/// time left then; an EAGAIN after a poll() that said "ready" (a spurious wake-up, or a
+/// non-blocking socket) goes back to poll() the same way. When the deadline passes, the
+/// descriptors received so far are owned already, and close as the exception unwinds.
 
 #include <vmm/ipc/fd_channel.hpp>
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+
+#include "deadline.hpp"
 
 namespace vmm::ipc {
 namespace {
@@ -93,11 +106,37 @@ class iovec_cursor {
   std::span<iovec> buffers_;
 };
 
-/// One recvmsg into `buffer`, retried after EINTR. Appends every descriptor it receives to
-/// `fds` before anything can throw, then reports truncated control data.
-/// @returns the number of bytes read; 0 at end of stream.
-std::size_t receive_some(int socket_fd, std::span<std::byte> buffer,
-                         std::vector<unique_fd>& fds) {
+/// Waits until `socket_fd` is ready for `events` (POLLIN or POLLOUT) or `until` passes.
+/// "Ready" includes an error or a hang-up, which the recvmsg or sendmsg that follows
+/// reports. Calls poll() again after EINTR, with the time left then.
+/// @returns false if the deadline passed first.
+bool wait_until_ready(int socket_fd, short events, const detail::deadline& until,
+                      const char* caller) {
+  if (socket_fd < 0) {
+    // poll() skips negative descriptors: it would wait out the deadline for nothing.
+    throw os_error(EBADF, fmt::format("{}: socket {} is not a descriptor", caller, socket_fd));
+  }
+  pollfd watched{socket_fd, events, 0};
+  while (true) {
+    int const ready = ::poll(&watched, 1, until.poll_timeout());
+    if (ready > 0) return true;
+    if (ready == 0) {
+      if (until.passed()) return false;
+      continue;  // poll() rounds its own clock; the deadline's is the one that counts
+    }
+    if (errno != EINTR) {
+      throw os_error(errno, fmt::format("{}: poll on socket {}", caller, socket_fd));
+    }
+  }
+}
+
+/// One recvmsg into `buffer` once the socket is readable, retried after EINTR and EAGAIN.
+/// Appends every descriptor it receives to `fds` before anything can throw, then reports
+/// truncated control data.
+/// @returns the number of bytes read, 0 at end of stream; nullopt if `until` passed first.
+std::optional<std::size_t> receive_some(int socket_fd, std::span<std::byte> buffer,
+                                        std::vector<unique_fd>& fds,
+                                        const detail::deadline& until) {
   // Reserve first, so that taking ownership below cannot fail with descriptors in flight.
   fds.reserve(fds.size() + max_fds_per_receive);
 
@@ -106,13 +145,14 @@ std::size_t receive_some(int socket_fd, std::span<std::byte> buffer,
   msghdr header{};
   ssize_t received = 0;
   do {
+    if (!wait_until_ready(socket_fd, POLLIN, until, "receive_message")) return std::nullopt;
     header = msghdr{};
     header.msg_iov = &io;
     header.msg_iovlen = 1;
     header.msg_control = control.data();
     header.msg_controllen = control.size();
-    received = ::recvmsg(socket_fd, &header, MSG_CMSG_CLOEXEC);
-  } while (received < 0 && errno == EINTR);
+    received = ::recvmsg(socket_fd, &header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  } while (received < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK));
   if (received < 0) {
     throw os_error(errno, fmt::format("recvmsg on socket {} ({} bytes wanted)", socket_fd,
                                       buffer.size()));
@@ -138,24 +178,31 @@ std::size_t receive_some(int socket_fd, std::span<std::byte> buffer,
   return static_cast<std::size_t>(received);
 }
 
-/// Fills `buffer` completely. Descriptors are accepted only from the first recvmsg when
-/// `first_of_message` is set, and from none otherwise.
+/// Fills `buffer` completely before `until`. Descriptors are accepted only from the first
+/// recvmsg when `first_of_message` is set, and from none otherwise.
 /// @param part "header" or "payload", for messages.
 void receive_exact(int socket_fd, std::span<std::byte> buffer, std::vector<unique_fd>& fds,
-                   bool first_of_message, const char* part) {
+                   bool first_of_message, const char* part, const detail::deadline& until) {
   std::vector<unique_fd> late_fds;
   std::size_t filled = 0;
   while (filled < buffer.size()) {
     bool const fds_allowed = first_of_message && filled == 0;
-    std::size_t const received =
-        receive_some(socket_fd, buffer.subspan(filled), fds_allowed ? fds : late_fds);
+    std::optional<std::size_t> const received =
+        receive_some(socket_fd, buffer.subspan(filled), fds_allowed ? fds : late_fds, until);
+    if (!received) {
+      throw timeout_error(fmt::format(
+          "receive_message on socket {}: timed out with {} of {} {} bytes received, after "
+          "waiting {} ms (timeout {} ms)",
+          socket_fd, filled, buffer.size(), part, until.waited().count(),
+          until.timeout().count()));
+    }
     if (!late_fds.empty()) {
-      throw invalid_argument(fmt::format(
+      throw protocol_error(fmt::format(
           "receive_message on socket {}: {} descriptors arrived after {} {} bytes; they must "
           "come with the message's first byte",
           socket_fd, late_fds.size(), filled, part));
     }
-    if (received == 0) {
+    if (*received == 0) {
       if (first_of_message && filled == 0) {
         throw peer_closed(fmt::format(
             "receive_message on socket {}: peer closed the connection before sending a message",
@@ -166,7 +213,7 @@ void receive_exact(int socket_fd, std::span<std::byte> buffer, std::vector<uniqu
                                  "bytes",
                                  socket_fd, filled, buffer.size(), part));
     }
-    filled += received;
+    filled += *received;
   }
 }
 
@@ -216,7 +263,8 @@ unique_fd accept_unix(int listen_fd) {
   return unique_fd{fd};
 }
 
-void send_message(int socket_fd, std::span<const std::byte> payload, std::span<const int> fds) {
+void detail::send_message(int socket_fd, std::span<const std::byte> payload,
+                          std::span<const int> fds, const deadline& until) {
   if (fds.size() > max_fds_per_message) {
     throw invalid_argument(
         fmt::format("send_message on socket {}: {} descriptors; a message carries at most {}",
@@ -241,6 +289,12 @@ void send_message(int socket_fd, std::span<const std::byte> payload, std::span<c
   std::size_t const total = sizeof(header) + payload.size();
   std::size_t sent = 0;
   while (!unsent.done()) {
+    if (!wait_until_ready(socket_fd, POLLOUT, until, "send_message")) {
+      throw timeout_error(fmt::format(
+          "send_message on socket {}: timed out with {} of {} bytes sent ({} descriptors), "
+          "after waiting {} ms (timeout {} ms) for the peer to read",
+          socket_fd, sent, total, fds.size(), until.waited().count(), until.timeout().count()));
+    }
     msghdr message_header{};
     message_header.msg_iov = unsent.data();
     message_header.msg_iovlen = unsent.count();
@@ -253,9 +307,9 @@ void send_message(int socket_fd, std::span<const std::byte> payload, std::span<c
       part->cmsg_len = CMSG_LEN(fds.size_bytes());
       std::memcpy(CMSG_DATA(part), fds.data(), fds.size_bytes());
     }
-    ssize_t const written = ::sendmsg(socket_fd, &message_header, MSG_NOSIGNAL);
+    ssize_t const written = ::sendmsg(socket_fd, &message_header, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (written < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       throw os_error(errno, fmt::format("send_message: sendmsg on socket {} after {} of {} "
                                         "bytes ({} descriptors)",
                                         socket_fd, sent, total, fds.size()));
@@ -267,38 +321,49 @@ void send_message(int socket_fd, std::span<const std::byte> payload, std::span<c
   }
 }
 
-message receive_message(int socket_fd, std::optional<std::size_t> expected_fd_count) {
+message detail::receive_message(int socket_fd, std::optional<std::size_t> expected_fd_count,
+                                const deadline& until) {
   message received;
   frame_header header{};
   receive_exact(socket_fd, std::as_writable_bytes(std::span{&header, 1}), received.fds, true,
-                "header");
+                "header", until);
 
   if (header.magic != frame_magic) {
-    throw invalid_argument(
+    throw protocol_error(
         fmt::format("receive_message on socket {}: bad magic {:#010x} (expected {:#010x}); the "
                     "peer is not a vmm channel or the stream lost sync",
                     socket_fd, header.magic, frame_magic));
   }
   if (header.payload_size > max_payload_bytes) {
-    throw invalid_argument(fmt::format(
+    throw protocol_error(fmt::format(
         "receive_message on socket {}: header declares a payload of {} bytes; at most {} allowed",
         socket_fd, header.payload_size, max_payload_bytes));
   }
   if (header.fd_count != received.fds.size()) {
-    throw invalid_argument(
+    throw protocol_error(
         fmt::format("receive_message on socket {}: header declares {} descriptors but {} arrived",
                     socket_fd, header.fd_count, received.fds.size()));
   }
   if (expected_fd_count && *expected_fd_count != received.fds.size()) {
-    throw invalid_argument(
+    throw protocol_error(
         fmt::format("receive_message on socket {}: expected {} descriptors but the message "
                     "carries {}",
                     socket_fd, *expected_fd_count, received.fds.size()));
   }
 
   received.payload.resize(static_cast<std::size_t>(header.payload_size));
-  receive_exact(socket_fd, received.payload, received.fds, false, "payload");
+  receive_exact(socket_fd, received.payload, received.fds, false, "payload", until);
   return received;
+}
+
+void send_message(int socket_fd, std::span<const std::byte> payload, std::span<const int> fds,
+                  std::chrono::milliseconds timeout) {
+  detail::send_message(socket_fd, payload, fds, detail::deadline{timeout});
+}
+
+message receive_message(int socket_fd, std::optional<std::size_t> expected_fd_count,
+                        std::chrono::milliseconds timeout) {
+  return detail::receive_message(socket_fd, expected_fd_count, detail::deadline{timeout});
 }
 
 }  // namespace vmm::ipc

@@ -1,6 +1,7 @@
 #include <vmm/ipc/handoff.hpp>
 
 #include <vmm/ipc/fd_channel.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 
 #include <fmt/format.h>
 
@@ -44,23 +45,29 @@ std::vector<std::byte> header(message_type type, std::uint64_t sequence, std::si
   return bytes;
 }
 
-// Receives one hand-off message of `type` and round `sequence`; returns what follows the
-// header (exactly `extra` bytes).
-std::vector<std::byte> receive(int socket_fd, message_type type, std::uint64_t sequence,
-                               std::size_t extra = 0) {
-  message received = receive_message(socket_fd, 0);
+// Receives one hand-off message of `type` and round `sequence`, waiting at most `timeout`;
+// returns what follows the header (exactly `extra` bytes).
+std::vector<std::byte> receive(int socket_fd, std::chrono::milliseconds timeout, message_type type,
+                               std::uint64_t sequence, std::size_t extra = 0) {
+  message received = receive_message(socket_fd, 0, timeout);
   const std::span<const std::byte> bytes(received.payload);
-  if (bytes.size() != header_bytes + extra)
-    throw invalid_argument(fmt::format("handoff: a {} message of {} bytes, expected {}", name(type),
-                                       bytes.size(), header_bytes + extra));
+  if (bytes.size() < header_bytes)
+    throw protocol_error(fmt::format("handoff on socket {}: a message of {} bytes where \"{}\" was due; "
+                                     "the header alone is {}",
+                                     socket_fd, bytes.size(), name(type), header_bytes));
   if (const auto magic = load<std::uint32_t>(bytes, 0); magic != handoff_magic)
-    throw invalid_argument(fmt::format("handoff: bad magic {:#010x}: not a hand-off message", magic));
+    throw protocol_error(fmt::format("handoff on socket {}: bad magic {:#010x} (expected {:#010x}): not a "
+                                     "hand-off message",
+                                     socket_fd, magic, handoff_magic));
   if (const auto got = load<std::uint32_t>(bytes, 4); got != static_cast<std::uint32_t>(type))
-    throw invalid_argument(fmt::format("handoff: message type {} where \"{}\" ({}) was due", got, name(type),
-                                       static_cast<std::uint32_t>(type)));
+    throw protocol_error(fmt::format("handoff on socket {}: message type {} where \"{}\" ({}) was due",
+                                     socket_fd, got, name(type), static_cast<std::uint32_t>(type)));
+  if (bytes.size() != header_bytes + extra)
+    throw protocol_error(fmt::format("handoff on socket {}: a \"{}\" message of {} bytes, expected {}",
+                                     socket_fd, name(type), bytes.size(), header_bytes + extra));
   if (const auto got = load<std::uint64_t>(bytes, 8); got != sequence)
-    throw invalid_argument(fmt::format("handoff: \"{}\" of round {} where round {} was due", name(type),
-                                       got, sequence));
+    throw protocol_error(fmt::format("handoff on socket {}: \"{}\" of round {} where round {} was due",
+                                     socket_fd, name(type), got, sequence));
   return {bytes.begin() + header_bytes, bytes.end()};
 }
 
@@ -77,35 +84,37 @@ interprocess_event_handle handle_at(std::span<const std::byte> bytes, std::size_
 
 }  // namespace
 
-handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider)
-    : socket_(socket_fd), ready_(require(provider)), done_(provider) {
+handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider,
+                                   std::chrono::milliseconds timeout)
+    : socket_(socket_fd), timeout_(timeout), ready_(require(provider)), done_(provider) {
   std::vector<std::byte> message = header(message_type::events, 0, 2 * handle_bytes);
   std::copy(ready_.handle().bytes.begin(), ready_.handle().bytes.end(), message.begin() + header_bytes);
   std::copy(done_.handle().bytes.begin(), done_.handle().bytes.end(),
             message.begin() + header_bytes + handle_bytes);
-  send_message(socket_, message);
+  send_message(socket_, message, {}, timeout_);
 }
 
 void handoff_producer::publish(stream_ref stream) {
   if (!consumed_)
     throw invalid_argument(fmt::format("handoff: round {} is published and not consumed yet", sequence_));
   ready_.record(stream);
-  send_message(socket_, header(message_type::ready, sequence_ + 1));
+  send_message(socket_, header(message_type::ready, sequence_ + 1), {}, timeout_);
   ++sequence_;
   consumed_ = false;
 }
 
 void handoff_producer::wait_consumed(stream_ref stream) {
   if (consumed_) throw invalid_argument("handoff: wait_consumed with no round published");
-  (void)receive(socket_, message_type::done, sequence_);
+  (void)receive(socket_, timeout_, message_type::done, sequence_);
   consumed_ = true;
   done_.enqueue_wait(stream);
 }
 
-handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider)
-    : socket_(socket_fd) {
+handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider,
+                                   std::chrono::milliseconds timeout)
+    : socket_(socket_fd), timeout_(timeout) {
   provider = require(std::move(provider));
-  const std::vector<std::byte> handles = receive(socket_, message_type::events, 0, 2 * handle_bytes);
+  const std::vector<std::byte> handles = receive(socket_, timeout_, message_type::events, 0, 2 * handle_bytes);
   ready_ = interprocess_event::open(provider, handle_at(handles, 0));
   done_ = interprocess_event::open(provider, handle_at(handles, handle_bytes));
 }
@@ -113,7 +122,7 @@ handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provide
 void handoff_consumer::acquire(stream_ref stream) {
   if (!finished_)
     throw invalid_argument(fmt::format("handoff: round {} is acquired and not finished yet", sequence_));
-  (void)receive(socket_, message_type::ready, sequence_ + 1);
+  (void)receive(socket_, timeout_, message_type::ready, sequence_ + 1);
   ++sequence_;
   finished_ = false;
   ready_.enqueue_wait(stream);
@@ -122,7 +131,7 @@ void handoff_consumer::acquire(stream_ref stream) {
 void handoff_consumer::finish(stream_ref stream) {
   if (finished_) throw invalid_argument("handoff: finish with no round acquired");
   done_.record(stream);
-  send_message(socket_, header(message_type::done, sequence_));
+  send_message(socket_, header(message_type::done, sequence_), {}, timeout_);
   finished_ = true;
 }
 

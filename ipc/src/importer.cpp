@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "continuation.hpp"
+#include "deadline.hpp"
 
 namespace vmm::ipc {
 namespace {
@@ -17,33 +18,38 @@ namespace {
 std::size_t first_batch(std::size_t fd_count) { return std::min(fd_count, max_fds_per_message); }
 
 // Receives continuation message `index` of a manifest, carrying exactly `count` fds.
-std::vector<unique_fd> receive_continuation(int socket_fd, std::uint32_t index, std::size_t count) {
-  message continuation = receive_message(socket_fd, count);
+std::vector<unique_fd> receive_continuation(int socket_fd, std::uint32_t index, std::size_t count,
+                                            const detail::deadline& until) {
+  message continuation = detail::receive_message(socket_fd, std::nullopt, until);
+  if (continuation.fds.size() != count)
+    throw bad_manifest(fmt::format("manifest on socket {}: continuation {} carries {} fds instead of {}",
+                                   socket_fd, index, continuation.fds.size(), count));
   detail::check_continuation(continuation.payload, index);
   return std::move(continuation.fds);
 }
 
 // The first message of a manifest: parsed, its fd count checked against the manifest's.
-received_manifest receive_first(int socket_fd) {
-  message first = receive_message(socket_fd);
+received_manifest receive_first(int socket_fd, const detail::deadline& until) {
+  message first = detail::receive_message(socket_fd, std::nullopt, until);
   received_manifest result{parse_manifest(first.payload), std::move(first.fds)};
   const std::size_t expected = first_batch(result.description.fd_count());
   if (result.fds.size() != expected)
-    throw invalid_argument(fmt::format(
-        "manifest: its message carries {} fds, but the manifest names {} posix-fd chunks ({} of "
-        "them travel with it)",
-        result.fds.size(), result.description.fd_count(), expected));
+    throw bad_manifest(fmt::format(
+        "manifest on socket {}: its message carries {} fds, but the manifest names {} posix-fd chunks "
+        "({} of them travel with it)",
+        socket_fd, result.fds.size(), result.description.fd_count(), expected));
   return result;
 }
 
 }  // namespace
 
-received_manifest receive_manifest(int socket_fd) {
-  received_manifest result = receive_first(socket_fd);
+received_manifest receive_manifest(int socket_fd, std::chrono::milliseconds timeout) {
+  const detail::deadline until(timeout);
+  received_manifest result = receive_first(socket_fd, until);
   const std::size_t total = result.description.fd_count();
   for (std::uint32_t index = 1; result.fds.size() < total; ++index) {
     std::vector<unique_fd> more =
-        receive_continuation(socket_fd, index, std::min(total - result.fds.size(), max_fds_per_message));
+        receive_continuation(socket_fd, index, std::min(total - result.fds.size(), max_fds_per_message), until);
     std::move(more.begin(), more.end(), std::back_inserter(result.fds));
   }
   return result;
@@ -53,14 +59,18 @@ received_manifest receive_manifest(int socket_fd) {
 // receiving each continuation message when the previous one is used up. An fd is owned by
 // the caller once taken, so it is closed as soon as its handle is imported.
 struct imported_buffer::fd_source {
-  fd_source(std::vector<unique_fd> fds, std::size_t total, int socket_fd)
-      : batch(std::move(fds)), remaining(total), socket(socket_fd) {}
+  // Every fd is in `fds`.
+  fd_source(std::vector<unique_fd> fds, std::size_t total)
+      : fd_source(std::move(fds), total, -1, detail::deadline(no_timeout)) {}
+  // The fds past `fds` arrive on `socket_fd`, in continuation messages due before `deadline`.
+  fd_source(std::vector<unique_fd> fds, std::size_t total, int socket_fd, const detail::deadline& deadline)
+      : batch(std::move(fds)), remaining(total), socket(socket_fd), until(deadline) {}
 
   unique_fd take() {
     if (remaining == 0) throw invalid_argument("imported_buffer: more posix-fd chunks than fds");
     if (used == batch.size()) {
       if (socket < 0) throw invalid_argument("imported_buffer: more posix-fd chunks than fds");
-      batch = receive_continuation(socket, next_index++, std::min(remaining, max_fds_per_message));
+      batch = receive_continuation(socket, next_index++, std::min(remaining, max_fds_per_message), until);
       used = 0;
     }
     --remaining;
@@ -69,8 +79,9 @@ struct imported_buffer::fd_source {
 
   std::vector<unique_fd> batch;
   std::size_t used = 0;
-  std::size_t remaining;  // fds still to hand out, this batch's included
-  int socket;             // -1: every fd is in `batch`
+  std::size_t remaining;   // fds still to hand out, this batch's included
+  int socket;              // -1: every fd is in `batch`
+  detail::deadline until;  // for the whole manifest, from its first message on
   std::uint32_t next_index = 1;
 };
 
@@ -101,14 +112,15 @@ imported_buffer::imported_buffer(const manifest& description, std::vector<unique
   if (fds.size() != description.fd_count())
     throw invalid_argument(fmt::format("imported_buffer: {} fds for a manifest of {} posix-fd chunks",
                                        fds.size(), description.fd_count()));
-  fd_source source(std::move(fds), description.fd_count(), -1);
+  fd_source source(std::move(fds), description.fd_count());
   map_chunks(description, source);
   size_ = description.size;
 }
 
 imported_buffer imported_buffer::receive(int socket_fd, import_options options) {
-  received_manifest first = receive_first(socket_fd);
-  fd_source source(std::move(first.fds), first.description.fd_count(), socket_fd);
+  const detail::deadline until(options.timeout);
+  received_manifest first = receive_first(socket_fd, until);
+  fd_source source(std::move(first.fds), first.description.fd_count(), socket_fd, until);
   imported_buffer result(unmapped{}, first.description, std::move(options));
   result.map_chunks(first.description, source);
   result.size_ = first.description.size;
@@ -237,14 +249,15 @@ void imported_buffer::grow(const manifest& tail, std::vector<unique_fd> fds) {
   if (fds.size() != tail.fd_count())
     throw invalid_argument(fmt::format("imported_buffer: {} fds for a growth manifest of {} posix-fd chunks",
                                        fds.size(), tail.fd_count()));
-  fd_source source(std::move(fds), tail.fd_count(), -1);
+  fd_source source(std::move(fds), tail.fd_count());
   map_chunks(tail, source);
   size_ = tail.size;
 }
 
-void imported_buffer::receive_growth(int socket_fd) {
-  received_manifest first = receive_first(socket_fd);
-  fd_source source(std::move(first.fds), first.description.fd_count(), socket_fd);
+void imported_buffer::receive_growth(int socket_fd, std::chrono::milliseconds timeout) {
+  const detail::deadline until(timeout);
+  received_manifest first = receive_first(socket_fd, until);
+  fd_source source(std::move(first.fds), first.description.fd_count(), socket_fd, until);
   check_growth(first.description);
   map_chunks(first.description, source);
   size_ = first.description.size;

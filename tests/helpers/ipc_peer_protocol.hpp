@@ -18,6 +18,7 @@
 
 #include "vmm/error.hpp"
 #include "vmm/ipc/fd_channel.hpp"
+#include "vmm/ipc/protocol_error.hpp"
 
 extern char** environ;
 
@@ -49,7 +50,7 @@ inline peer_report receive_report(int socket_fd) {
   const ipc::message received = ipc::receive_message(socket_fd, 0);
   peer_report report;
   if (received.payload.size() != sizeof report)
-    throw invalid_argument("peer report of the wrong size");
+    throw ipc::protocol_error("peer report of the wrong size");
   std::memcpy(&report, received.payload.data(), sizeof report);
   return report;
 }
@@ -69,7 +70,7 @@ inline kernel_peer_report receive_kernel_report(int socket_fd) {
   const ipc::message received = ipc::receive_message(socket_fd, 0);
   kernel_peer_report report;
   if (received.payload.size() != sizeof report)
-    throw invalid_argument("kernel peer report of the wrong size");
+    throw ipc::protocol_error("kernel peer report of the wrong size");
   std::memcpy(&report, received.payload.data(), sizeof report);
   return report;
 }
@@ -82,7 +83,7 @@ inline void send_go(int socket_fd) {
 
 inline void receive_go(int socket_fd) {
   const ipc::message received = ipc::receive_message(socket_fd, 0);
-  if (received.payload.size() != sizeof(std::uint32_t)) throw invalid_argument("not a go message");
+  if (received.payload.size() != sizeof(std::uint32_t)) throw ipc::protocol_error("not a go message");
 }
 
 // A peer program started with posix_spawn (never fork: the test may have started CUDA),

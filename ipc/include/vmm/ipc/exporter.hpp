@@ -43,6 +43,7 @@
 #include <vmm/ipc/manifest.hpp>
 #include <vmm/unique_fd.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -153,7 +154,12 @@ class exporter {
 
 /// Sends a manifest and its fds over a connected Unix stream socket: the manifest and the
 /// first max_fds_per_message fds in one message, the rest in continuation messages.
-/// @throws vmm::os_error, vmm::invalid_argument as vmm::ipc::send_message.
-void send_manifest(int socket_fd, const exported_manifest& exported);
+/// @param timeout how long the whole manifest, every continuation message included, may
+///        wait for the peer to read (no_timeout: without end).
+/// @throws vmm::invalid_argument `exported` holds another number of fds than its manifest
+///         names; nothing was sent.
+/// @throws vmm::ipc::timeout_error, vmm::os_error as vmm::ipc::send_message.
+void send_manifest(int socket_fd, const exported_manifest& exported,
+                   std::chrono::milliseconds timeout = default_timeout);
 
 }  // namespace vmm::ipc

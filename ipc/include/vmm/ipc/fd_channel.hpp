@@ -6,14 +6,21 @@
 /// descriptors travel as SCM_RIGHTS ancillary data on the first byte of the header. Both
 /// ends run on one host, so the header is in host byte order.
 ///
-/// The sockets must be blocking. After any exception from send_message or receive_message
-/// the stream position is unknown: close the socket rather than sending or receiving on it
-/// again. peer_closed is the one exception to this: it is the orderly end of a conversation.
+/// Every send and receive has a deadline: a peer that stops half-way through a message, or
+/// stops reading, costs the other end at most the timeout (default_timeout unless the
+/// caller says otherwise), then a timeout_error. The sockets may be blocking or not: each
+/// call waits in poll() for the time left and moves bytes with MSG_DONTWAIT.
+///
+/// After any exception from send_message or receive_message the stream position is unknown:
+/// close the socket rather than sending or receiving on it again. peer_closed is the one
+/// exception to this: it is the orderly end of a conversation.
 
 #include <vmm/error.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 #include <vmm/unique_fd.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -31,6 +38,16 @@ inline constexpr std::size_t max_fds_per_message = 253;
 /// The largest payload one message may carry (64 MiB); larger frames are refused on both
 /// ends so that a corrupt or hostile header cannot make the receiver allocate without bound.
 inline constexpr std::size_t max_payload_bytes = std::size_t{64} << 20;
+
+/// How long send_message and receive_message wait for the peer unless told otherwise: 30
+/// seconds for the whole message, every byte and descriptor of it. A live peer on the same
+/// host moves max_payload_bytes in a small fraction of that; a peer that stopped is noticed.
+inline constexpr std::chrono::milliseconds default_timeout{30'000};
+
+/// A timeout that never expires: wait for as long as the peer keeps the connection open.
+/// For a side that idles between messages for as long as it likes (a server waiting for its
+/// next request); a peer that stops half-way then blocks it forever.
+inline constexpr std::chrono::milliseconds no_timeout = std::chrono::milliseconds::max();
 
 /// The value of frame_header::magic: "VMM1" read as a little-endian integer.
 inline constexpr std::uint32_t frame_magic = 0x314d4d56;
@@ -65,6 +82,17 @@ class peer_closed : public os_error {
   explicit peer_closed(const std::string& message) : os_error(ECONNRESET, message) {}
 };
 
+/// The peer did not send (or, for send_message, did not make room for) the rest of a
+/// message before the deadline, though it kept the connection open. code() is ETIMEDOUT;
+/// what() says how many of how many bytes got through and how long the call waited. Every
+/// descriptor received with the message was closed. As after any error but peer_closed,
+/// close the socket.
+class timeout_error : public os_error {
+ public:
+  /// @param message what was being sent or received, on which socket, and how far it got.
+  explicit timeout_error(const std::string& message) : os_error(ETIMEDOUT, message) {}
+};
+
 /// Creates a connected pair of AF_UNIX SOCK_STREAM sockets, both close-on-exec.
 /// @throws vmm::os_error if socketpair fails (for example EMFILE).
 [[nodiscard]] std::pair<unique_fd, unique_fd> make_socket_pair();
@@ -91,33 +119,45 @@ class peer_closed : public os_error {
 [[nodiscard]] unique_fd accept_unix(int listen_fd);
 
 /// Sends one message: the header and `payload`, with `fds` attached to the header.
-/// Blocks until every byte is written; retries after EINTR and partial writes. Never
-/// raises SIGPIPE. The caller keeps ownership of `fds`; the receiver gets duplicates.
-/// @param socket_fd a connected, blocking stream socket; not owned.
+/// Waits, for at most `timeout` in all, until every byte is written; carries on after
+/// EINTR and partial writes. Never raises SIGPIPE. The caller keeps ownership of `fds`; the
+/// receiver gets duplicates.
+/// @param socket_fd a connected stream socket, blocking or not; not owned.
 /// @param payload at most max_payload_bytes bytes; may be empty.
 /// @param fds at most max_fds_per_message open descriptors; may be empty.
+/// @param timeout how long the whole message may wait for room in the socket: no_timeout
+///        waits without end; zero or less sends only what fits at once.
 /// @throws vmm::invalid_argument if `payload` or `fds` exceeds its limit; nothing was sent.
-/// @throws vmm::os_error if sendmsg fails: EPIPE when the peer has closed, EBADF when an
-///         entry of `fds` is not open. Part of the message may have been sent.
+/// @throws vmm::ipc::timeout_error if the peer did not read enough to let the whole message
+///         through within `timeout`. Part of the message may have been sent.
+/// @throws vmm::os_error if poll or sendmsg fails: EPIPE when the peer has closed, EBADF
+///         when `socket_fd` or an entry of `fds` is not open. Part of the message may have
+///         been sent.
 void send_message(int socket_fd, std::span<const std::byte> payload,
-                  std::span<const int> fds = {});
+                  std::span<const int> fds = {},
+                  std::chrono::milliseconds timeout = default_timeout);
 
-/// Receives one message sent by send_message. Blocks until it is complete; retries after
-/// EINTR and partial reads. Every descriptor is owned from the moment it arrives, so each
-/// one is closed again when this function throws.
-/// @param socket_fd a connected, blocking stream socket; not owned.
+/// Receives one message sent by send_message. Waits, for at most `timeout` in all, until it
+/// is complete; carries on after EINTR and partial reads. Every descriptor is owned from
+/// the moment it arrives, so each one is closed again when this function throws.
+/// @param socket_fd a connected stream socket, blocking or not; not owned.
 /// @param expected_fd_count if given, the number of descriptors the message must carry.
+/// @param timeout how long to wait for the whole message, its first byte included:
+///        no_timeout waits without end; zero or less takes only what has arrived already.
+/// @throws vmm::ipc::timeout_error if the message was not complete within `timeout`;
+///         what() says after how many of how many header or payload bytes.
 /// @throws vmm::ipc::peer_closed if the peer closed before sending any byte of a message.
 /// @throws vmm::os_error (ECONNRESET) if the peer closed part-way through the message;
 ///         what() says after how many of how many header or payload bytes.
-/// @throws vmm::os_error if recvmsg fails, or if the kernel truncated the descriptors
+/// @throws vmm::os_error if poll or recvmsg fails, or if the kernel truncated the descriptors
 ///         (MSG_CTRUNC; EMFILE when this process ran out of descriptors).
-/// @throws vmm::invalid_argument if the peer broke the protocol: a wrong magic, a payload
-///         or descriptor count over its limit, a descriptor count that differs from the
+/// @throws vmm::ipc::protocol_error if the peer broke the protocol: a wrong magic, a
+///         payload size over max_payload_bytes, a descriptor count that differs from the
 ///         header's or from `expected_fd_count`, or descriptors that arrived after the
 ///         message's first read.
 /// @throws std::bad_alloc if the payload buffer cannot be allocated.
 [[nodiscard]] message receive_message(int socket_fd,
-                                      std::optional<std::size_t> expected_fd_count = {});
+                                      std::optional<std::size_t> expected_fd_count = {},
+                                      std::chrono::milliseconds timeout = default_timeout);
 
 }  // namespace vmm::ipc

@@ -19,15 +19,24 @@
 /// dies with a record pending on the GPU, the other side's waits on that event may never
 /// complete: keep a timeout in whatever supervises the processes.
 ///
+/// The socket messages have a deadline: each send or receive waits at most the timeout
+/// given to the constructor (default_timeout, 30 s), then throws vmm::ipc::timeout_error.
+/// wait_consumed() and acquire() wait for the other side's message, so a side whose peer
+/// may take longer than that between rounds passes a larger timeout, or no_timeout.
+///
 /// On host providers every event is already passed and the hand-off is the socket
 /// messages alone: the same code runs on the OS provider in CI and on the GPU.
 ///
 /// Messages: a 16-byte header (u32 "VMMH", u32 type, u64 sequence; little-endian) and, for
 /// the first message (type 1), the two events' 64-byte handles; type 2 is "ready", type 3
-/// "done", each carrying the sequence number of its round (1, 2, ...). Each is checked.
+/// "done", each carrying the sequence number of its round (1, 2, ...). Each is checked: a
+/// message that breaks these rules raises vmm::ipc::protocol_error.
 
+#include <vmm/ipc/fd_channel.hpp>
 #include <vmm/ipc/interprocess_event.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -37,29 +46,37 @@ namespace vmm::ipc {
 class handoff_producer {
  public:
   /// Creates the two events through `provider` (the memory's) and sends their handles.
+  /// @param socket_fd the connection to the consumer; not owned.
+  /// @param timeout how long each message of the conversation may wait for the consumer,
+  ///        this one included (no_timeout: without end).
   /// @throws vmm::invalid_argument the provider is null.
   /// @throws vmm::driver_error the events could not be created.
-  /// @throws vmm::os_error sending failed.
-  handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider);
+  /// @throws vmm::ipc::timeout_error, vmm::os_error sending failed.
+  handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider,
+                   std::chrono::milliseconds timeout = default_timeout);
   handoff_producer(handoff_producer&&) noexcept = default;
   handoff_producer& operator=(handoff_producer&&) noexcept = default;
 
   /// Marks the end of the work queued on `stream` so far as the consumer's to wait for,
   /// and tells the consumer. Call once per round, after the writes are queued.
   /// @throws vmm::invalid_argument the previous round was not consumed yet.
-  /// @throws vmm::os_error, vmm::driver_error.
+  /// @throws vmm::ipc::timeout_error, vmm::os_error, vmm::driver_error.
   void publish(stream_ref stream);
   /// Receives the consumer's "done" for the current round and makes work queued on
   /// `stream` from now on wait for the consumer's work. The host does not wait for the
   /// GPU; it waits for the consumer's message.
-  /// @throws vmm::invalid_argument nothing is published, or the message is not this round's.
+  /// @throws vmm::invalid_argument nothing is published.
+  /// @throws vmm::ipc::protocol_error the message is not this round's "done".
+  /// @throws vmm::ipc::timeout_error no "done" within the timeout.
   /// @throws vmm::ipc::peer_closed the consumer went away.
+  /// @throws vmm::os_error receiving failed.
   void wait_consumed(stream_ref stream);
   /// The rounds published so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
 
  private:
   int socket_;
+  std::chrono::milliseconds timeout_;
   interprocess_event ready_;
   interprocess_event done_;
   std::uint64_t sequence_ = 0;
@@ -70,28 +87,37 @@ class handoff_producer {
 class handoff_consumer {
  public:
   /// Receives the producer's event handles and opens them through `provider`.
-  /// @throws vmm::invalid_argument the provider is null or the message is malformed.
+  /// @param socket_fd the connection to the producer; not owned.
+  /// @param timeout how long each message of the conversation may wait for the producer,
+  ///        the events message included (no_timeout: without end).
+  /// @throws vmm::invalid_argument the provider is null.
+  /// @throws vmm::ipc::protocol_error the message is not the producer's "events" message.
   /// @throws vmm::driver_error the events could not be opened.
-  /// @throws vmm::ipc::peer_closed, vmm::os_error receiving failed.
-  handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider);
+  /// @throws vmm::ipc::timeout_error, vmm::ipc::peer_closed, vmm::os_error receiving failed.
+  handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider,
+                   std::chrono::milliseconds timeout = default_timeout);
   handoff_consumer(handoff_consumer&&) noexcept = default;
   handoff_consumer& operator=(handoff_consumer&&) noexcept = default;
 
   /// Receives the producer's "ready" for the next round and makes work queued on `stream`
   /// from now on wait for the producer's writes.
-  /// @throws vmm::invalid_argument the previous round was not finished, or the message is
-  ///         not the next round's.
+  /// @throws vmm::invalid_argument the previous round was not finished.
+  /// @throws vmm::ipc::protocol_error the message is not the next round's "ready".
+  /// @throws vmm::ipc::timeout_error no "ready" within the timeout.
   /// @throws vmm::ipc::peer_closed the producer went away.
+  /// @throws vmm::os_error receiving failed.
   void acquire(stream_ref stream);
   /// Marks the end of the work queued on `stream` so far as the producer's to wait for,
   /// and tells the producer that this round is finished.
   /// @throws vmm::invalid_argument nothing is acquired.
+  /// @throws vmm::ipc::timeout_error, vmm::os_error, vmm::driver_error.
   void finish(stream_ref stream);
   /// The rounds acquired so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
 
  private:
   int socket_;
+  std::chrono::milliseconds timeout_;
   interprocess_event ready_;
   interprocess_event done_;
   std::uint64_t sequence_ = 0;

@@ -44,6 +44,7 @@
 #include <vmm/stream_ref.hpp>
 #include <vmm/unique_fd.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,12 +59,18 @@ struct received_manifest {
 };
 
 /// Receives a manifest sent by send_manifest (the manifest message and its continuation
-/// messages), parses it and checks every message's fd count.
-/// @throws vmm::ipc::bad_manifest the bytes are not a valid manifest, or a continuation
-///         message is malformed; every fd received is closed.
-/// @throws vmm::invalid_argument a message carries the wrong number of fds.
-/// @throws vmm::ipc::peer_closed, vmm::os_error as receive_message.
-[[nodiscard]] received_manifest receive_manifest(int socket_fd);
+/// messages), parses it and checks every message's fd count. Whatever it throws, every fd
+/// received is closed.
+/// @param timeout how long to wait for the whole manifest, every continuation message
+///        included (no_timeout: without end).
+/// @throws vmm::ipc::bad_manifest the bytes are not a valid manifest, a message carries
+///         another number of fds than the manifest calls for, or a continuation message is
+///         malformed or out of order.
+/// @throws vmm::ipc::timeout_error the manifest was not complete within `timeout`.
+/// @throws vmm::ipc::protocol_error, vmm::ipc::peer_closed, vmm::os_error as receive_message
+///         (a broken frame, the peer gone, a failed recvmsg).
+[[nodiscard]] received_manifest receive_manifest(int socket_fd,
+                                                 std::chrono::milliseconds timeout = default_timeout);
 
 /// How to import.
 struct import_options {
@@ -78,6 +85,10 @@ struct import_options {
   /// The largest max_size a manifest may make this process reserve; 0: the physical memory
   /// size of the manifest's location (provider_capabilities::physical_memory_size).
   std::size_t max_size_limit = 0;
+  /// How long imported_buffer::receive() waits for the whole manifest, every continuation
+  /// message included; the handles it imports between them count against it too.
+  /// no_timeout waits without end.
+  std::chrono::milliseconds timeout = default_timeout;
 };
 
 /// Another process's buffer, mapped here with its layout. See the file comment. Move-only.
@@ -98,8 +109,9 @@ class imported_buffer {
   /// Whatever the failure, nothing stays mapped or reserved.
   imported_buffer(const manifest& description, std::vector<unique_fd> fds, import_options options = {});
   /// Receives a manifest from send_manifest on `socket_fd` and imports it, holding at most
-  /// one message's fds at a time. Same errors as above and as receive_manifest(). After an
-  /// exception the socket may be in the middle of a manifest: close it.
+  /// one message's fds at a time, within options.timeout. Same errors as above and as
+  /// receive_manifest() (vmm::ipc::timeout_error included). After an exception the socket
+  /// may be in the middle of a manifest: close it.
   [[nodiscard]] static imported_buffer receive(int socket_fd, import_options options = {});
 
   imported_buffer(imported_buffer&& other) noexcept;
@@ -117,9 +129,11 @@ class imported_buffer {
   ///         where this import ends.
   /// @throws vmm::invalid_argument as the constructor.
   void grow(const manifest& tail, std::vector<unique_fd> fds);
-  /// Receives a growth manifest from `socket_fd` and maps it, as grow(). After an exception
-  /// the socket may be in the middle of a manifest: close it.
-  void receive_growth(int socket_fd);
+  /// Receives a growth manifest from `socket_fd` and maps it, as grow(), waiting at most
+  /// `timeout` for the whole manifest (see import_options::timeout). Same errors as grow()
+  /// and as receive_manifest(). After an exception the socket may be in the middle of a
+  /// manifest: close it.
+  void receive_growth(int socket_fd, std::chrono::milliseconds timeout = default_timeout);
 
   /// The first byte (nullptr when empty); never changes, growth included.
   [[nodiscard]] void* data() const noexcept { return run_.data(); }

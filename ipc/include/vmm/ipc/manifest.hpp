@@ -52,6 +52,7 @@
 /// number (1, 2, ...), both u32 little-endian. Every message's fd count is checked.
 
 #include <vmm/error.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 #include <vmm/location.hpp>
 #include <vmm/ipc/fabric.hpp>
 #include <vmm/provider.hpp>
@@ -63,10 +64,14 @@
 
 namespace vmm::ipc {
 
-/// A manifest that does not parse or does not hold together. Nothing was mapped.
-class bad_manifest : public invalid_argument {
+/// A manifest that does not parse or does not hold together, or the messages that carry it
+/// do not agree with it (their descriptor counts, a continuation out of place): the
+/// exporter broke the protocol. Nothing was mapped and every descriptor received is closed;
+/// close the socket. validate() and serialize() raise it too, for a manifest built in memory
+/// that no peer would accept.
+class bad_manifest : public protocol_error {
  public:
-  using invalid_argument::invalid_argument;
+  using protocol_error::protocol_error;
 };
 
 /// "VMMF" read as a little-endian integer.
