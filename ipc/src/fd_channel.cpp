@@ -38,6 +38,7 @@
 #include <cstring>
 
 #include "deadline.hpp"
+#include "os/system.hpp"
 
 namespace vmm::ipc {
 namespace {
@@ -118,7 +119,7 @@ bool wait_until_ready(int socket_fd, short events, const detail::deadline& until
   }
   pollfd watched{socket_fd, events, 0};
   while (true) {
-    int const ready = ::poll(&watched, 1, until.poll_timeout());
+    int const ready = os::poll(&watched, 1, until.poll_timeout());
     if (ready > 0) return true;
     if (ready == 0) {
       if (until.passed()) return false;
@@ -151,7 +152,7 @@ std::optional<std::size_t> receive_some(int socket_fd, std::span<std::byte> buff
     header.msg_iovlen = 1;
     header.msg_control = control.data();
     header.msg_controllen = control.size();
-    received = ::recvmsg(socket_fd, &header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    received = os::recvmsg(socket_fd, &header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   } while (received < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK));
   if (received < 0) {
     throw os_error(errno, fmt::format("recvmsg on socket {} ({} bytes wanted)", socket_fd,
@@ -307,7 +308,7 @@ void detail::send_message(int socket_fd, std::span<const std::byte> payload,
       part->cmsg_len = CMSG_LEN(fds.size_bytes());
       std::memcpy(CMSG_DATA(part), fds.data(), fds.size_bytes());
     }
-    ssize_t const written = ::sendmsg(socket_fd, &message_header, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t const written = os::sendmsg(socket_fd, &message_header, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (written < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       throw os_error(errno, fmt::format("send_message: sendmsg on socket {} after {} of {} "

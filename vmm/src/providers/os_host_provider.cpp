@@ -137,12 +137,12 @@ std::uintptr_t os_host_provider::do_allocate_range(std::size_t size, std::size_t
   if (end > aligned + size &&
       os::munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size)) != 0) {
     const int error = errno;
-    ::munmap(base, padded);
+    (void)os::munmap(base, padded);
     throw_errno(error, fmt::format("os host: munmap of the {}-byte tail padding", end - aligned - size));
   }
   if (aligned > start && os::munmap(base, aligned - start) != 0) {
     const int error = errno;
-    ::munmap(base, aligned + size - start);
+    (void)os::munmap(base, aligned + size - start);
     throw_errno(error, fmt::format("os host: munmap of the {}-byte head padding", aligned - start));
   }
   return aligned;
