@@ -1,0 +1,88 @@
+// Every public header compiles in a .cu file, and its inline API works there: compiled and
+// linked by nvcc, run on the host (CI has nvcc but no GPU), with the device-side inline
+// functions compiled into a kernel that runs where there is a GPU. Regression: comparing
+// two vmm::location in nvcc-compiled code failed to link (the defaulted comparison was not
+// emitted inline).
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "cuda_support.hpp"
+#include "vmm/address_range.hpp"
+#include "vmm/address_space.hpp"
+#include "vmm/capabilities.hpp"
+#include "vmm/chunk_pool.hpp"
+#include "vmm/chunk_view.hpp"
+#include "vmm/device_vector.hpp"
+#include "vmm/error.hpp"
+#include "vmm/growable_buffer.hpp"
+#include "vmm/host_device.hpp"
+#include "vmm/ipc/exporter.hpp"
+#include "vmm/ipc/fabric.hpp"
+#include "vmm/ipc/fd_channel.hpp"
+#include "vmm/ipc/handoff.hpp"
+#include "vmm/ipc/importer.hpp"
+#include "vmm/ipc/interprocess_event.hpp"
+#include "vmm/ipc/manifest.hpp"
+#include "vmm/ipc/protocol_error.hpp"
+#include "vmm/location.hpp"
+#include "vmm/mapped_range.hpp"
+#include "vmm/mapping.hpp"
+#include "vmm/physical_allocation.hpp"
+#include "vmm/provider.hpp"
+#include "vmm/retirement.hpp"
+#include "vmm/ring_buffer.hpp"
+#include "vmm/ring_buffer_view.hpp"
+#include "vmm/shared_chunk.hpp"
+#include "vmm/stream_executor.hpp"
+#include "vmm/stream_ref.hpp"
+#include "vmm/stripe_layout.hpp"
+#include "vmm/striped_buffer.hpp"
+#include "vmm/unique_fd.hpp"
+
+namespace vmm::testing {
+namespace {
+
+__global__ void locate_on_device(stripe_layout layout, std::uint64_t offset, std::uint32_t* device) {
+  *device = layout.locate(offset).device;
+}
+
+TEST(headers_in_cuda, inline_comparisons_and_values_link_and_work) {
+  EXPECT_TRUE(location::device(1) == location::device(1));
+  EXPECT_FALSE(location::device(1) == location::device(2));
+  EXPECT_TRUE(location::os_host() < location::device(0) || location::device(0) < location::os_host());
+  const std::set<location> places{location::device(0), location::pinned_host(0), location::os_host()};
+  EXPECT_EQ(places.size(), 3u);
+  EXPECT_TRUE(accessor::device(3) == accessor::device(3));
+  EXPECT_FALSE(accessor::host() == accessor::device(0));
+  EXPECT_TRUE(stream_ref() == stream_ref(nullptr));
+  EXPECT_FALSE(stream_ref::per_thread() == stream_ref());
+  const stripe_layout layout = make_stripe_layout(8u << 20, 2u << 20, 2, stripe_mode::round_robin);
+  EXPECT_EQ(layout.locate(3u << 20).device, 1u);
+  EXPECT_EQ(to_string(location::device(2)), "gpu 2");
+  EXPECT_EQ(std::string(to_string(handle_kind::posix_fd)), "posix fd");
+  const ipc::fabric_handle zero{};
+  EXPECT_TRUE(zero == ipc::fabric_handle{});
+  // Host memory end to end through nvcc-compiled templates.
+  device_vector<int> numbers(location::os_host(), {.max_size = 8u << 20});
+  numbers.push_back(7);
+  EXPECT_EQ(numbers.to_host(), std::vector<int>{7});
+  stream_event done(host_executor(), stream_ref());
+  EXPECT_TRUE(done.done());
+}
+
+class headers_in_cuda_gpu : public gpu_test {};
+
+TEST_F(headers_in_cuda_gpu, device_side_inline_functions_run_in_a_kernel) {
+  const stripe_layout layout = make_stripe_layout(8u << 20, 2u << 20, 2, stripe_mode::round_robin);
+  std::uint32_t* device = nullptr;
+  VMM_CUDA_CHECK(cudaMallocManaged(&device, sizeof *device));
+  locate_on_device<<<1, 1>>>(layout, 3u << 20, device);
+  VMM_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(*device, 1u);
+  VMM_CUDA_CHECK(cudaFree(device));
+}
+
+}  // namespace
+}  // namespace vmm::testing
