@@ -1,6 +1,16 @@
 #pragma once
 /// @file
 /// What the driver, the GPUs and the host offer: the table vmm-info prints.
+///
+///     vmm::system_capabilities caps = vmm::query_capabilities();   // never throws
+///     if (!caps.driver_loaded) std::printf("no GPU memory: %s\n", caps.driver_problem.c_str());
+///     for (const vmm::device_capabilities& gpu : caps.devices)
+///       std::printf("%s: granularity %zu, fd export %d\n", gpu.name.c_str(),
+///                   gpu.device_granularity.minimum, gpu.posix_fd_supported);
+///
+/// fabric_supported is the device attribute only: whether fabric handles can really be
+/// created (an IMEX channel) is probed once when a GPU's provider is made, and
+/// provider_capabilities::export_kind says the outcome. Code that has a provider asks it.
 
 #include <cstddef>
 #include <string>

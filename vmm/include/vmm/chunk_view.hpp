@@ -27,7 +27,7 @@
 /// the view's stream may still read through it, so the view is retired in stream order
 /// (vmm/retirement.hpp) and unmapped once the stream has passed its destruction.
 ///
-/// Costs are per handle (GPU-FACTS.md): a view maps each chunk once and sets access once
+/// Costs are per handle (docs/GPU-FACTS.md): a view maps each chunk once and sets access once
 /// over its whole range, so it costs about one cuMemMap and one cuMemSetAccess handle-step
 /// per chunk, whatever the chunks' sizes. Views of buffers made of large chunks are cheap.
 ///

@@ -1,6 +1,15 @@
 #pragma once
 /// @file
-/// The exceptions vmm throws. Every public function reports failure with one of these:
+/// The exceptions vmm throws.
+///
+///     try {
+///       buffer.resize(buffer.size() + batch_bytes, stream);
+///     } catch (const vmm::out_of_memory& e) {   // a std::bad_alloc; the buffer is as it was
+///       vmm::default_pool(vmm::location::device(0))->trim_to(0);   // then retry, or spill
+///     }
+///     vmm::set_cleanup_failure_handler(+[](const char* what) noexcept { log_error(what); });
+///
+/// Every public function reports failure with one of these:
 ///  - vmm::out_of_memory (a std::bad_alloc): the driver or the OS had no memory left, or a
 ///    pool's cap was reached;
 ///  - vmm::invalid_argument (a std::invalid_argument): the caller passed a bad size,

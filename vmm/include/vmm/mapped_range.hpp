@@ -8,7 +8,8 @@
 ///     run.push_back(std::make_shared<const vmm::pooled_chunk>(pool->acquire(64 << 20)));
 ///     run.set_access(0, run.mapped(), vmm::access_mode::read_write);
 ///     use(run.data());
-///     std::move(run).retire({vmm::stream_event(pool->provider()->executor(), stream)});
+///     const vmm::stream_use queued{&pool->provider()->executor(), stream};
+///     std::move(run).retire_after({&queued, 1});   // unmapped once `stream` has passed
 ///
 /// A chunk's memory may come from any provider that shares the range's address space
 /// (several GPUs' memory in one range: see vmm/address_space.hpp). Chunks are

@@ -1,6 +1,19 @@
 #pragma once
 /// @file
 /// A piece of physical memory (cuMemCreate / memfd), not yet at any address.
+///
+///     auto gpu = vmm::provider_for(vmm::location::device(0));
+///     vmm::physical_allocation memory(gpu, 64 << 20);   // memory; no address yet
+///     vmm::unique_fd fd = memory.export_fd();            // for another process, which calls
+///     //   vmm::physical_allocation::import_fd(its_gpu_provider, received_fd, 64 << 20)
+///     vmm::address_range range(gpu, 64 << 20);
+///     vmm::mapping mapped(memory, range.address(), vmm::access_mode::read_write);
+///
+/// Physical memory and addresses are apart, as the driver keeps them: the same allocation
+/// may be mapped at several addresses (vmm::mapping, vmm::chunk_view) and in several
+/// processes. Most code takes its physical memory from a vmm::chunk_pool instead of making
+/// it here, because creating and destroying memory costs the driver tens of microseconds a
+/// handle.
 
 #include <cstddef>
 #include <memory>

@@ -4,6 +4,11 @@
 /// view, passed to kernels by value, with the single-producer / single-consumer protocol as
 /// inline functions that compile for the host and, under nvcc, for the device.
 ///
+///     vmm::ring_buffer ring(vmm::location::os_host(), 2 << 20);
+///     vmm::ring_buffer_view v = ring.view();   // the same value a kernel takes by value
+///     if (std::byte* p = v.reserve(n)) { std::memcpy(p, record, n); v.publish(n); }
+///     if (const std::byte* q = v.peek(n)) { handle(q, n); v.consume(n); }
+///
 /// The protocol. `head` counts the bytes the producer has published, `tail` the bytes the
 /// consumer has consumed; both only grow (64 bits: no wrap in practice). The bytes in
 /// [tail, head) are readable, the capacity - (head - tail) bytes after head are free. A

@@ -4,6 +4,12 @@
 /// description, passed to kernels by value, with the placement arithmetic as inline
 /// functions that compile for the host and, under nvcc, for the device.
 ///
+///     vmm::stripe_layout layout =
+///         vmm::make_stripe_layout(size, 64 << 20, 2, vmm::stripe_mode::round_robin);
+///     std::uint32_t holder = layout.device_of(offset);   // index into the device list
+///     vmm::stripe_extent first = layout.stripe_of(1, 0);  // device 1's first stripe
+///     std::uint64_t bytes = layout.bytes_on(1);            // all that device 1 holds
+///
 /// The range of `size` bytes is cut into units of `stripe_size` bytes (the last one may be
 /// shorter) and the units are dealt to `device_count` devices, numbered 0..device_count-1
 /// (indices into the buffer's device list, not CUDA ordinals):

@@ -22,7 +22,7 @@
 /// accessor can reach every holder's memory (cuDeviceCanAccessPeer); a pair that cannot is
 /// a vmm::invalid_argument naming both devices.
 ///
-/// Costs are per handle (GPU-FACTS.md): one chunk per stripe, so a buffer of many small
+/// Costs are per handle (docs/GPU-FACTS.md): one chunk per stripe, so a buffer of many small
 /// stripes costs one cuMemCreate and cuMemMap per stripe and one cuMemSetAccess handle-step
 /// per stripe and accessor. Large stripes (64 MiB) also stream faster than small ones.
 ///

@@ -1,6 +1,14 @@
 #pragma once
 /// @file
 /// A move-only owner of a file descriptor.
+///
+///     vmm::physical_allocation memory(vmm::provider_for(vmm::location::os_host()), 2 << 20);
+///     vmm::unique_fd fd = memory.export_fd();   // owned: closed when `fd` goes
+///     send_to_peer(fd.get());                   // get(): lent; `fd` still owns it
+///     int raw = fd.release();                   // release(): the caller closes `raw` now
+///
+/// get() and release() mean what they mean on every RAII handle of vmm: get() lends the
+/// owned value, release() gives up ownership and hands the value to the caller.
 
 #include <unistd.h>
 

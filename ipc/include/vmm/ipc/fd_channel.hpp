@@ -2,6 +2,12 @@
 /// @file
 /// Framed messages that carry file descriptors over a Unix stream socket.
 ///
+///     auto [left, right] = vmm::ipc::make_socket_pair();
+///     const int fds[] = {memory_fd.get()};
+///     vmm::ipc::send_message(left.get(), payload, fds);   // the peer gets duplicates
+///     vmm::ipc::message got = vmm::ipc::receive_message(right.get(), 1);  // exactly 1 fd
+///     vmm::unique_fd received = std::move(got.fds[0]);     // owned since it arrived
+///
 /// A message is a frame_header, then frame_header::payload_size payload bytes; its file
 /// descriptors travel as SCM_RIGHTS ancillary data on the first byte of the header. Both
 /// ends run on one host, so the header is in host byte order.

@@ -3,6 +3,16 @@
 /// Stream-ordered hand-off of shared memory between two processes, with interprocess
 /// events: the flow of the stream-ordered allocator's IPC pools, on any vmm buffer.
 ///
+///     vmm::ipc::handoff_producer producer(socket, buffer.provider());   // process A
+///     fill<<<grid, block, 0, s.get()>>>(buffer.data());
+///     producer.publish(s);         // B's stream will wait for the fill; no host waits
+///     producer.wait_consumed(s);   // s waits for B's reads before it writes again
+///
+///     vmm::ipc::handoff_consumer consumer(socket, shared.provider());   // process B
+///     consumer.acquire(t);         // t waits for A's fill
+///     sum<<<grid, block, 0, t.get()>>>(shared.data());
+///     consumer.finish(t);          // A's stream waits for this kernel
+///
 ///   producer                                   consumer
 ///   handoff_producer p(socket, provider) ----> handoff_consumer c(socket, provider)
 ///   (writes queued on stream s)

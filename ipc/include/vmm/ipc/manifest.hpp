@@ -2,6 +2,15 @@
 /// @file
 /// The manifest: what an exporter tells an importer about a shared buffer, as bytes.
 ///
+///     vmm::ipc::manifest m = vmm::ipc::parse_manifest(got.payload);  // or bad_manifest
+///     std::size_t fds = m.fd_count();          // the posix-fd chunks' fds travel alongside
+///     for (const vmm::ipc::manifest_chunk& chunk : m.chunks)
+///       std::printf("%zu bytes at +%zu\n", std::size_t(chunk.size), std::size_t(chunk.offset));
+///     std::vector<std::byte> again = vmm::ipc::serialize(m);   // the same bytes
+///
+/// Most code never touches a manifest: vmm::ipc::exporter makes them and
+/// vmm::ipc::imported_buffer reads them.
+///
 /// A manifest lists the physical chunks of a buffer (or of a chunk range of it) with the
 /// offset of each in the importer's new address range, its size, where it lives and how
 /// its handle travels (a file descriptor sent alongside, or a fabric handle inside the

@@ -2,6 +2,13 @@
 /// @file
 /// The error vmm::ipc raises when the process at the other end of a socket misbehaves.
 ///
+///     try {
+///       shared.receive_growth(socket);
+///     } catch (const vmm::ipc::protocol_error& e) {   // bad_manifest is one too
+///       report(e.what());
+///       ::close(socket);   // the conversation is over; `shared` is as it was
+///     }
+///
 /// vmm::invalid_argument promises that the caller passed a bad argument and nothing was
 /// changed; what a peer sends is not the caller's argument, and the remedy differs. A
 /// protocol_error means the conversation is over: the stream may stand anywhere inside a
