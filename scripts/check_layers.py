@@ -49,7 +49,9 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     # Below everything: the exceptions every layer throws, the driver's wrappers included
     # (STYLE.md: a throwing wrapper names the failed call), and the never-throwing cleanup
     # helper that error.cpp implements. Neither includes anything of vmm.
-    ("base", 0, concept("error") + ["vmm/src/cleanup.hpp"]),
+    # The vocabulary value types (where memory lives, who accesses it, a stream) sit here
+    # too: the driver layer speaks in them.
+    ("base", 0, concept("error", "location", "stream_ref") + ["vmm/src/cleanup.hpp"]),
     # libcuda, loaded at run time: one X-macro table of entry points.
     ("driver", 1, ["vmm/src/driver/"]),
     # Every system call, and the fault injection that both the OS calls and the driver
@@ -58,21 +60,20 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     # One interface per kind of physical memory, its address space, its stream executor,
     # and the value types that interface speaks in.
     ("provider", 2,
-     concept("provider", "address_space", "stream_executor", "stream_ref", "location",
-             "unique_fd", "capabilities")
+     concept("provider", "address_space", "stream_executor", "unique_fd", "capabilities")
      + ["vmm/src/providers/"]),
-    # Move-only RAII over one provider call each, the mapped run of chunks, and the
-    # process's retirement list.
+    # Move-only RAII over one provider call each, and the process's retirement list.
     ("primitives", 3,
-     concept("address_range", "physical_allocation", "mapping", "mapped_range", "retirement")
+     concept("address_range", "physical_allocation", "mapping", "retirement")
      + ["vmm/src/retirement.hpp"]),
-    # Physical chunks recycled per location.
-    ("pool", 4, concept("chunk_pool", "shared_chunk")),
+    # Physical chunks recycled per location, and the run of chunks mapped in a range that
+    # every buffer and view is made of.
+    ("pool", 4, concept("chunk_pool", "shared_chunk", "mapped_range")),
     # What users hold.
     ("buffers", 5,
      concept("growable_buffer", "device_vector", "chunk_view", "ring_buffer", "ring_buffer_view",
-             "striped_buffer", "stripe_layout", "host_device")
-     + ["vmm/src/peer_access.hpp"]),
+             "striped_buffer", "stripe_layout", "host_device", "memory_resource")
+     + ["vmm/src/peer_access.hpp", "vmm/src/resource/"]),
     # Sharing between processes.
     ("ipc", 6, ["ipc/"]),
     # Programs built beside the library (vmm-info).
@@ -238,7 +239,7 @@ def self_test() -> int:
     # The classification itself: longest match wins, folders and files.
     expect(layer_of("vmm/src/driver/device.cpp") == layer("driver", 1), "driver folder")
     expect(layer_of("vmm/src/providers/os_host_provider.cpp") == layer("provider", 2), "providers folder")
-    expect(layer_of("vmm/include/vmm/mapped_range.hpp") == layer("primitives", 3), "mapped_range")
+    expect(layer_of("vmm/include/vmm/mapped_range.hpp") == layer("pool", 4), "mapped_range")
     expect(layer_of("vmm/include/vmm/shared_chunk.hpp") == layer("pool", 4), "shared_chunk")
     expect(layer_of("ipc/include/vmm/ipc/manifest.hpp") == layer("ipc", 6), "ipc")
     expect(layer_of("vmm/src/unknown.cpp") is None, "an unlisted file has no layer")
