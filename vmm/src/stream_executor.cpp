@@ -1,5 +1,6 @@
 #include "vmm/stream_executor.hpp"
 
+#include <atomic>
 #include <cstring>
 
 namespace vmm {
@@ -21,6 +22,14 @@ class synchronous_executor final : public stream_executor {
   bool done(event_handle) override { return true; }
   void synchronize_event(event_handle) override {}
   void enqueue_wait(stream_ref, event_handle) override {}
+  // Distinct tokens, never dereferenced: host work ignores streams.
+  stream_ref create_stream() override {
+    return stream_ref(reinterpret_cast<CUstream_st*>(next_token_.fetch_add(16) + 4096));
+  }
+  void destroy_stream(stream_ref) noexcept override {}
+
+ private:
+  std::atomic<std::uintptr_t> next_token_{0};
 };
 
 }  // namespace

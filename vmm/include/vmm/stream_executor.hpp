@@ -60,12 +60,52 @@ class stream_executor {
   /// Makes work queued on `stream` from now on wait for the event's recorded point.
   virtual void enqueue_wait(stream_ref stream, event_handle event) = 0;
 
+  /// A new stream of the executor's device that does not synchronize with the legacy
+  /// default stream (host executor: a distinct token). Destroy it with destroy_stream();
+  /// vmm::owned_stream does both.
+  [[nodiscard]] virtual stream_ref create_stream() = 0;
+  /// Destroys a stream from create_stream() once its queued work is done. Never throws.
+  virtual void destroy_stream(stream_ref stream) noexcept = 0;
+
  protected:
   stream_executor() = default;
 };
 
 /// The executor of host memory: synchronous, every event done. The OS provider's.
 [[nodiscard]] stream_executor& host_executor() noexcept;
+
+/// A stream made by an executor, owned: destroyed (after its queued work) with the object.
+/// Move-only.
+class owned_stream {
+ public:
+  owned_stream() noexcept = default;
+  explicit owned_stream(stream_executor& executor) : executor_(&executor), stream_(executor.create_stream()) {}
+  owned_stream(owned_stream&& other) noexcept
+      : executor_(std::exchange(other.executor_, nullptr)), stream_(std::exchange(other.stream_, stream_ref())) {}
+  owned_stream& operator=(owned_stream&& other) noexcept {
+    if (this != &other) {
+      reset();
+      executor_ = std::exchange(other.executor_, nullptr);
+      stream_ = std::exchange(other.stream_, stream_ref());
+    }
+    return *this;
+  }
+  owned_stream(const owned_stream&) = delete;
+  owned_stream& operator=(const owned_stream&) = delete;
+  ~owned_stream() { reset(); }
+
+  /// The stream (the legacy default stream when empty).
+  [[nodiscard]] stream_ref get() const noexcept { return stream_; }
+  void reset() noexcept {
+    if (executor_ != nullptr) executor_->destroy_stream(stream_);
+    executor_ = nullptr;
+    stream_ = stream_ref();
+  }
+
+ private:
+  stream_executor* executor_ = nullptr;
+  stream_ref stream_;
+};
 
 /// A point recorded in a stream's work, owned. Move-only.
 class stream_event {

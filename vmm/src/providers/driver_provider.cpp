@@ -154,6 +154,20 @@ class driver_executor final : public stream_executor {
                      stream.get(), reinterpret_cast<CUevent>(event), 0u);
   }
 
+  stream_ref create_stream() override {
+    driver::scoped_context current(context_.get());
+    CUstream stream = nullptr;
+    VMM_DRIVER_CHECK(cuStreamCreate, [&] { return fmt::format("cuStreamCreate(NON_BLOCKING) on {}", name_); },
+                     &stream, static_cast<unsigned>(CU_STREAM_NON_BLOCKING));
+    return stream_ref(stream);
+  }
+
+  void destroy_stream(stream_ref stream) noexcept override {
+    if (stream.get() != nullptr &&
+        driver::try_call(driver::api().cuStreamDestroy, stream.get()) != CUDA_SUCCESS)
+      report_cleanup_failure("cuStreamDestroy failed");
+  }
+
  private:
   driver::primary_context context_;
   std::string name_;

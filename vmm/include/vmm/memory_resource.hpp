@@ -1,0 +1,222 @@
+#pragma once
+/// @file
+/// A stream-ordered memory resource on VMM: allocate and deallocate any size, in stream
+/// order, with the features of CUDA's stream-ordered allocator (cudaMallocAsync /
+/// cudaMemPool) and what VMM adds to them.
+///
+///     vmm::memory_resource gpu(vmm::location::device(0));
+///     void* p = gpu.allocate(stream, 3 << 20);           // 256-byte aligned, like cudaMalloc
+///     kernel<<<grid, block, 0, stream.get()>>>(p);
+///     gpu.deallocate(stream, p, 3 << 20);                // reusable at once on `stream`
+///     vmm::memory_resource_statistics s = gpu.statistics();
+///
+/// Design. Each stream that allocates gets arenas of its own: large address ranges (several
+/// times the memory there is; addresses are cheap) in which blocks are carved by a
+/// two-level segregated fit index, 256 bytes the smallest unit. Requests under 1 MiB and
+/// larger ones live in separate arenas, so that small blocks never pin the pages of large
+/// ones. Physical memory is mapped page by page (the provider's granularity) only under
+/// bytes that blocks use, so blocks share pages at their edges and a request costs the
+/// bytes it asks for plus at most a page at each end of a run of blocks: the waste of a
+/// rounded-up allocation does not exist. Each page counts the bytes of blocks that hold it.
+///
+/// Reuse and stitching. A freed block is reused at once by its stream, and its pages stay
+/// mapped, so that a workload that repeats itself runs with no driver call at all. When a
+/// block needs pages and none is spare, the resource takes a page that no block holds (an
+/// idle page inside a free run, whose streams have passed) from anywhere in any arena,
+/// unmaps it and maps its physical memory where it is needed ("stitching"), before it
+/// creates any new memory. So physical memory freed anywhere is never stranded behind a
+/// fragmented address range, nothing moves, and the memory reserved stays close to the
+/// most the program ever had in use: the fragmentation of a caching allocator does not add
+/// to it. Pages it gives up (trim_to(), the release threshold) go back to the chunk pool,
+/// where growable buffers, vectors and other resources take them.
+///
+/// Stream order, with the meaning of cudaFreeAsync: memory freed on a stream is reused at
+/// once by that stream (its later work is ordered after the free); another stream gets it
+/// only when the reuse policies allow (reuse_policies). Every few frees the resource
+/// records an event on the freeing stream; blocks freed before an event that has passed
+/// become free for every stream. Nothing is unmapped while queued work may use it: a page
+/// is taken away only when every block that held it has passed its stream.
+///
+/// Threads: thread-safe. Allocations and frees on different streams take different locks
+/// (one per arena); only mapping or taking pages, which calls the driver anyway, takes the
+/// resource's own lock.
+///
+/// Host memory (the OS provider) works synchronously: freed memory is free for everyone
+/// at once. Every test suite of the resource runs on it in CI.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "vmm/chunk_pool.hpp"
+#include "vmm/location.hpp"
+#include "vmm/provider.hpp"
+#include "vmm/stream_ref.hpp"
+
+namespace vmm {
+
+namespace detail {
+class resource_state;
+}
+
+/// The properties of a resource, named after cuda::memory_pool_properties.
+struct memory_resource_properties {
+  /// Bytes of physical memory created (or taken from the pool) when the resource is made,
+  /// kept spare for the first allocations.
+  std::size_t initial_size = 0;
+  /// cudaMemPoolAttrReleaseThreshold: the reserved bytes above which a deallocation gives
+  /// idle pages back to the chunk pool. The default keeps them (no driver call when the
+  /// same sizes come back); trim_to() gives them back on request.
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+  /// How the memory may be shared with other processes: posix_fd makes every page
+  /// exportable (vmm::ipc), none does not ask for it. The provider must be able to.
+  handle_kind handle_type = handle_kind::none;
+  /// The most physical memory the resource reserves; 0: the location's memory size.
+  std::size_t max_size = 0;
+};
+
+/// Which memory freed on one stream another stream may reuse: the three reuse policies of
+/// cudaMemPoolReuse*, each a switch, all on by default as there.
+struct reuse_policies {
+  /// cudaMemPoolReuseFollowEventDependencies: reuse memory freed on stream A by stream B
+  /// when vmm knows B's work is ordered after the free: B was made to wait, through this
+  /// resource (wait_for()), for a point recorded on A after it. Costs nothing when unused.
+  bool follow_event_dependencies = true;
+  /// cudaMemPoolReuseAllowOpportunistic: reuse memory freed on another stream once the
+  /// point recorded after the free has passed (an event query; no wait). Costs one event
+  /// record per few frees on each stream.
+  bool allow_opportunistic = true;
+  /// cudaMemPoolReuseAllowInternalDependencies: when nothing else fits, take memory freed
+  /// on another stream whose point has not passed yet and make the allocating stream wait
+  /// for it (cuStreamWaitEvent): no host wait, but the allocating stream may stall.
+  bool allow_internal_dependencies = true;
+};
+
+/// What a resource holds. The first four mean what cudaMemPoolAttr{Reserved,Used}Mem
+/// {Current,High} mean; the rest are what PyTorch users read.
+struct memory_resource_statistics {
+  std::size_t reserved_current = 0;  ///< physical bytes mapped or kept spare
+  std::size_t reserved_high = 0;
+  std::size_t used_current = 0;  ///< bytes handed out (each rounded up to 256)
+  std::size_t used_high = 0;
+  std::size_t allocations = 0;         ///< live allocations
+  std::size_t allocations_total = 0;   ///< allocations made (lifetime)
+  std::size_t segments = 0;            ///< address ranges (arenas)
+  std::size_t handles = 0;             ///< physical pages mapped or spare
+  std::size_t largest_free_block = 0;  ///< the largest free run of addresses for any stream
+  std::size_t pages_stitched = 0;      ///< pages unmapped from one place and mapped in another
+  std::size_t pages_created = 0;       ///< pages taken from the chunk pool (lifetime)
+  std::size_t pages_released = 0;      ///< pages given back to the chunk pool (lifetime)
+  std::size_t bad_deallocations = 0;   ///< refused deallocations: unknown pointers, double frees
+  /// reserved_current - used_current: what a caching allocator calls "inactive split" plus
+  /// the free pages.
+  [[nodiscard]] std::size_t reserved_unused() const noexcept { return reserved_current - used_current; }
+};
+
+/// See the file comment. Not copyable or movable: pointers name it.
+class memory_resource {
+ public:
+  /// The alignment of every allocation unless asked otherwise: cudaMalloc's.
+  static constexpr std::size_t default_alignment = 256;
+
+  /// A resource over the default chunk pool of `where`.
+  /// @throws vmm::invalid_argument the location does not exist, a property is bad
+  ///         (handle_type the memory cannot have), or a policy combination is refused.
+  /// @throws vmm::driver_unavailable GPU memory asked for and no usable driver or GPU.
+  /// @throws vmm::out_of_memory initial_size cannot be had.
+  explicit memory_resource(location where, memory_resource_properties properties = {},
+                           reuse_policies policies = {});
+  /// A resource over `pool`: its pages come from, and go back to, that pool.
+  /// @throws vmm::invalid_argument the pool is null or a property is bad.
+  /// @throws vmm::out_of_memory initial_size cannot be had.
+  explicit memory_resource(std::shared_ptr<chunk_pool> pool, memory_resource_properties properties = {},
+                           reuse_policies policies = {});
+  memory_resource(const memory_resource&) = delete;
+  memory_resource& operator=(const memory_resource&) = delete;
+  /// Reports allocations still live (and counts them as leaked), then retires every page
+  /// after the streams that used them (vmm/retirement.hpp): never blocks.
+  ~memory_resource();
+
+  /// `bytes` (0: nullptr) aligned to `alignment` (a power of two, at most the granularity),
+  /// usable by work queued on `stream` from now on.
+  /// @throws vmm::invalid_argument the alignment is not a power of two or exceeds the
+  ///         granularity, or `bytes` is beyond any address space (more than 2^48).
+  /// @throws vmm::out_of_memory nothing fits even after giving back what is idle and
+  ///         waiting for what other streams freed: the message gives the numbers
+  ///         (requested, reserved, used, the largest free run). Nothing has changed.
+  [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes,
+                               std::size_t alignment = default_alignment);
+  /// Frees `ptr` in stream order: work queued on `stream` before this call may still use
+  /// it. `bytes` and `alignment` as given to allocate() (nullptr: nothing). Never throws: a
+  /// pointer this resource did not hand out, a second free, or another size is reported
+  /// (report_cleanup_failure), counted in bad_deallocations, and changes nothing.
+  void deallocate(stream_ref stream, void* ptr, std::size_t bytes,
+                  std::size_t alignment = default_alignment) noexcept;
+  /// allocate() for use by any stream, without stream order: only memory no stream may
+  /// still use is handed out.
+  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment);
+  /// deallocate() of memory no queued work uses any more (the caller synchronized): free
+  /// for every stream at once.
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment = default_alignment) noexcept;
+
+  /// The names of CCCL 3.0's cuda::mr::async_resource (allocate/deallocate are the
+  /// synchronous pair there). `Stream` is any stream type with get() (cuda::stream_ref).
+  /// The pair is templated on exactly std::size_t so that allocate({}, n) still means the
+  /// legacy default stream.
+  template <std::same_as<std::size_t> Bytes, std::same_as<std::size_t> Alignment>
+  [[nodiscard]] void* allocate(Bytes bytes, Alignment alignment) {
+    return allocate_sync(bytes, alignment);
+  }
+  template <std::same_as<std::size_t> Bytes, std::same_as<std::size_t> Alignment>
+  void deallocate(void* ptr, Bytes bytes, Alignment alignment) noexcept {
+    deallocate_sync(ptr, bytes, alignment);
+  }
+  template <class Stream>
+    requires requires(const Stream& s) { stream_ref(s.get()); }
+  [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, const Stream& stream) {
+    return allocate(stream_ref(stream.get()), bytes, alignment);
+  }
+  template <class Stream>
+    requires requires(const Stream& s) { stream_ref(s.get()); }
+  void deallocate_async(void* ptr, std::size_t bytes, std::size_t alignment, const Stream& stream) noexcept {
+    deallocate(stream_ref(stream.get()), ptr, bytes, alignment);
+  }
+  /// Resources are equal when they are the same object (memory from one cannot be freed
+  /// through another).
+  friend bool operator==(const memory_resource& a, const memory_resource& b) noexcept { return &a == &b; }
+
+  /// cudaMemPoolTrimTo: gives idle pages back to the chunk pool until at most
+  /// `bytes_to_keep` are reserved (pages whose streams have not passed are kept).
+  void trim_to(std::size_t bytes_to_keep);
+  /// Sets the release threshold (see memory_resource_properties) and applies it now.
+  void set_release_threshold(std::size_t bytes);
+  /// cudaMemPoolSetAccess: the access each accessor gets to every page mapped now and to
+  /// every page mapped later. The default: the provider's default accessors, read-write.
+  /// @throws vmm::invalid_argument an accessor cannot be given this memory; nothing changed.
+  void set_access(std::span<const access_grant> grants);
+  /// The access `who` has.
+  [[nodiscard]] access_mode access(const accessor& who) const;
+  /// Makes work queued on `waiting` from now on wait for the work queued on `freeing`
+  /// so far (an event, cuStreamWaitEvent), and lets memory freed on `freeing` before this
+  /// call be reused by `waiting` (follow_event_dependencies).
+  void wait_for(stream_ref waiting, stream_ref freeing);
+
+  [[nodiscard]] memory_resource_statistics statistics() const;
+  /// Sets reserved_high and used_high to the current values.
+  void reset_high_water_marks();
+  [[nodiscard]] const memory_resource_properties& properties() const noexcept;
+  [[nodiscard]] const reuse_policies& policies() const noexcept;
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
+  [[nodiscard]] const std::shared_ptr<chunk_pool>& pool() const noexcept;
+  /// Whether `ptr` lies in one of this resource's arenas (live or not).
+  [[nodiscard]] bool owns(const void* ptr) const noexcept;
+
+ private:
+  std::unique_ptr<detail::resource_state> state_;
+};
+
+}  // namespace vmm

@@ -1,0 +1,229 @@
+#include "resource/arena.hpp"
+
+#include <algorithm>
+
+namespace vmm::detail {
+
+arena::arena(std::shared_ptr<memory_provider> provider, std::size_t bytes, std::size_t page_size)
+    : page_size_(page_size), range_(std::move(provider), bytes) {
+  block* all = new_block();
+  all->offset = 0;
+  all->size = range_.size();
+  all->free = true;
+  released_.insert(all);
+}
+
+arena::~arena() = default;
+
+block* arena::new_block() {
+  if (spare_blocks_ == nullptr) {
+    constexpr std::size_t batch = 256;
+    block_storage_.push_back(std::make_unique<block[]>(batch));
+    block* fresh = block_storage_.back().get();
+    for (std::size_t i = 0; i < batch; ++i) {
+      fresh[i].next_free = spare_blocks_;
+      spare_blocks_ = &fresh[i];
+    }
+  }
+  block* b = spare_blocks_;
+  spare_blocks_ = b->next_free;
+  *b = block{};
+  return b;
+}
+
+void arena::delete_block(block* b) noexcept {
+  b->next_free = spare_blocks_;
+  spare_blocks_ = b;
+}
+
+stream_slot& arena::slot_of(stream_record& record) {
+  for (auto& slot : slots_)
+    if (slot->record == &record) return *slot;
+  slots_.push_back(std::make_unique<stream_slot>());
+  slots_.back()->record = &record;
+  return *slots_.back();
+}
+
+free_index& arena::index_of(const block* b) noexcept {
+  return b->owner == 0 ? released_ : slots_[b->owner - 1]->pending;
+}
+
+std::pair<std::size_t, std::size_t> arena::page_span(std::uint64_t offset, std::uint64_t size) const noexcept {
+  const std::size_t first = static_cast<std::size_t>(offset / page_size_);
+  const std::size_t last = static_cast<std::size_t>((offset + size - 1) / page_size_);
+  return {first, last - first + 1};
+}
+
+std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std::size_t stop) const noexcept {
+  const auto [first, count] = page_span(offset, size);
+  std::size_t unmapped = 0;
+  for (std::size_t p = first; p < first + count && unmapped < stop; ++p)
+    if (p >= pages_.size() || pages_[p].chunk == nullptr) ++unmapped;
+  return unmapped;
+}
+
+void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
+  const auto [first, count] = page_span(offset, size);
+  if (first + count > pages_.size()) pages_.resize(first + count);  // only ever when adding
+  const std::uint64_t end = offset + size;
+  for (std::size_t p = first; p < first + count; ++p) {
+    const std::uint64_t page_start = std::uint64_t{p} * page_size_;
+    const std::uint64_t bytes = std::min(end, page_start + page_size_) - std::max(offset, page_start);
+    if (add) pages_[p].held += bytes;
+    else pages_[p].held -= bytes;
+  }
+}
+
+std::uint64_t arena::fit(const block* b, std::uint64_t size, std::uint64_t alignment) noexcept {
+  const std::uint64_t start = (b->offset + alignment - 1) & ~(alignment - 1);
+  return start + size <= b->end() ? start : ~std::uint64_t{0};
+}
+
+void arena::unlink_pending(stream_slot& slot, block* b) noexcept {
+  if (b->previous_pending != nullptr) b->previous_pending->next_pending = b->next_pending;
+  else slot.oldest = b->next_pending;
+  if (b->next_pending != nullptr) b->next_pending->previous_pending = b->previous_pending;
+  else slot.newest = b->previous_pending;
+  b->previous_pending = b->next_pending = nullptr;
+}
+
+void arena::append_pending(stream_slot& slot, block* b) noexcept {
+  b->previous_pending = slot.newest;
+  b->next_pending = nullptr;
+  if (slot.newest != nullptr) slot.newest->next_pending = b;
+  else slot.oldest = b;
+  slot.newest = b;
+}
+
+void arena::replace_pending(stream_slot& slot, block* old, block* first, block* second) noexcept {
+  // The pieces keep the old block's place: they carry its epoch.
+  block* before = old->previous_pending;
+  block* after = old->next_pending;
+  block* pieces[2] = {first, second};
+  for (block* piece : pieces) {
+    if (piece == nullptr) continue;
+    piece->previous_pending = before;
+    if (before != nullptr) before->next_pending = piece;
+    else slot.oldest = piece;
+    before = piece;
+  }
+  if (before != nullptr) before->next_pending = after;
+  else slot.oldest = after;
+  if (after != nullptr) after->previous_pending = before;
+  else slot.newest = before;
+  old->previous_pending = old->next_pending = nullptr;
+}
+
+block* arena::coalesce(block* b) noexcept {
+  const auto mergeable = [&](const block* n) { return n != nullptr && n->free && n->owner == b->owner; };
+  const auto take_out = [&](block* n) {
+    index_of(n).remove(n);
+    if (n->owner != 0) unlink_pending(*slots_[n->owner - 1], n);
+  };
+  if (block* left = b->previous; mergeable(left)) {
+    take_out(left);
+    left->size += b->size;
+    left->epoch = std::max(left->epoch, b->epoch);
+    left->next = b->next;
+    if (b->next != nullptr) b->next->previous = left;
+    delete_block(b);
+    b = left;
+  }
+  if (block* right = b->next; mergeable(right)) {
+    take_out(right);
+    b->size += right->size;
+    b->epoch = std::max(b->epoch, right->epoch);
+    b->next = right->next;
+    if (right->next != nullptr) right->next->previous = b;
+    delete_block(right);
+  }
+  return b;
+}
+
+block* arena::carve(block* b, std::uint64_t start, std::uint64_t size) {
+  // Every piece is made first: nothing below can fail once the books start to change.
+  block* head = start > b->offset ? new_block() : nullptr;
+  block* tail = start + size < b->end() ? new_block() : nullptr;
+  allocated_.reserve(allocated_.size() + 1);
+  free_index& index = index_of(b);
+  index.remove(b);
+  const auto split_off = [&](block* piece, std::uint64_t offset, std::uint64_t bytes) {
+    piece->offset = offset;
+    piece->size = bytes;
+    piece->free = true;
+    piece->owner = b->owner;
+    piece->epoch = b->epoch;
+  };
+  if (head != nullptr) {
+    split_off(head, b->offset, start - b->offset);
+    head->previous = b->previous;
+    head->next = b;
+    if (b->previous != nullptr) b->previous->next = head;
+    b->previous = head;
+  }
+  if (tail != nullptr) {
+    split_off(tail, start + size, b->end() - (start + size));
+    tail->next = b->next;
+    tail->previous = b;
+    if (b->next != nullptr) b->next->previous = tail;
+    b->next = tail;
+  }
+  if (b->owner != 0) replace_pending(*slots_[b->owner - 1], b, head, tail);
+  if (head != nullptr) index.insert(head);
+  if (tail != nullptr) index.insert(tail);
+  const bool was_released = b->owner == 0;
+  b->offset = start;
+  b->size = size;
+  b->free = false;
+  b->owner = 0;
+  b->epoch = 0;
+  if (was_released) hold(start, size, true);  // pending bytes were held already
+  allocated_.emplace(start, b);
+  return b;
+}
+
+void arena::free_released(block* b) noexcept {
+  allocated_.erase(b->offset);
+  hold(b->offset, b->size, false);
+  b->free = true;
+  b->owner = 0;
+  released_.insert(coalesce(b));
+}
+
+void arena::free_pending(block* b, stream_slot& slot, std::uint64_t epoch) noexcept {
+  allocated_.erase(b->offset);
+  b->free = true;
+  b->owner = static_cast<std::uint32_t>(
+      std::find_if(slots_.begin(), slots_.end(), [&](const auto& s) { return s.get() == &slot; }) -
+      slots_.begin() + 1);
+  b->epoch = epoch;
+  b = coalesce(b);
+  slot.pending.insert(b);
+  append_pending(slot, b);  // its epoch is the newest: frees come in epoch order
+}
+
+block* arena::release_one(stream_slot& slot, block* b) noexcept {
+  slot.pending.remove(b);
+  unlink_pending(slot, b);
+  hold(b->offset, b->size, false);
+  b->owner = 0;
+  b = coalesce(b);
+  released_.insert(b);
+  return b;
+}
+
+std::size_t arena::release_pending(stream_slot& slot, std::uint64_t epoch) noexcept {
+  std::size_t moved = 0;
+  while (slot.oldest != nullptr && slot.oldest->epoch <= epoch) {
+    (void)release_one(slot, slot.oldest);
+    ++moved;
+  }
+  return moved;
+}
+
+block* arena::allocated_at(std::uint64_t offset) const noexcept {
+  const auto it = allocated_.find(offset);
+  return it == allocated_.end() ? nullptr : it->second;
+}
+
+}  // namespace vmm::detail

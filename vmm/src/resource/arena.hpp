@@ -1,0 +1,126 @@
+#pragma once
+// One arena of a memory resource: an address range carved into blocks, with physical pages
+// mapped only under the bytes blocks hold. See vmm/memory_resource.hpp for the design; this
+// is the bookkeeping. An arena is used under its own mutex; mapping and unmapping pages is
+// the resource's business (resource.cpp), done with every arena locked.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "resource/free_index.hpp"
+#include "vmm/address_range.hpp"
+#include "vmm/mapping.hpp"
+#include "vmm/shared_chunk.hpp"
+#include "vmm/stream_executor.hpp"
+#include "vmm/stream_ref.hpp"
+
+namespace vmm::detail {
+
+// A stream that allocates or frees through a resource: its epochs and recorded points.
+// Frees on the stream get the open epoch's number; recording a point closes the epoch; a
+// point that has passed makes every block freed in an epoch up to it free for everyone.
+struct stream_record {
+  explicit stream_record(stream_ref s) : stream(s) {}
+  stream_ref stream;
+  std::atomic<std::uint64_t> epoch{1};   // the open epoch
+  std::atomic<std::uint64_t> passed{0};  // every epoch up to this one has passed
+  std::atomic<std::uint32_t> frees{0};   // frees since the last point
+  std::mutex mutex;                      // guards points and waited_by
+  std::deque<std::pair<std::uint64_t, stream_event>> points;  // (epoch it closed, its event)
+  // Streams ordered after a point of this one, through wait_for(): (stream, epoch).
+  std::vector<std::pair<stream_ref, std::uint64_t>> waited_by;
+};
+
+// One page of an arena.
+struct page {
+  std::uint64_t held = 0;  // bytes of allocated or pending blocks on the page
+  shared_chunk chunk;      // null: not mapped
+  mapping mapped;
+};
+
+// An arena's view of one stream: the blocks freed on it that have not passed yet.
+struct stream_slot {
+  stream_record* record = nullptr;
+  free_index pending;
+  block* oldest = nullptr;  // pending blocks in order of epochs
+  block* newest = nullptr;
+};
+
+class arena {
+ public:
+  // Allocates `bytes` of addresses through `provider`; pages of `page_size`.
+  arena(std::shared_ptr<memory_provider> provider, std::size_t bytes, std::size_t page_size);
+  arena(const arena&) = delete;
+  arena& operator=(const arena&) = delete;
+  ~arena();
+
+  std::mutex mutex;
+
+  [[nodiscard]] std::uintptr_t base() const noexcept { return range_.address(); }
+  [[nodiscard]] std::size_t size() const noexcept { return range_.size(); }
+  [[nodiscard]] bool contains(std::uintptr_t address) const noexcept {
+    return address >= base() && address - base() < size();
+  }
+  [[nodiscard]] std::size_t page_size() const noexcept { return page_size_; }
+
+  // The slot of `record`, made on first use.
+  stream_slot& slot_of(stream_record& record);
+  [[nodiscard]] std::vector<std::unique_ptr<stream_slot>>& slots() noexcept { return slots_; }
+  [[nodiscard]] free_index& released() noexcept { return released_; }
+
+  // The pages [first, first + count) that [offset, offset + size) touches.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> page_span(std::uint64_t offset, std::uint64_t size) const noexcept;
+  // Pages of [offset, offset + size) not mapped, counting no further than `stop`.
+  [[nodiscard]] std::size_t unmapped_pages(std::uint64_t offset, std::uint64_t size, std::size_t stop) const noexcept;
+  [[nodiscard]] std::vector<page>& pages() noexcept { return pages_; }
+
+  // Where a request of `size` bytes aligned to `alignment` would start in `b`, or ~0 when it
+  // does not fit.
+  [[nodiscard]] static std::uint64_t fit(const block* b, std::uint64_t size, std::uint64_t alignment) noexcept;
+  // Takes [start, start + size) out of free block `b` (of index `from`, owner `b->owner`):
+  // what is left on either side stays free with the same owner. Returns the allocated block.
+  block* carve(block* b, std::uint64_t start, std::uint64_t size);
+  // Frees an allocated block: released (free for everyone) or pending on `slot`.
+  void free_released(block* b) noexcept;
+  void free_pending(block* b, stream_slot& slot, std::uint64_t epoch) noexcept;
+  // Moves the blocks of `slot` freed up to `epoch` to the released blocks. Returns how many.
+  std::size_t release_pending(stream_slot& slot, std::uint64_t epoch) noexcept;
+  // Moves one pending block of `slot` to the released blocks (it is about to be taken by
+  // another stream that has been ordered after it).
+  block* release_one(stream_slot& slot, block* b) noexcept;
+
+  // Allocated blocks by their offset.
+  [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept;
+  [[nodiscard]] std::size_t allocated_count() const noexcept { return allocated_.size(); }
+
+  // The index of free blocks a block of this owner is in.
+  free_index& index_of(const block* b) noexcept;
+
+ private:
+  block* new_block();
+  void delete_block(block* b) noexcept;
+  void hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept;
+  void unlink_pending(stream_slot& slot, block* b) noexcept;
+  void replace_pending(stream_slot& slot, block* old, block* first, block* second) noexcept;
+  void append_pending(stream_slot& slot, block* b) noexcept;
+  // Merges free `b` with free neighbours of the same owner; returns the merged block
+  // (out of every index and list: the caller inserts it).
+  block* coalesce(block* b) noexcept;
+
+  std::size_t page_size_;
+  address_range range_;
+  std::vector<page> pages_;  // declared after range_: the mappings go first
+  free_index released_;
+  std::vector<std::unique_ptr<stream_slot>> slots_;
+  std::unordered_map<std::uint64_t, block*> allocated_;
+  std::vector<std::unique_ptr<block[]>> block_storage_;
+  block* spare_blocks_ = nullptr;
+};
+
+}  // namespace vmm::detail

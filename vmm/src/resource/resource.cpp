@@ -1,0 +1,752 @@
+// The memory resource: streams, arenas, and the slow path that maps and stitches pages.
+// The design is in vmm/memory_resource.hpp; the bookkeeping of one arena in arena.hpp.
+//
+// Locks. Each arena has a mutex; an allocation or a free on a stream takes only the mutex
+// of the arena it lands in (fast path: a block whose pages are mapped). Everything that
+// maps, unmaps or moves pages, or reaches across arenas (another stream's blocks, pages to
+// stitch), runs on the slow path: the resource's mutex, then every arena's mutex in the
+// order the arenas were made. A stream record's mutex is taken after any arena mutex.
+
+#include "vmm/memory_resource.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <limits>
+#include <mutex>
+
+#include "cleanup.hpp"
+#include "resource/arena.hpp"
+#include "retirement.hpp"
+#include "vmm/error.hpp"
+
+namespace vmm {
+namespace detail {
+namespace {
+
+constexpr std::uint64_t unit = std::uint64_t{1} << free_index::unit_shift;
+constexpr std::size_t small_limit = std::size_t{1} << 20;  // smaller requests: small arenas
+constexpr std::uint32_t frees_per_point = 32;              // frees on a stream between points
+constexpr int candidates_weighed = 16;                     // free blocks compared per index
+constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
+constexpr std::size_t max_arenas = 256;
+
+std::uint64_t round_to_unit(std::size_t bytes) { return (std::uint64_t{bytes} + unit - 1) & ~(unit - 1); }
+
+}  // namespace
+
+class resource_state {
+ public:
+  resource_state(std::shared_ptr<chunk_pool> pool, memory_resource_properties properties,
+                 reuse_policies policies);
+  ~resource_state();
+
+  void* allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, bool sync);
+  void deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment, bool sync) noexcept;
+  void trim_to(std::size_t bytes_to_keep);
+  void set_release_threshold(std::size_t bytes);
+  void set_access(std::span<const access_grant> grants);
+  access_mode access(const accessor& who) const;
+  void wait_for(stream_ref waiting, stream_ref freeing);
+  memory_resource_statistics statistics() const;
+  void reset_high_water_marks();
+  bool owns(const void* ptr) const noexcept { return arena_containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr; }
+
+  const memory_resource_properties& properties() const noexcept { return properties_; }
+  const reuse_policies& policies() const noexcept { return policies_; }
+  const std::shared_ptr<memory_provider>& provider() const noexcept { return pool_->provider(); }
+  const std::shared_ptr<chunk_pool>& pool() const noexcept { return pool_; }
+
+ private:
+  struct stream_entry {
+    std::unique_ptr<stream_record> record;
+    std::array<std::vector<arena*>, 2> arenas;  // small, large; the last is the home
+  };
+  // Locks every arena (after the resource's mutex) for the slow path.
+  class all_locked {
+   public:
+    explicit all_locked(const resource_state& state);
+   private:
+    std::unique_lock<std::mutex> resource_;
+    std::vector<std::unique_lock<std::mutex>> arenas_;
+  };
+
+  stream_entry& entry_of(stream_ref stream, bool sync);
+  arena* arena_containing(std::uintptr_t address) const noexcept;
+  arena& add_arena(std::size_t bytes);  // under the resource's mutex
+  // The fast path: a block of `size` in `home` whose pages are all mapped, from the
+  // stream's own pending blocks or the released ones.
+  void* try_mapped(arena& home, stream_record* record, std::uint64_t size, std::uint64_t alignment);
+  void* slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment, bool sync,
+                      std::size_t requested);
+  // Carves the best block of `index` in `a` (fewest unmapped pages, then the smallest) and
+  // maps what it lacks. nullptr when nothing fits; throws out_of_memory when pages cannot
+  // be had (nothing changed then).
+  void* place(arena& a, free_index& index, std::uint64_t size, std::uint64_t alignment);
+  void* place_with_dependency(stream_entry& entry, std::size_t kind, std::uint64_t size,
+                              std::uint64_t alignment, bool wait_allowed);
+  void map_pages(arena& a, std::uint64_t offset, std::uint64_t size);
+  shared_chunk take_page(const arena& target, std::size_t first, std::size_t count);
+  shared_chunk steal_idle_page(const arena& target, std::size_t first, std::size_t count);
+  void refresh_points(bool record_open_epochs, bool wait);  // under all_locked
+  void record_point(stream_record& record);                  // under the record's mutex
+  void release_idle(std::size_t bytes_to_keep);              // under all_locked
+  [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
+  [[nodiscard]] std::size_t largest_free_locked() const noexcept;
+  void note_used(std::uint64_t bytes) noexcept;
+
+  std::shared_ptr<chunk_pool> pool_;
+  memory_resource_properties properties_;
+  reuse_policies policies_;
+  std::size_t page_;
+  bool synchronous_;
+  stream_executor& executor_;
+
+  mutable std::mutex mutex_;  // the slow path; the members below it guards
+  std::vector<std::unique_ptr<arena>> arena_storage_;
+  std::array<std::atomic<arena*>, max_arenas> arenas_{};
+  std::atomic<std::size_t> arena_count_{0};
+  std::vector<std::unique_ptr<stream_entry>> streams_;
+  std::array<std::atomic<stream_entry*>, 64> stream_table_{};  // lock-free lookup
+  std::atomic<stream_entry*> sync_entry_{nullptr};
+  std::uint64_t request_ = 0;  // the size the slow path is placing (counts as in use)
+  std::vector<shared_chunk> spare_;
+  std::vector<access_grant> grants_;
+  std::size_t mapped_pages_ = 0;
+  std::size_t reserved_high_ = 0;
+  std::size_t pages_stitched_ = 0;
+  std::size_t pages_created_ = 0;
+  std::size_t pages_released_ = 0;
+  std::size_t scan_arena_ = 0;  // where the search for an idle page goes on
+
+  std::atomic<std::size_t> used_{0};
+  std::atomic<std::size_t> used_high_{0};
+  std::atomic<std::size_t> allocations_{0};
+  std::atomic<std::size_t> allocations_total_{0};
+  std::atomic<std::size_t> bad_deallocations_{0};
+  std::atomic<bool> over_threshold_{false};
+};
+
+resource_state::all_locked::all_locked(const resource_state& state) : resource_(state.mutex_) {
+  const std::size_t count = state.arena_count_.load();
+  arenas_.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) arenas_.emplace_back(state.arenas_[i].load()->mutex);
+}
+
+resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource_properties properties,
+                               reuse_policies policies)
+    : pool_(std::move(pool)),
+      properties_(properties),
+      policies_(policies),
+      page_(pool_->granularity()),
+      synchronous_(pool_->provider()->capabilities().synchronous),
+      executor_(pool_->provider()->executor()) {
+  const provider_capabilities& offered = provider()->capabilities();
+  if (properties_.handle_type == handle_kind::fabric && offered.export_kind != handle_kind::fabric)
+    throw invalid_argument(fmt::format("memory_resource: {} memory has no fabric handles here: {}",
+                                       to_string(offered.where), offered.fabric_unavailable_reason));
+  if (properties_.handle_type == handle_kind::posix_fd && offered.export_kind == handle_kind::none)
+    throw invalid_argument(fmt::format("memory_resource: {} memory cannot be exported, so handle_type "
+                                       "posix_fd cannot be had",
+                                       to_string(offered.where)));
+  if (properties_.max_size == 0) properties_.max_size = offered.physical_memory_size;
+  properties_.max_size = round_up(properties_.max_size, page_);
+  for (const accessor& who : offered.default_accessors) grants_.push_back({who, access_mode::read_write});
+  const std::size_t initial = round_up(properties_.initial_size, page_) / page_;
+  for (std::size_t i = 0; i < initial; ++i) {
+    spare_.push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
+    ++pages_created_;
+  }
+  reserved_high_ = spare_.size() * page_;
+}
+
+resource_state::~resource_state() {
+  std::size_t live = 0;
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) live += arenas_[i].load()->allocated_count();
+  if (live != 0)
+    report_cleanup_failure(fmt::format("memory_resource: destroyed with {} allocation(s) still live "
+                                       "({} bytes): their memory is unmapped once the streams pass",
+                                       live, used_.load())
+                               .c_str());
+  // Work queued on any stream may still use the pages: unmap them once it has passed.
+  std::vector<stream_event> passed;
+  for (const auto& entry : streams_) {
+    if (synchronous_ || entry.get() == sync_entry_.load()) continue;
+    cleanup("memory_resource: recording the point of a stream",
+            [&] { passed.emplace_back(executor_, entry->record->stream); });
+  }
+  struct everything {
+    std::vector<std::unique_ptr<arena>> arenas;
+    std::vector<shared_chunk> spare;
+  };
+  std::shared_ptr<void> held;
+  try {
+    held = std::make_shared<everything>(everything{std::move(arena_storage_), std::move(spare_)});
+  } catch (...) {
+    for (const stream_event& point : passed) cleanup("memory_resource: waiting", [&] { point.synchronize(); });
+    return;  // the members unmap now
+  }
+  retire(std::move(passed), std::move(held));
+}
+
+// ---- streams and arenas -------------------------------------------------------------------
+
+arena* resource_state::arena_containing(std::uintptr_t address) const noexcept {
+  const std::size_t count = arena_count_.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < count; ++i) {
+    arena* a = arenas_[i].load(std::memory_order_acquire);
+    if (a->contains(address)) return a;
+  }
+  return nullptr;
+}
+
+arena& resource_state::add_arena(std::size_t bytes) {
+  const std::size_t count = arena_count_.load();
+  if (count == max_arenas)
+    throw out_of_memory(fmt::format("memory_resource: {} address ranges made already", max_arenas));
+  arena_storage_.push_back(std::make_unique<arena>(provider(), bytes, page_));
+  arena* made = arena_storage_.back().get();
+  arenas_[count].store(made, std::memory_order_release);
+  arena_count_.store(count + 1, std::memory_order_release);
+  return *made;
+}
+
+resource_state::resource_state::stream_entry& resource_state::entry_of(stream_ref stream, bool sync) {
+  if (stream_entry* e = sync_entry_.load(std::memory_order_acquire); sync && e != nullptr) return *e;
+  const auto key = reinterpret_cast<std::uintptr_t>(stream.get());
+  const std::size_t start = static_cast<std::size_t>((key >> 4) * 0x9e3779b97f4a7c15ull >> 58);
+  if (!sync) {
+    for (std::size_t i = 0; i < stream_table_.size(); ++i) {
+      stream_entry* e = stream_table_[(start + i) % stream_table_.size()].load(std::memory_order_acquire);
+      if (e == nullptr) break;
+      if (e->record->stream == stream) return *e;
+    }
+  }
+  // First use of the stream: its record and its two home arenas. Arenas are made outside
+  // the fast path's locks (the resource's mutex only); adding one never moves another.
+  std::lock_guard lock(mutex_);
+  if (stream_entry* e = sync_entry_.load(); sync && e != nullptr) return *e;
+  for (const auto& e : streams_)
+    if (!sync && e.get() != sync_entry_.load() && e->record->stream == stream) return *e;
+  auto entry = std::make_unique<stream_entry>();
+  entry->record = std::make_unique<stream_record>(stream);
+  // Addresses are cheap: the large arena spans twice the memory the resource may reserve,
+  // so that holes left by freed blocks never run it out; small blocks need far less.
+  entry->arenas[0].push_back(&add_arena(std::max(properties_.max_size / 8, std::size_t{64} << 20)));
+  entry->arenas[1].push_back(&add_arena(2 * properties_.max_size));
+  stream_entry* made = entry.get();
+  streams_.push_back(std::move(entry));
+  if (sync) {
+    sync_entry_.store(made, std::memory_order_release);
+  } else {
+    for (std::size_t i = 0; i < stream_table_.size(); ++i) {
+      auto& slot = stream_table_[(start + i) % stream_table_.size()];
+      stream_entry* expected = nullptr;
+      if (slot.compare_exchange_strong(expected, made, std::memory_order_acq_rel)) break;
+    }
+  }
+  return *made;
+}
+
+// ---- allocation ---------------------------------------------------------------------------
+
+void resource_state::note_used(std::uint64_t bytes) noexcept {
+  const std::size_t now = used_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t high = used_high_.load(std::memory_order_relaxed);
+  while (now > high && !used_high_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+  }
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  allocations_total_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64_t size,
+                                 std::uint64_t alignment) {
+  std::lock_guard lock(home.mutex);
+  const auto search = [&](free_index& index) -> void* {
+    block* found = nullptr;
+    std::uint64_t start = 0;
+    int weighed = 0;
+    index.candidates(size + alignment - unit, [&](block* b) {
+      const std::uint64_t at = arena::fit(b, size, alignment);
+      if (at != ~std::uint64_t{0} && home.unmapped_pages(at, size, 1) == 0) {
+        found = b;
+        start = at;
+        return true;
+      }
+      return ++weighed >= candidates_weighed;
+    });
+    if (found == nullptr) return nullptr;
+    block* b = home.carve(found, start, size);
+    return reinterpret_cast<void*>(home.base() + b->offset);
+  };
+  if (record != nullptr) {
+    for (auto& slot : home.slots())
+      if (slot->record == record)
+        if (void* p = search(slot->pending)) return p;
+  }
+  return search(home.released());
+}
+
+void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, bool sync) {
+  if (!std::has_single_bit(alignment) || alignment > page_)
+    throw invalid_argument(fmt::format(
+        "memory_resource: alignment {} is not a power of two of at most the granularity {}", alignment,
+        page_));
+  if (bytes == 0) return nullptr;
+  if (bytes > largest_request)
+    throw invalid_argument(fmt::format("memory_resource: {} bytes asked for: more than any address space holds",
+                                       bytes));
+  const std::uint64_t size = round_to_unit(bytes);
+  const std::uint64_t align = std::max<std::uint64_t>(alignment, unit);
+  stream_entry& entry = entry_of(stream, sync);
+  const std::size_t kind = size < small_limit ? 0 : 1;
+  void* p = try_mapped(*entry.arenas[kind].back(), sync ? nullptr : entry.record.get(), size, align);
+  if (p == nullptr) p = slow_allocate(entry, size, align, sync, bytes);
+  note_used(size);
+  return p;
+}
+
+std::uint64_t resource_state::stitch_limit() const noexcept {
+  // The reserved memory past which a page is stitched rather than created: the most ever
+  // in use, and 1/256 more for the pages shared at the edges of runs of blocks.
+  const std::uint64_t high =
+      std::max<std::uint64_t>(used_high_.load(std::memory_order_relaxed), used_.load() + request_);
+  return high + high / 256 + 2 * page_;
+}
+
+shared_chunk resource_state::steal_idle_page(const arena& target, std::size_t first, std::size_t count) {
+  const std::size_t arenas = arena_count_.load();
+  for (std::size_t step = 0; step < arenas; ++step) {
+    arena& a = *arenas_[(scan_arena_ + step) % arenas].load();
+    std::vector<page>& pages = a.pages();
+    // From the top: the pages of the highest addresses are the least likely to be reused.
+    for (std::size_t p = pages.size(); p-- > 0;) {
+      page& candidate = pages[p];
+      if (candidate.chunk == nullptr || candidate.held != 0) continue;
+      if (&a == &target && p >= first && p < first + count) continue;
+      if (!candidate.mapped.reset()) continue;  // could not be unmapped: leave it (reported)
+      scan_arena_ = (scan_arena_ + step) % arenas;
+      ++pages_stitched_;
+      --mapped_pages_;
+      return std::move(candidate.chunk);
+    }
+  }
+  return nullptr;
+}
+
+shared_chunk resource_state::take_page(const arena& target, std::size_t first, std::size_t count) {
+  if (!spare_.empty()) {
+    shared_chunk chunk = std::move(spare_.back());
+    spare_.pop_back();
+    return chunk;
+  }
+  const std::size_t reserved = (mapped_pages_ + spare_.size()) * page_;
+  const bool over_limit = reserved + page_ > stitch_limit();
+  const bool at_max = reserved + page_ > properties_.max_size;
+  if (over_limit || at_max)
+    if (shared_chunk stolen = steal_idle_page(target, first, count)) return stolen;
+  if (at_max)
+    throw out_of_memory(fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
+  shared_chunk fresh = std::make_shared<const pooled_chunk>(pool_->acquire(page_));
+  ++pages_created_;
+  return fresh;
+}
+
+void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t size) {
+  const auto [first, count] = a.page_span(offset, size);
+  std::vector<page>& pages = a.pages();
+  std::vector<std::size_t> mapped_now;
+  try {
+    for (std::size_t p = first; p < first + count; ++p) {
+      if (pages[p].chunk != nullptr) continue;
+      shared_chunk chunk = take_page(a, first, count);
+      pages[p].mapped = mapping(chunk->memory(), a.base() + p * page_, std::span<const access_grant>{});
+      pages[p].chunk = std::move(chunk);
+      ++mapped_pages_;
+      mapped_now.push_back(p);
+    }
+    // One access call per run of pages mapped now: the driver's cost is per call and handle.
+    for (std::size_t i = 0; i < mapped_now.size();) {
+      std::size_t j = i + 1;
+      while (j < mapped_now.size() && mapped_now[j] == mapped_now[j - 1] + 1) ++j;
+      provider()->set_access(a.base() + mapped_now[i] * page_, (j - i) * page_, grants_);
+      i = j;
+    }
+  } catch (...) {
+    for (std::size_t p : mapped_now) {
+      if (!pages[p].mapped.reset()) continue;  // stays mapped: a later allocation uses it
+      spare_.push_back(std::move(pages[p].chunk));
+      --mapped_pages_;
+    }
+    throw;
+  }
+  const std::size_t reserved = (mapped_pages_ + spare_.size()) * page_;
+  reserved_high_ = std::max(reserved_high_, reserved);
+  over_threshold_.store(reserved > properties_.release_threshold, std::memory_order_relaxed);
+}
+
+void* resource_state::place(arena& a, free_index& index, std::uint64_t size, std::uint64_t alignment) {
+  block* best = nullptr;
+  std::uint64_t best_start = 0;
+  std::size_t best_unmapped = std::numeric_limits<std::size_t>::max();
+  int weighed = 0;
+  index.candidates(size + alignment - unit, [&](block* b) {
+    const std::uint64_t at = arena::fit(b, size, alignment);
+    if (at == ~std::uint64_t{0}) return false;
+    const std::size_t unmapped = a.unmapped_pages(at, size, best_unmapped);
+    if (unmapped < best_unmapped) {
+      best = b;
+      best_start = at;
+      best_unmapped = unmapped;
+    }
+    return best_unmapped == 0 || ++weighed >= candidates_weighed;
+  });
+  if (best == nullptr) return nullptr;
+  block* b = a.carve(best, best_start, size);
+  if (best_unmapped != 0) {
+    try {
+      map_pages(a, b->offset, size);
+    } catch (...) {
+      a.free_released(b);  // carved from the released blocks: back where it was
+      throw;
+    }
+  }
+  return reinterpret_cast<void*>(a.base() + b->offset);
+}
+
+void resource_state::record_point(stream_record& record) {
+  const std::uint64_t closed = record.epoch.fetch_add(1);
+  record.frees.store(0, std::memory_order_relaxed);
+  try {
+    record.points.emplace_back(closed, stream_event(executor_, record.stream));
+  } catch (...) {
+    record.epoch.fetch_sub(1);  // the epoch stays open
+    throw;
+  }
+}
+
+void resource_state::refresh_points(bool record_open_epochs, bool wait) {
+  if (synchronous_) return;
+  for (const auto& entry : streams_) {
+    if (entry.get() == sync_entry_.load()) continue;
+    stream_record& record = *entry->record;
+    std::lock_guard lock(record.mutex);
+    if (record_open_epochs && record.frees.load() != 0) record_point(record);
+    while (!record.points.empty()) {
+      auto& [epoch, point] = record.points.front();
+      if (wait) point.synchronize();
+      if (!point.done()) break;
+      record.passed.store(epoch);
+      record.points.pop_front();
+    }
+  }
+  if (!policies_.allow_opportunistic) return;
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    for (auto& slot : a.slots()) (void)a.release_pending(*slot, slot->record->passed.load());
+  }
+}
+
+void* resource_state::place_with_dependency(stream_entry& entry, std::size_t kind, std::uint64_t size,
+                                            std::uint64_t alignment, bool wait_allowed) {
+  // Blocks freed on other streams, in this size class's arenas: those the allocating
+  // stream is already ordered after (follow_event_dependencies), then, when allowed, any
+  // (the allocating stream is made to wait for the freeing stream's point).
+  stream_record& me = *entry.record;
+  for (const auto& other : streams_) {
+    if (other.get() == &entry || other.get() == sync_entry_.load()) continue;
+    stream_record& record = *other->record;
+    std::uint64_t ordered_after = 0;
+    {
+      std::lock_guard lock(record.mutex);
+      for (const auto& [stream, epoch] : record.waited_by)
+        if (stream == me.stream) ordered_after = std::max(ordered_after, epoch);
+    }
+    for (arena* a : other->arenas[kind]) {
+      for (auto& slot : a->slots()) {
+        if (slot->record != &record) continue;
+        block* chosen = nullptr;
+        slot->pending.candidates(size + alignment - unit, [&](block* b) {
+          if (arena::fit(b, size, alignment) == ~std::uint64_t{0}) return false;
+          const bool followed = policies_.follow_event_dependencies && b->epoch <= ordered_after;
+          if (followed || (wait_allowed && policies_.allow_internal_dependencies)) chosen = b;
+          return chosen != nullptr;
+        });
+        if (chosen == nullptr) continue;
+        if (chosen->epoch > ordered_after) {
+          // Internal dependency: the allocating stream waits for the freeing stream's point
+          // after this block's free.
+          std::lock_guard lock(record.mutex);
+          if (record.epoch.load() <= chosen->epoch) record_point(record);
+          for (auto& [epoch, point] : record.points)
+            if (epoch >= chosen->epoch) {
+              point.enqueue_wait(me.stream);
+              break;
+            }
+        }
+        block* released = a->release_one(*slot, chosen);
+        if (void* p = place(*a, a->released(), size, alignment)) return p;
+        (void)released;
+      }
+    }
+  }
+  return nullptr;
+}
+
+void* resource_state::slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment,
+                                    bool sync, std::size_t requested) {
+  const std::size_t kind = size < small_limit ? 0 : 1;
+  all_locked locked(*this);
+  request_ = size;
+  struct forget {
+    std::uint64_t& request;
+    ~forget() { request = 0; }
+  } forget_request{request_};
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    // The points that have passed make blocks free for every stream.
+    refresh_points(true, attempt > 0);
+    try {
+      arena& home = *entry.arenas[kind].back();
+      if (!sync)
+        for (auto& slot : home.slots())
+          if (slot->record == entry.record.get())
+            if (void* p = place(home, slot->pending, size, alignment)) return p;
+      for (arena* a : entry.arenas[kind])
+        if (void* p = place(*a, a->released(), size, alignment)) return p;
+      // Released blocks of other streams' arenas: their frees have passed.
+      if (policies_.allow_opportunistic)
+        for (const auto& other : streams_)
+          if (other.get() != &entry)
+            for (arena* a : other->arenas[kind])
+              if (void* p = place(*a, a->released(), size, alignment)) return p;
+      if (!sync)
+        if (void* p = place_with_dependency(entry, kind, size, alignment, true)) return p;
+      // No address run fits anywhere: a new arena for this stream.
+      arena& added = add_arena(std::max<std::size_t>(2 * properties_.max_size, round_up(size, page_)));
+      std::unique_lock<std::mutex> hold(added.mutex);
+      entry.arenas[kind].push_back(&added);
+      if (void* p = place(added, added.released(), size, alignment)) return p;
+    } catch (const out_of_memory&) {
+      if (attempt > 0) break;
+      // Give back what is idle and wait for every stream's frees, then once more.
+      collect_retired(true);
+    }
+  }
+  throw out_of_memory(fmt::format(
+      "memory_resource on {}: {} bytes requested ({} with rounding), {} reserved, {} in use, the largest "
+      "free run of addresses is {} bytes",
+      to_string(provider()->where()), requested, size, (mapped_pages_ + spare_.size()) * page_,
+      used_.load(), largest_free_locked()));
+}
+
+// ---- deallocation -------------------------------------------------------------------------
+
+void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment,
+                                bool sync) noexcept {
+  if (ptr == nullptr) return;
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const auto refuse = [&](const std::string& why) {
+    bad_deallocations_.fetch_add(1, std::memory_order_relaxed);
+    cleanup("memory_resource: deallocate", [&] {
+      throw invalid_argument(fmt::format("memory_resource: deallocate of {:#x} ({} bytes) refused: {}; "
+                                         "nothing changed",
+                                         address, bytes, why));
+    });
+  };
+  arena* a = arena_containing(address);
+  if (a == nullptr) return refuse("the pointer is not one of this resource's");
+  if (!std::has_single_bit(alignment)) return refuse(fmt::format("alignment {} is not a power of two", alignment));
+  bool over = false;
+  cleanup("memory_resource: deallocate", [&] {
+    stream_entry* entry = (sync || synchronous_) ? nullptr : &entry_of(stream, false);
+    std::lock_guard lock(a->mutex);
+    block* b = a->allocated_at(address - a->base());
+    if (b == nullptr) return refuse("it is not a live allocation (freed twice, or never allocated)");
+    if (round_to_unit(bytes) != b->size)
+      return refuse(fmt::format("it was allocated with {} bytes", b->size));
+    const std::uint64_t size = b->size;
+    if (entry == nullptr) {
+      a->free_released(b);
+    } else {
+      stream_record& record = *entry->record;
+      a->free_pending(b, a->slot_of(record), record.epoch.load());
+      if (record.frees.fetch_add(1) + 1 >= frees_per_point) {
+        std::lock_guard record_lock(record.mutex);
+        if (record.frees.load() >= frees_per_point) record_point(record);
+      }
+    }
+    used_.fetch_sub(size, std::memory_order_relaxed);
+    allocations_.fetch_sub(1, std::memory_order_relaxed);
+    over = over_threshold_.load(std::memory_order_relaxed);
+  });
+  if (over) cleanup("memory_resource: release threshold", [&] {
+      all_locked locked(*this);
+      release_idle(properties_.release_threshold);
+    });
+}
+
+// ---- giving memory back -------------------------------------------------------------------
+
+void resource_state::release_idle(std::size_t bytes_to_keep) {
+  refresh_points(true, false);
+  const auto reserved = [&] { return (mapped_pages_ + spare_.size()) * page_; };
+  while (!spare_.empty() && reserved() > bytes_to_keep) {
+    spare_.pop_back();  // back to the chunk pool
+    ++pages_released_;
+  }
+  for (std::size_t i = 0; i < arena_count_.load() && reserved() > bytes_to_keep; ++i) {
+    std::vector<page>& pages = arenas_[i].load()->pages();
+    for (std::size_t p = pages.size(); p-- > 0 && reserved() > bytes_to_keep;) {
+      if (pages[p].chunk == nullptr || pages[p].held != 0) continue;
+      if (!pages[p].mapped.reset()) continue;
+      pages[p].chunk.reset();  // back to the chunk pool
+      --mapped_pages_;
+      ++pages_released_;
+    }
+  }
+  over_threshold_.store(reserved() > properties_.release_threshold, std::memory_order_relaxed);
+}
+
+void resource_state::trim_to(std::size_t bytes_to_keep) {
+  all_locked locked(*this);
+  release_idle(bytes_to_keep);
+}
+
+void resource_state::set_release_threshold(std::size_t bytes) {
+  all_locked locked(*this);
+  properties_.release_threshold = bytes;
+  release_idle(bytes);
+}
+
+// ---- access, dependencies, statistics -----------------------------------------------------
+
+void resource_state::set_access(std::span<const access_grant> grants) {
+  if (grants.empty()) throw invalid_argument("memory_resource: set_access with no grants");
+  all_locked locked(*this);
+  std::vector<access_grant> next(grants.begin(), grants.end());
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    std::vector<page>& pages = a.pages();
+    for (std::size_t p = 0; p < pages.size();) {
+      if (pages[p].chunk == nullptr) {
+        ++p;
+        continue;
+      }
+      std::size_t q = p + 1;
+      while (q < pages.size() && pages[q].chunk != nullptr) ++q;
+      provider()->set_access(a.base() + p * page_, (q - p) * page_, next);
+      p = q;
+    }
+  }
+  grants_ = std::move(next);
+}
+
+access_mode resource_state::access(const accessor& who) const {
+  std::lock_guard lock(mutex_);
+  for (const access_grant& grant : grants_)
+    if (grant.who == who) return grant.mode;
+  return access_mode::none;
+}
+
+void resource_state::wait_for(stream_ref waiting, stream_ref freeing) {
+  if (synchronous_) return;
+  stream_record& record = *entry_of(freeing, false).record;
+  std::lock_guard lock(record.mutex);
+  record_point(record);
+  const auto& [epoch, point] = record.points.back();
+  point.enqueue_wait(waiting);
+  for (auto& [stream, ordered] : record.waited_by)
+    if (stream == waiting) {
+      ordered = std::max(ordered, epoch);
+      return;
+    }
+  record.waited_by.emplace_back(waiting, epoch);
+}
+
+std::size_t resource_state::largest_free_locked() const noexcept {
+  std::uint64_t largest = 0;
+  for (std::size_t i = 0; i < arena_count_.load(); ++i)
+    largest = std::max(largest, arenas_[i].load()->released().largest());
+  return static_cast<std::size_t>(largest);
+}
+
+memory_resource_statistics resource_state::statistics() const {
+  all_locked locked(*this);
+  memory_resource_statistics s;
+  s.reserved_current = (mapped_pages_ + spare_.size()) * page_;
+  s.reserved_high = reserved_high_;
+  s.used_current = used_.load();
+  s.used_high = used_high_.load();
+  s.allocations = allocations_.load();
+  s.allocations_total = allocations_total_.load();
+  s.segments = arena_count_.load();
+  s.handles = mapped_pages_ + spare_.size();
+  s.largest_free_block = largest_free_locked();
+  s.pages_stitched = pages_stitched_;
+  s.pages_created = pages_created_;
+  s.pages_released = pages_released_;
+  s.bad_deallocations = bad_deallocations_.load();
+  return s;
+}
+
+void resource_state::reset_high_water_marks() {
+  std::lock_guard lock(mutex_);
+  reserved_high_ = (mapped_pages_ + spare_.size()) * page_;
+  used_high_.store(used_.load());
+}
+
+}  // namespace detail
+
+// ---- the public class ---------------------------------------------------------------------
+
+namespace {
+
+std::shared_ptr<chunk_pool> require(std::shared_ptr<chunk_pool> pool) {
+  if (pool == nullptr) throw invalid_argument("memory_resource: the pool is null");
+  return pool;
+}
+
+}  // namespace
+
+memory_resource::memory_resource(location where, memory_resource_properties properties,
+                                 reuse_policies policies)
+    : memory_resource(default_pool(where), properties, policies) {}
+
+memory_resource::memory_resource(std::shared_ptr<chunk_pool> pool, memory_resource_properties properties,
+                                 reuse_policies policies)
+    : state_(std::make_unique<detail::resource_state>(require(std::move(pool)), properties, policies)) {}
+
+memory_resource::~memory_resource() = default;
+
+void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment) {
+  return state_->allocate(stream, bytes, alignment, false);
+}
+
+void memory_resource::deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+  state_->deallocate(stream, ptr, bytes, alignment, false);
+}
+
+void* memory_resource::allocate_sync(std::size_t bytes, std::size_t alignment) {
+  return state_->allocate({}, bytes, alignment, true);
+}
+
+void memory_resource::deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+  state_->deallocate({}, ptr, bytes, alignment, true);
+}
+
+void memory_resource::trim_to(std::size_t bytes_to_keep) { state_->trim_to(bytes_to_keep); }
+void memory_resource::set_release_threshold(std::size_t bytes) { state_->set_release_threshold(bytes); }
+void memory_resource::set_access(std::span<const access_grant> grants) { state_->set_access(grants); }
+access_mode memory_resource::access(const accessor& who) const { return state_->access(who); }
+void memory_resource::wait_for(stream_ref waiting, stream_ref freeing) { state_->wait_for(waiting, freeing); }
+memory_resource_statistics memory_resource::statistics() const { return state_->statistics(); }
+void memory_resource::reset_high_water_marks() { state_->reset_high_water_marks(); }
+const memory_resource_properties& memory_resource::properties() const noexcept { return state_->properties(); }
+const reuse_policies& memory_resource::policies() const noexcept { return state_->policies(); }
+const std::shared_ptr<memory_provider>& memory_resource::provider() const noexcept { return state_->provider(); }
+const std::shared_ptr<chunk_pool>& memory_resource::pool() const noexcept { return state_->pool(); }
+bool memory_resource::owns(const void* ptr) const noexcept { return state_->owns(ptr); }
+
+}  // namespace vmm

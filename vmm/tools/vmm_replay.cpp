@@ -1,0 +1,286 @@
+// vmm-replay: replays an allocation trace through vmm::memory_resource and reports what
+// the resource reserved against what was in use, and what each call cost the host.
+//
+//   vmm-replay TRACE [--location gpu0|os_host] [--json FILE] [--repeat N]
+//
+// TRACE is a text file, gzip-compressed or not, one event a line ('#' starts a comment):
+//   a <id> <bytes> <stream>   allocate <bytes> on stream number <stream> (0, 1, ...)
+//   f <id>                    free allocation <id> (on the stream it was allocated on)
+// Every line is checked: a malformed line, an unknown or reused id, a size past 2^48 or a
+// stream number past 1023 is an error naming the line. Nothing of the trace is trusted.
+//
+// Reported: peak live bytes (the trace's own, as requested), peak reserved bytes (physical
+// memory the resource held: mapped or spare), their ratio, the largest single allocation
+// still possible at the end (with the trace's last live set still allocated), and the host
+// time of each allocate and deallocate (median and 99th percentile) and of an
+// allocate + deallocate pair. --repeat replays the trace N times in one resource (the
+// steady state of a training loop); the figures cover every pass.
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "vmm/capabilities.hpp"
+#include "vmm/memory_resource.hpp"
+
+namespace {
+
+struct event {
+  bool allocate;
+  std::uint32_t stream;
+  std::uint64_t id;
+  std::uint64_t bytes;
+};
+
+struct trace_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string read_all(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) throw trace_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::string text;
+  char buffer[1 << 16];
+  int read = 0;
+  while ((read = gzread(file, buffer, sizeof buffer)) > 0) text.append(buffer, static_cast<std::size_t>(read));
+  int code = 0;
+  const char* why = gzerror(file, &code);
+  gzclose(file);
+  if (read < 0 || (code != Z_OK && code != Z_STREAM_END))
+    throw trace_error(fmt::format("{}: not a readable trace ({})", path, why != nullptr ? why : "read error"));
+  return text;
+}
+
+// Parses and checks every line; ids are renumbered densely.
+std::vector<event> parse(const std::string& path, std::uint32_t& streams) {
+  std::istringstream in(read_all(path));
+  std::vector<event> events;
+  std::unordered_map<std::uint64_t, std::uint64_t> live;  // trace id -> dense id
+  std::uint64_t next_id = 0;
+  std::string line;
+  streams = 1;
+  for (std::size_t number = 1; std::getline(in, line); ++number) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string kind;
+    fields >> kind;
+    const auto fail = [&](const std::string& why) {
+      throw trace_error(fmt::format("{}:{}: {}: \"{}\"", path, number, why, line.substr(0, 80)));
+    };
+    std::string extra;
+    if (kind == "a") {
+      std::uint64_t id = 0;
+      std::uint64_t bytes = 0;
+      std::uint32_t stream = 0;
+      if (!(fields >> id >> bytes >> stream)) fail("an allocation needs an id, a size and a stream number");
+      if (fields >> extra) fail("extra fields");
+      if (bytes > (std::uint64_t{1} << 48)) fail("a size past 2^48 bytes");
+      if (stream > 1023) fail("a stream number past 1023");
+      if (!live.emplace(id, next_id).second) fail(fmt::format("allocation id {} is live already", id));
+      events.push_back({true, stream, next_id++, bytes});
+      streams = std::max(streams, stream + 1);
+    } else if (kind == "f") {
+      std::uint64_t id = 0;
+      if (!(fields >> id)) fail("a free needs an id");
+      if (fields >> extra) fail("extra fields");
+      const auto it = live.find(id);
+      if (it == live.end()) fail(fmt::format("free of id {}, which is not live", id));
+      events.push_back({false, 0, it->second, 0});
+      live.erase(it);
+    } else {
+      fail("a line must start with 'a' or 'f'");
+    }
+  }
+  if (events.empty()) throw trace_error(fmt::format("{}: no events", path));
+  return events;
+}
+
+struct percentiles {
+  double median = 0;
+  double p99 = 0;
+};
+
+percentiles of(std::vector<double>& samples) {
+  if (samples.empty()) return {};
+  const auto at = [&](double q) {
+    const auto k = static_cast<std::ptrdiff_t>(q * static_cast<double>(samples.size() - 1));
+    std::nth_element(samples.begin(), samples.begin() + k, samples.end());
+    return samples[static_cast<std::size_t>(k)];
+  };
+  return {at(0.5), at(0.99)};
+}
+
+vmm::location parse_location(const std::string& text) {
+  if (text == "os_host") return vmm::location::os_host();
+  if (text.rfind("gpu", 0) == 0) {
+    const std::string number = text.substr(3);
+    if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos && number.size() < 4)
+      return vmm::location::device(std::stoi(number));
+  }
+  throw std::invalid_argument(fmt::format("--location {}: expected os_host or gpu<N>", text));
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: vmm-replay TRACE [--location gpu0|os_host] [--json FILE] [--repeat N]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string trace_path;
+  std::string json_path;
+  std::optional<vmm::location> where;
+  int repeat = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", arg));
+      return argv[++i];
+    };
+    if (arg == "--location") where = parse_location(value());
+    else if (arg == "--json") json_path = value();
+    else if (arg == "--repeat") {
+      const std::string n = value();
+      if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1)
+        throw std::invalid_argument(fmt::format("--repeat {}: expected 1 to 9999", n));
+      repeat = std::stoi(n);
+    } else if (!arg.empty() && arg[0] == '-') return usage();
+    else if (trace_path.empty()) trace_path = arg;
+    else return usage();
+  }
+  if (trace_path.empty()) return usage();
+  if (!where) where = vmm::gpu_available() ? vmm::location::device(0) : vmm::location::os_host();
+
+  std::uint32_t stream_count = 0;
+  const std::vector<event> events = parse(trace_path, stream_count);
+
+  // A pool of the resource's own, so that its figures are the resource's alone.
+  auto pool = vmm::chunk_pool::create(vmm::provider_for(*where));
+  vmm::memory_resource resource(pool);
+  vmm::stream_executor& executor = pool->provider()->executor();
+  std::vector<vmm::owned_stream> owned;
+  std::vector<vmm::stream_ref> streams{vmm::stream_ref()};  // stream 0: the legacy default stream
+  for (std::uint32_t s = 1; s < stream_count; ++s) {
+    owned.emplace_back(executor);
+    streams.push_back(owned.back().get());
+  }
+
+  struct live_allocation {
+    void* pointer = nullptr;
+    std::uint64_t bytes = 0;
+    std::uint32_t stream = 0;
+    double allocate_ns = 0;
+  };
+  std::vector<live_allocation> live(events.size());
+  std::vector<double> allocate_ns;
+  std::vector<double> deallocate_ns;
+  std::vector<double> pair_ns;
+  std::uint64_t live_bytes = 0;
+  std::uint64_t peak_live = 0;
+  using clock = std::chrono::steady_clock;
+  const auto started = clock::now();
+  for (int pass = 0; pass < repeat; ++pass) {
+    const bool last_pass = pass + 1 == repeat;
+    for (const event& e : events) {
+      live_allocation& slot = live[e.id];
+      if (e.allocate) {
+        const auto t0 = clock::now();
+        slot.pointer = resource.allocate(streams[e.stream], e.bytes);
+        const auto t1 = clock::now();
+        slot.bytes = e.bytes;
+        slot.stream = e.stream;
+        slot.allocate_ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+        allocate_ns.push_back(slot.allocate_ns);
+        live_bytes += e.bytes;
+        peak_live = std::max(peak_live, live_bytes);
+      } else {
+        const auto t0 = clock::now();
+        resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+        const auto t1 = clock::now();
+        const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+        deallocate_ns.push_back(ns);
+        pair_ns.push_back(slot.allocate_ns + ns);
+        live_bytes -= slot.bytes;
+        slot.pointer = nullptr;
+      }
+    }
+    if (!last_pass)  // the next pass starts from nothing live
+      for (live_allocation& slot : live)
+        if (slot.pointer != nullptr) {
+          resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+          live_bytes -= slot.bytes;
+          slot.pointer = nullptr;
+        }
+  }
+  const double seconds = std::chrono::duration<double>(clock::now() - started).count();
+  const vmm::memory_resource_statistics after = resource.statistics();
+
+  // The largest single allocation still possible, the trace's last live set allocated.
+  const std::size_t granularity = pool->granularity();
+  std::uint64_t low = 0;
+  std::uint64_t high = resource.properties().max_size / granularity + 1;  // in pages
+  while (high - low > 1) {
+    const std::uint64_t mid = low + (high - low) / 2;
+    try {
+      void* p = resource.allocate({}, mid * granularity);
+      resource.deallocate({}, p, mid * granularity);
+      low = mid;
+    } catch (const vmm::out_of_memory&) {
+      high = mid;
+    }
+  }
+  const std::uint64_t largest_after = low * granularity;
+  for (live_allocation& slot : live)
+    if (slot.pointer != nullptr) resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+
+  const percentiles a = of(allocate_ns);
+  const percentiles d = of(deallocate_ns);
+  const percentiles p = of(pair_ns);
+  const double ratio = static_cast<double>(after.reserved_high) / static_cast<double>(peak_live);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  fmt::print("trace        {} ({} events, {} stream(s), {} pass(es)) on {}\n", trace_path, events.size(),
+             stream_count, repeat, vmm::to_string(*where));
+  fmt::print("peak live      {:.3f} GiB ({} bytes)\n", static_cast<double>(peak_live) / gib, peak_live);
+  fmt::print("peak reserved  {:.3f} GiB ({} bytes)\n", static_cast<double>(after.reserved_high) / gib,
+             after.reserved_high);
+  fmt::print("reserved/live  {:.4f}\n", ratio);
+  fmt::print("largest allocation possible at the end: {:.3f} GiB (max_size {:.3f} GiB)\n",
+             static_cast<double>(largest_after) / gib,
+             static_cast<double>(resource.properties().max_size) / gib);
+  fmt::print("host time (ns)   median     p99\n");
+  fmt::print("  allocate     {:8.0f} {:8.0f}\n", a.median, a.p99);
+  fmt::print("  deallocate   {:8.0f} {:8.0f}\n", d.median, d.p99);
+  fmt::print("  pair         {:8.0f} {:8.0f}\n", p.median, p.p99);
+  fmt::print("pages: {} created, {} stitched, {} released; {} address ranges; replay {:.2f} s\n",
+             after.pages_created, after.pages_stitched, after.pages_released, after.segments, seconds);
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << fmt::format(
+        "{{\"trace\": \"{}\", \"location\": \"{}\", \"events\": {}, \"passes\": {}, \"peak_live_bytes\": {}, "
+        "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
+        "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
+        "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"pages_created\": {}, "
+        "\"pages_stitched\": {}, \"segments\": {}}}\n",
+        trace_path, vmm::to_string(*where), events.size(), repeat, peak_live, after.reserved_high, ratio,
+        largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99, after.pages_created,
+        after.pages_stitched, after.segments);
+    if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
+  }
+  return 0;
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "vmm-replay: %s\n", error.what());
+  return 1;
+}
