@@ -88,7 +88,8 @@ class resource_state {
   void* place_with_dependency(stream_entry& entry, std::size_t kind, std::uint64_t size,
                               std::uint64_t alignment, bool wait_allowed);
   void map_pages(arena& a, std::uint64_t offset, std::uint64_t size);
-  shared_chunk take_page(const arena& target, std::size_t first, std::size_t count);
+  // A page for `target`'s pages [first, first + count): spare, stitched or created (fresh).
+  shared_chunk take_page(const arena& target, std::size_t first, std::size_t count, bool& fresh);
   shared_chunk steal_idle_page(const arena& target, std::size_t first, std::size_t count);
   void refresh_points(bool record_open_epochs, bool wait);  // under all_locked
   void record_point(stream_record& record);                  // under the record's mutex
@@ -336,7 +337,9 @@ shared_chunk resource_state::steal_idle_page(const arena& target, std::size_t fi
   return nullptr;
 }
 
-shared_chunk resource_state::take_page(const arena& target, std::size_t first, std::size_t count) {
+shared_chunk resource_state::take_page(const arena& target, std::size_t first, std::size_t count,
+                                       bool& fresh) {
+  fresh = false;
   if (!spare_.empty()) {
     shared_chunk chunk = std::move(spare_.back());
     spare_.pop_back();
@@ -349,21 +352,26 @@ shared_chunk resource_state::take_page(const arena& target, std::size_t first, s
     if (shared_chunk stolen = steal_idle_page(target, first, count)) return stolen;
   if (at_max)
     throw out_of_memory(fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
-  shared_chunk fresh = std::make_shared<const pooled_chunk>(pool_->acquire(page_));
-  ++pages_created_;
-  return fresh;
+  shared_chunk created = std::make_shared<const pooled_chunk>(pool_->acquire(page_));
+  fresh = true;
+  return created;
 }
 
 void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t size) {
   const auto [first, count] = a.page_span(offset, size);
   std::vector<page>& pages = a.pages();
+  // Pages taken for this run, and whether each was created for it: a failure gives the
+  // created ones back to the pool and keeps the others spare, so that the reserved memory
+  // is what it was.
   std::vector<std::size_t> mapped_now;
+  std::vector<std::pair<shared_chunk, bool>> taken;
   try {
     for (std::size_t p = first; p < first + count; ++p) {
       if (pages[p].chunk != nullptr) continue;
-      shared_chunk chunk = take_page(a, first, count);
-      pages[p].mapped = mapping(chunk->memory(), a.base() + p * page_, std::span<const access_grant>{});
-      pages[p].chunk = std::move(chunk);
+      bool fresh = false;
+      taken.emplace_back(take_page(a, first, count, fresh), fresh);
+      pages[p].mapped = mapping(taken.back().first->memory(), a.base() + p * page_, std::span<const access_grant>{});
+      pages[p].chunk = taken.back().first;
       ++mapped_pages_;
       mapped_now.push_back(p);
     }
@@ -376,12 +384,18 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
     }
   } catch (...) {
     for (std::size_t p : mapped_now) {
-      if (!pages[p].mapped.reset()) continue;  // stays mapped: a later allocation uses it
-      spare_.push_back(std::move(pages[p].chunk));
+      if (!pages[p].mapped.reset()) {  // stays mapped: a later allocation uses it
+        std::erase_if(taken, [&](const auto& t) { return t.first == pages[p].chunk; });
+        continue;
+      }
+      pages[p].chunk.reset();
       --mapped_pages_;
     }
+    for (auto& [chunk, fresh] : taken)
+      if (!fresh) spare_.push_back(std::move(chunk));  // the fresh ones go back to the pool
     throw;
   }
+  for (const auto& t : taken) pages_created_ += t.second ? 1 : 0;
   const std::size_t reserved = (mapped_pages_ + spare_.size()) * page_;
   reserved_high_ = std::max(reserved_high_, reserved);
   over_threshold_.store(reserved > properties_.release_threshold, std::memory_order_relaxed);

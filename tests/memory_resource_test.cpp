@@ -1,0 +1,344 @@
+// memory_resource on every provider: sizes and alignments, statistics after every
+// operation, bad input, out of memory, trim, access, stitching, a randomized run checked
+// against a model, and many threads.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "memory_io.hpp"
+#include "provider_kinds.hpp"
+#include "vmm/error.hpp"
+#include "vmm/memory_resource.hpp"
+
+namespace vmm::testing {
+namespace {
+
+constexpr std::size_t kib = 1024;
+constexpr std::size_t mib = 1024 * kib;
+
+std::size_t rounded(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+template <class Kind>
+class memory_resources : public provider_test<Kind> {
+ protected:
+  void SetUp() override {
+    provider_test<Kind>::SetUp();
+    if (this->provider_ != nullptr) pool_ = chunk_pool::create(this->provider_);
+  }
+  // A resource of its own pool, bounded so that tests never take a machine's memory.
+  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {}, reuse_policies policies = {}) {
+    if (properties.max_size == 0) properties.max_size = 256 * mib;
+    return std::make_unique<memory_resource>(pool_, properties, policies);
+  }
+  void write(void* p, const std::vector<std::uint8_t>& bytes) {
+    write_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(p), bytes);
+  }
+  std::vector<std::uint8_t> read(const void* p, std::size_t n) {
+    return read_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(p), n);
+  }
+  std::shared_ptr<chunk_pool> pool_;
+};
+TYPED_TEST_SUITE(memory_resources, all_memory_kinds, memory_kind_names);
+
+TYPED_TEST(memory_resources, any_size_is_aligned_usable_and_counted_exactly) {
+  auto resource = this->make();
+  std::vector<std::pair<void*, std::size_t>> held;
+  std::size_t used = 0;
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{257}, 3 * kib,
+                            mib - 1, mib, 3 * mib + 5, 17 * mib}) {
+    void* p = resource->allocate({}, bytes);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 256, 0u) << bytes;
+    const auto pattern_bytes = pattern(bytes, static_cast<std::uint32_t>(bytes));
+    this->write(p, pattern_bytes);
+    EXPECT_EQ(this->read(p, bytes), pattern_bytes);
+    held.emplace_back(p, bytes);
+    used += rounded(bytes);
+    const memory_resource_statistics s = resource->statistics();
+    EXPECT_EQ(s.used_current, used);
+    EXPECT_EQ(s.allocations, held.size());
+    EXPECT_GE(s.reserved_current, s.used_current);
+    EXPECT_EQ(s.reserved_current % this->granularity_, 0u);
+  }
+  for (auto [p, bytes] : held) {
+    resource->deallocate({}, p, bytes);
+    used -= rounded(bytes);
+    EXPECT_EQ(resource->statistics().used_current, used);
+  }
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.allocations, 0u);
+  EXPECT_EQ(s.allocations_total, held.size());
+  EXPECT_EQ(s.used_high, std::accumulate(held.begin(), held.end(), std::size_t{0},
+                                         [](std::size_t sum, auto& h) { return sum + rounded(h.second); }));
+  EXPECT_EQ(s.bad_deallocations, 0u);
+}
+
+TYPED_TEST(memory_resources, alignments_up_to_the_granularity_are_kept) {
+  auto resource = this->make();
+  for (std::size_t alignment = 1; alignment <= this->granularity_; alignment *= 4) {
+    void* p = resource->allocate({}, 1000, alignment);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % std::max<std::size_t>(alignment, 256), 0u) << alignment;
+    resource->deallocate({}, p, 1000, alignment);
+  }
+  void* p = resource->allocate({}, 5000, this->granularity_);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % this->granularity_, 0u);
+  resource->deallocate({}, p, 5000, this->granularity_);
+}
+
+TYPED_TEST(memory_resources, zero_bytes_is_nullptr_and_freeing_nullptr_does_nothing) {
+  auto resource = this->make();
+  EXPECT_EQ(resource->allocate({}, 0), nullptr);
+  resource->deallocate({}, nullptr, 0);
+  resource->deallocate({}, nullptr, 100);
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.allocations_total, 0u);
+  EXPECT_EQ(s.bad_deallocations, 0u);
+}
+
+TYPED_TEST(memory_resources, bad_input_is_refused_and_changes_nothing) {
+  auto resource = this->make();
+  auto other = this->make();
+  void* p = resource->allocate({}, 4 * kib);
+  const memory_resource_statistics before = resource->statistics();
+  EXPECT_THROW((void)resource->allocate({}, 100, 3), invalid_argument);
+  EXPECT_THROW((void)resource->allocate({}, 100, 2 * this->granularity_), invalid_argument);
+  EXPECT_THROW((void)resource->allocate({}, ~std::size_t{0}), invalid_argument);
+  EXPECT_THROW((void)resource->allocate({}, std::size_t{1} << 50), invalid_argument);
+  // Refused deallocations are reported and counted, never thrown (deallocate is noexcept).
+  const auto quiet = set_cleanup_failure_handler([](const char*) noexcept {});
+  int x = 0;
+  resource->deallocate({}, &x, 4);                            // not this resource's
+  resource->deallocate({}, static_cast<char*>(p) + 256, 256);  // inside an allocation
+  resource->deallocate({}, p, 8 * kib);                       // another size
+  void* q = other->allocate({}, 4 * kib);
+  resource->deallocate({}, q, 4 * kib);  // another resource's
+  set_cleanup_failure_handler(quiet);
+  memory_resource_statistics after = resource->statistics();
+  EXPECT_EQ(after.bad_deallocations, 4u);
+  after.bad_deallocations = before.bad_deallocations;
+  EXPECT_EQ(after.used_current, before.used_current);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_EQ(after.reserved_current, before.reserved_current);
+  // p is still live and whole: a double free after the real one is refused too.
+  const auto bytes = pattern(4 * kib, 9);
+  this->write(p, bytes);
+  EXPECT_EQ(this->read(p, 4 * kib), bytes);
+  resource->deallocate({}, p, 4 * kib);
+  set_cleanup_failure_handler([](const char*) noexcept {});
+  resource->deallocate({}, p, 4 * kib);
+  set_cleanup_failure_handler(quiet);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 5u);
+  EXPECT_EQ(resource->statistics().allocations, 0u);
+  other->deallocate({}, q, 4 * kib);
+  EXPECT_TRUE(resource->owns(p));
+  EXPECT_FALSE(resource->owns(q));
+}
+
+TYPED_TEST(memory_resources, out_of_memory_says_the_numbers_and_leaves_the_resource_intact) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make({.max_size = 8 * g});
+  void* a = resource->allocate({}, 5 * g);
+  const memory_resource_statistics before = resource->statistics();
+  try {
+    (void)resource->allocate({}, 4 * g);
+    ADD_FAILURE() << "no out_of_memory";
+  } catch (const out_of_memory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(std::to_string(4 * g) + " bytes requested"), std::string::npos) << message;
+    EXPECT_NE(message.find("reserved"), std::string::npos) << message;
+    EXPECT_NE(message.find("largest free run"), std::string::npos) << message;
+  }
+  const memory_resource_statistics after = resource->statistics();
+  EXPECT_EQ(after.used_current, before.used_current);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_EQ(after.reserved_current, before.reserved_current);
+  // What fits still fits.
+  void* b = resource->allocate({}, 3 * g);
+  resource->deallocate({}, b, 3 * g);
+  resource->deallocate({}, a, 5 * g);
+  void* c = resource->allocate({}, 8 * g);
+  resource->deallocate({}, c, 8 * g);
+}
+
+TYPED_TEST(memory_resources, trim_and_the_release_threshold_give_idle_pages_back_to_the_pool) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make();
+  void* a = resource->allocate({}, 6 * g);
+  resource->deallocate({}, a, 6 * g);
+  EXPECT_EQ(resource->statistics().reserved_current, 6 * g);  // kept: the next one costs nothing
+  void* b = resource->allocate({}, 6 * g);
+  EXPECT_EQ(resource->statistics().pages_created, 6u);
+  resource->deallocate({}, b, 6 * g);
+  resource->trim_to(2 * g);
+  EXPECT_EQ(resource->statistics().reserved_current, 2 * g);
+  EXPECT_EQ(resource->statistics().pages_released, 4u);
+  EXPECT_EQ(this->pool_->statistics().reserved_current, 6 * g);  // the pool holds them, idle
+  resource->set_release_threshold(0);
+  EXPECT_EQ(resource->statistics().reserved_current, 0u);
+  void* c = resource->allocate({}, 3 * g);
+  resource->deallocate({}, c, 3 * g);
+  EXPECT_EQ(resource->statistics().reserved_current, 0u);  // released at once above the threshold
+}
+
+TYPED_TEST(memory_resources, idle_pages_are_stitched_where_a_large_block_needs_them) {
+  const std::size_t g = this->granularity_;
+  // Sixteen blocks of two pages; every other one freed: eight idle page pairs, scattered.
+  auto resource = this->make({.max_size = 32 * g});
+  std::vector<void*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(resource->allocate({}, 2 * g));
+  for (int i = 0; i < 16; i += 2) resource->deallocate({}, blocks[i], 2 * g);
+  const memory_resource_statistics before = resource->statistics();
+  // Sixteen pages in one piece fit in no hole: the idle pages move under a new run.
+  void* big = resource->allocate({}, 16 * g);
+  const memory_resource_statistics after = resource->statistics();
+  EXPECT_EQ(after.pages_stitched - before.pages_stitched, 16u);
+  EXPECT_EQ(after.reserved_current, before.reserved_current);
+  const auto bytes = pattern(16 * g, 3);
+  this->write(big, bytes);
+  EXPECT_EQ(this->read(big, 16 * g), bytes);
+  resource->deallocate({}, big, 16 * g);
+  for (int i = 1; i < 16; i += 2) resource->deallocate({}, blocks[i], 2 * g);
+}
+
+TYPED_TEST(memory_resources, access_applies_to_pages_mapped_now_and_later) {
+  auto resource = this->make();
+  const accessor first = this->provider_->capabilities().default_accessors.front();
+  EXPECT_EQ(resource->access(first), access_mode::read_write);
+  void* p = resource->allocate({}, 4 * mib);
+  const access_grant read_only[] = {{first, access_mode::read_only}};
+  resource->set_access(read_only);
+  EXPECT_EQ(resource->access(first), access_mode::read_only);
+  const access_grant foreign[] = {{accessor::device(1 << 20), access_mode::read_write}};
+  EXPECT_THROW(resource->set_access(foreign), invalid_argument);
+  EXPECT_EQ(resource->access(first), access_mode::read_only);
+  std::vector<access_grant> all;
+  for (const accessor& who : this->provider_->capabilities().default_accessors) all.push_back({who, access_mode::read_write});
+  resource->set_access(all);
+  const auto bytes = pattern(4 * mib, 5);
+  this->write(p, bytes);
+  void* q = resource->allocate({}, 8 * mib);  // mapped later: read-write too
+  this->write(q, pattern(8 * mib, 6));
+  EXPECT_EQ(this->read(p, 4 * mib), bytes);
+  resource->deallocate({}, p, 4 * mib);
+  resource->deallocate({}, q, 8 * mib);
+}
+
+// Thousands of operations on several streams, against a model of what each live
+// allocation holds: no two live allocations overlap, every byte written is read back.
+TYPED_TEST(memory_resources, a_random_run_on_several_streams_matches_a_model) {
+  auto resource = this->make({.max_size = 128 * mib});
+  stream_executor& executor = this->provider_->executor();
+  std::vector<owned_stream> owned(3);
+  for (auto& s : owned) s = owned_stream(executor);
+  const stream_ref streams[] = {stream_ref(), owned[0].get(), owned[1].get(), owned[2].get()};
+  struct live {
+    std::size_t bytes;
+    std::size_t stream;
+    std::uint32_t seed;
+  };
+  std::map<std::uintptr_t, live> model;
+  std::mt19937_64 random(42);
+  std::size_t used = 0;
+  const std::size_t steps = 3000;
+  for (std::size_t step = 0; step < steps; ++step) {
+    const bool free_one = !model.empty() && (random() % 100 < 45 || used > 48 * mib);
+    if (free_one) {
+      auto it = std::next(model.begin(), static_cast<std::ptrdiff_t>(random() % model.size()));
+      const std::size_t check = std::min<std::size_t>(it->second.bytes, 4 * kib);
+      ASSERT_EQ(this->read(reinterpret_cast<void*>(it->first), check), pattern(check, it->second.seed))
+          << "step " << step;
+      resource->deallocate(streams[it->second.stream], reinterpret_cast<void*>(it->first), it->second.bytes);
+      used -= rounded(it->second.bytes);
+      model.erase(it);
+    } else {
+      const std::size_t shift = random() % 23;  // 1 byte to 4 MiB, log-uniform
+      const std::size_t bytes = 1 + random() % (std::size_t{1} << shift);
+      const std::size_t stream = random() % 4;
+      void* p = resource->allocate(streams[stream], bytes);
+      const auto address = reinterpret_cast<std::uintptr_t>(p);
+      auto next = model.lower_bound(address);
+      if (next != model.end()) {
+        ASSERT_GE(next->first, address + bytes) << "overlaps the next live block";
+      }
+      if (next != model.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + prev->second.bytes, address) << "overlaps the previous live block";
+      }
+      const auto seed = static_cast<std::uint32_t>(step);
+      const std::size_t written = std::min<std::size_t>(bytes, 4 * kib);
+      this->write(p, pattern(written, seed));
+      model.emplace(address, live{bytes, stream, seed});
+      used += rounded(bytes);
+    }
+    if (step % 100 == 0) {
+      const memory_resource_statistics s = resource->statistics();
+      ASSERT_EQ(s.used_current, used);
+      ASSERT_EQ(s.allocations, model.size());
+      ASSERT_GE(s.reserved_current, s.used_current);
+    }
+    if (step % 700 == 699) resource->trim_to(0);
+  }
+  for (auto& [address, entry] : model)
+    resource->deallocate(streams[entry.stream], reinterpret_cast<void*>(address), entry.bytes);
+  for (auto& s : owned) executor.synchronize(s.get());
+  EXPECT_EQ(resource->statistics().used_current, 0u);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 0u);
+}
+
+TYPED_TEST(memory_resources, many_threads_on_one_resource) {
+  auto resource = this->make({.max_size = 128 * mib});
+  stream_executor& executor = this->provider_->executor();
+  constexpr int threads = 4;
+  std::vector<std::thread> workers;
+  std::atomic<bool> failed{false};
+  for (int t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      owned_stream stream(executor);
+      std::mt19937 random(static_cast<unsigned>(t));
+      std::vector<std::pair<void*, std::size_t>> mine;
+      for (int i = 0; i < 400; ++i) {
+        if (!mine.empty() && random() % 2 == 0) {
+          auto [p, bytes] = mine.back();
+          mine.pop_back();
+          resource->deallocate(t % 2 == 0 ? stream.get() : stream_ref(), p, bytes);
+        } else {
+          const std::size_t bytes = 1 + random() % (2 * mib);
+          try {
+            mine.emplace_back(resource->allocate(t % 2 == 0 ? stream.get() : stream_ref(), bytes), bytes);
+          } catch (const std::exception&) {
+            failed = true;
+          }
+        }
+      }
+      for (auto [p, bytes] : mine) resource->deallocate(stream.get(), p, bytes);
+      executor.synchronize(stream.get());
+    });
+  for (auto& w : workers) w.join();
+  EXPECT_FALSE(failed);
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.used_current, 0u);
+  EXPECT_EQ(s.allocations, 0u);
+  EXPECT_EQ(s.bad_deallocations, 0u);
+}
+
+TYPED_TEST(memory_resources, properties_are_checked_and_initial_size_is_spare) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make({.initial_size = 3 * g});
+  EXPECT_EQ(resource->statistics().reserved_current, 3 * g);
+  EXPECT_EQ(resource->statistics().handles, 3u);
+  void* p = resource->allocate({}, 2 * g);
+  EXPECT_EQ(resource->statistics().pages_created, 3u);  // no new page: the spare ones
+  resource->deallocate({}, p, 2 * g);
+  if (this->provider_->capabilities().export_kind == handle_kind::none) {
+    EXPECT_THROW(this->make({.handle_type = handle_kind::posix_fd}), invalid_argument);
+  }
+  EXPECT_THROW(memory_resource(std::shared_ptr<chunk_pool>()), invalid_argument);
+}
+
+}  // namespace
+}  // namespace vmm::testing
