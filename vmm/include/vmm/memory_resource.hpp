@@ -55,6 +55,7 @@
 #include "vmm/chunk_pool.hpp"
 #include "vmm/location.hpp"
 #include "vmm/provider.hpp"
+#include "vmm/shared_chunk.hpp"
 #include "vmm/stream_ref.hpp"
 
 namespace vmm {
@@ -204,6 +205,21 @@ class memory_resource {
   /// so far (an event, cuStreamWaitEvent), and lets memory freed on `freeing` before this
   /// call be reused by `waiting` (follow_event_dependencies).
   void wait_for(stream_ref waiting, stream_ref freeing);
+
+  /// The physical pages under a live allocation, for sharing it (vmm::ipc exports them):
+  /// the arena it lies in (its index and base address) and the pages that back
+  /// [ptr, ptr + bytes), which are pages [first_page, first_page + pages.size()) of the arena.
+  struct allocation_pages {
+    std::size_t arena = 0;          ///< which of the resource's address ranges
+    std::uintptr_t arena_base = 0;  ///< its first address
+    std::size_t arena_size = 0;     ///< its size in bytes
+    std::size_t first_page = 0;
+    std::size_t page_size = 0;
+    std::vector<shared_chunk> pages;
+  };
+  /// @throws vmm::invalid_argument `ptr` is not a live allocation of `bytes` bytes of this
+  ///         resource.
+  [[nodiscard]] allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
 
   [[nodiscard]] memory_resource_statistics statistics() const;
   /// Sets reserved_high and used_high to the current values.

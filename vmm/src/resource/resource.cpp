@@ -51,6 +51,7 @@ class resource_state {
   access_mode access(const accessor& who) const;
   void wait_for(stream_ref waiting, stream_ref freeing);
   memory_resource_statistics statistics() const;
+  memory_resource::allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
   void reset_high_water_marks();
   bool owns(const void* ptr) const noexcept { return arena_containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr; }
 
@@ -705,6 +706,26 @@ memory_resource_statistics resource_state::statistics() const {
   return s;
 }
 
+memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std::size_t bytes) const {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::size_t count = arena_count_.load();
+  for (std::size_t i = 0; i < count; ++i) {
+    arena& a = *arenas_[i].load();
+    if (!a.contains(address)) continue;
+    std::lock_guard lock(a.mutex);
+    const block* b = a.allocated_at(address - a.base());
+    if (b == nullptr || b->size != round_to_unit(bytes))
+      throw invalid_argument(fmt::format("memory_resource: {:#x} ({} bytes) is not a live allocation of "
+                                         "this resource",
+                                         address, bytes));
+    const auto [first, pages] = a.page_span(b->offset, b->size);
+    memory_resource::allocation_pages result{i, a.base(), a.size(), first, page_, {}};
+    for (std::size_t p = first; p < first + pages; ++p) result.pages.push_back(a.pages()[p].chunk);
+    return result;
+  }
+  throw invalid_argument(fmt::format("memory_resource: {:#x} is not this resource's", address));
+}
+
 void resource_state::reset_high_water_marks() {
   std::lock_guard lock(mutex_);
   reserved_high_ = (mapped_pages_ + spare_.size()) * page_;
@@ -756,6 +777,9 @@ void memory_resource::set_access(std::span<const access_grant> grants) { state_-
 access_mode memory_resource::access(const accessor& who) const { return state_->access(who); }
 void memory_resource::wait_for(stream_ref waiting, stream_ref freeing) { state_->wait_for(waiting, freeing); }
 memory_resource_statistics memory_resource::statistics() const { return state_->statistics(); }
+memory_resource::allocation_pages memory_resource::pages_of(const void* ptr, std::size_t bytes) const {
+  return state_->pages_of(ptr, bytes);
+}
 void memory_resource::reset_high_water_marks() { state_->reset_high_water_marks(); }
 const memory_resource_properties& memory_resource::properties() const noexcept { return state_->properties(); }
 const reuse_policies& memory_resource::policies() const noexcept { return state_->policies(); }
