@@ -342,3 +342,84 @@ TYPED_TEST(memory_resources, properties_are_checked_and_initial_size_is_spare) {
 
 }  // namespace
 }  // namespace vmm::testing
+
+namespace vmm::testing {
+namespace {
+
+template <class Kind>
+class sleeping_resources : public memory_resources<Kind> {};
+TYPED_TEST_SUITE(sleeping_resources, all_memory_kinds, memory_kind_names);
+
+TYPED_TEST(sleeping_resources, sleep_gives_every_page_back_and_wake_restores_the_saved_bytes) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make();
+  constexpr allocation_tag weights{1};
+  constexpr allocation_tag cache{2};
+  void* w = resource->allocate({}, 3 * g + 1000, 256, weights);
+  void* c = resource->allocate({}, 2 * g, 256, cache);
+  void* small = resource->allocate({}, 5000, 256, weights);
+  const auto w_bytes = pattern(3 * g + 1000, 11);
+  const auto small_bytes = pattern(5000, 12);
+  this->write(w, w_bytes);
+  this->write(small, small_bytes);
+  this->write(c, pattern(2 * g, 13));
+
+  const allocation_tag offload[] = {weights};
+  resource->sleep(offload);
+  EXPECT_TRUE(resource->asleep());
+  EXPECT_EQ(resource->statistics().reserved_current, 0u);
+  EXPECT_EQ(this->pool_->statistics().reserved_current, 0u);  // back to the device
+  EXPECT_THROW((void)resource->allocate({}, 100), invalid_argument);
+  EXPECT_THROW(resource->sleep(offload), invalid_argument);
+  const auto quiet = set_cleanup_failure_handler([](const char*) noexcept {});
+  resource->deallocate({}, c, 2 * g);  // refused while asleep: nothing is lost
+  set_cleanup_failure_handler(quiet);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 1u);
+  EXPECT_EQ(resource->statistics().allocations, 3u);
+
+  const allocation_tag first[] = {weights};
+  resource->wake(first);  // the weights first: the cache stays asleep
+  EXPECT_TRUE(resource->asleep());
+  EXPECT_EQ(this->read(w, w_bytes.size()), w_bytes);  // same address, identical bytes
+  EXPECT_EQ(this->read(small, small_bytes.size()), small_bytes);
+  resource->wake();
+  EXPECT_FALSE(resource->asleep());
+  this->write(c, pattern(2 * g, 14));  // mapped again (its old bytes are gone)
+  EXPECT_EQ(this->read(c, 2 * g), pattern(2 * g, 14));
+  EXPECT_THROW(resource->wake(), invalid_argument);
+  void* more = resource->allocate({}, g);
+  resource->deallocate({}, more, g);
+  resource->deallocate({}, w, 3 * g + 1000);
+  resource->deallocate({}, c, 2 * g);
+  resource->deallocate({}, small, 5000);
+  EXPECT_EQ(resource->statistics().allocations, 0u);
+}
+
+TYPED_TEST(sleeping_resources, a_wake_that_runs_out_of_memory_gives_back_what_it_took_and_says_how_much_was_missing) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make();
+  void* w = resource->allocate({}, 4 * g, 256, allocation_tag{1});
+  const auto bytes = pattern(4 * g, 21);
+  this->write(w, bytes);
+  const allocation_tag offload[] = {allocation_tag{1}};
+  resource->sleep(offload);
+  // Another user takes all but two pages' worth of the pool.
+  this->pool_->set_cap(2 * g);
+  try {
+    resource->wake();
+    ADD_FAILURE() << "no out_of_memory";
+  } catch (const out_of_memory& error) {
+    EXPECT_NE(std::string(error.what()).find(std::to_string(2 * g) + " bytes were missing"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_TRUE(resource->asleep());
+  EXPECT_EQ(resource->statistics().reserved_current, 0u);
+  EXPECT_EQ(this->pool_->statistics().reserved_current, 0u);
+  this->pool_->set_cap(~std::size_t{0});
+  resource->wake();
+  EXPECT_EQ(this->read(w, 4 * g), bytes);
+  resource->deallocate({}, w, 4 * g);
+}
+
+}  // namespace
+}  // namespace vmm::testing

@@ -41,6 +41,18 @@
 /// (one per arena); only mapping or taking pages, which calls the driver anyway, takes the
 /// resource's own lock.
 ///
+/// Sleep and wake (what vLLM's sleep mode does, on the resource itself). Allocations carry a
+/// tag (allocation_tag; 0 unless given). sleep(offload) copies the bytes of the allocations
+/// whose tags are in `offload` (say, weights) to pinned host memory, drops the rest (say, a
+/// KV cache), and unmaps every page, giving its physical memory back to the pool and the
+/// pool's idle memory back to the device, so that another process can use it. wake(tags)
+/// maps fresh physical memory under the allocations of `tags` at the same addresses and
+/// restores what was saved: every pointer, and every captured CUDA graph, stays valid, and
+/// the saved bytes are identical. Unlike a device-wide synchronize, sleep waits only for
+/// the points of the streams this resource has seen; a wake that runs out of memory gives
+/// back what it took and says how much was missing; the pinned copies go once restored.
+/// While asleep, allocate() throws and deallocate() refuses (counted): nothing is lost.
+///
 /// Host memory (the OS provider) works synchronously: freed memory is free for everyone
 /// at once. Every test suite of the resource runs on it in CI.
 
@@ -63,6 +75,12 @@ namespace vmm {
 namespace detail {
 class resource_state;
 }
+
+/// A caller's label on an allocation: sleep() and wake() act on allocations by tag.
+struct allocation_tag {
+  std::uint32_t value = 0;
+  friend bool operator==(allocation_tag, allocation_tag) = default;
+};
 
 /// The properties of a resource, named after cuda::memory_pool_properties.
 struct memory_resource_properties {
@@ -151,6 +169,9 @@ class memory_resource {
   ///         (requested, reserved, used, the largest free run). Nothing has changed.
   [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes,
                                std::size_t alignment = default_alignment);
+  /// allocate() with a tag for sleep() and wake().
+  [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes, std::size_t alignment,
+                               allocation_tag tag);
   /// Frees `ptr` in stream order: work queued on `stream` before this call may still use
   /// it. `bytes` and `alignment` as given to allocate() (nullptr: nothing). Never throws: a
   /// pointer this resource did not hand out, a second free, or another size is reported
@@ -220,6 +241,23 @@ class memory_resource {
   /// @throws vmm::invalid_argument `ptr` is not a live allocation of `bytes` bytes of this
   ///         resource.
   [[nodiscard]] allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
+
+  /// Puts the resource to sleep (see the file comment): waits for the points of every
+  /// stream it has seen, copies the allocations tagged with one of `offload` to pinned host
+  /// memory (plain host memory on the OS provider), unmaps every page and gives the
+  /// physical memory back (the chunk pool is trimmed of what it holds idle).
+  /// @throws vmm::invalid_argument the resource is asleep already.
+  /// @throws vmm::out_of_memory the host copies cannot be had; nothing changed.
+  void sleep(std::span<const allocation_tag> offload);
+  /// Maps fresh physical memory under the allocations tagged with one of `tags` (empty: all)
+  /// at their addresses and restores their saved bytes. Once every tag is awake the
+  /// resource allocates again.
+  /// @throws vmm::invalid_argument the resource is not asleep.
+  /// @throws vmm::out_of_memory not enough memory: what was mapped is given back, and the
+  ///         message says how many bytes were missing; the tags stay asleep.
+  void wake(std::span<const allocation_tag> tags = {});
+  /// Whether the resource is asleep (some tag not woken yet).
+  [[nodiscard]] bool asleep() const noexcept;
 
   [[nodiscard]] memory_resource_statistics statistics() const;
   /// Sets reserved_high and used_high to the current values.

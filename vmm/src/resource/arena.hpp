@@ -97,6 +97,7 @@ class arena {
 
   // Allocated blocks by their offset.
   [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept;
+  [[nodiscard]] const std::unordered_map<std::uint64_t, block*>& allocated() const noexcept { return allocated_; }
   [[nodiscard]] std::size_t allocated_count() const noexcept { return allocated_.size(); }
 
   // The index of free blocks a block of this owner is in.

@@ -24,6 +24,7 @@ struct block {
   block* next_pending = nullptr;
   std::uint64_t epoch = 0;  // pending: the freeing stream's epoch when it was freed
   std::uint32_t owner = 0;  // free: 0 released, i > 0 pending on stream slot i - 1
+  std::uint32_t tag = 0;    // allocated: the caller's tag (sleep and wake act by tag)
   bool free = false;
   [[nodiscard]] std::uint64_t end() const noexcept { return offset + size; }
 };

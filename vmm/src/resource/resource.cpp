@@ -19,6 +19,7 @@
 
 #include "cleanup.hpp"
 #include "resource/arena.hpp"
+#include "vmm/growable_buffer.hpp"
 #include "retirement.hpp"
 #include "vmm/error.hpp"
 
@@ -43,13 +44,17 @@ class resource_state {
                  reuse_policies policies);
   ~resource_state();
 
-  void* allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, bool sync);
+  void* allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, bool sync,
+                 std::uint32_t tag = 0);
   void deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment, bool sync) noexcept;
   void trim_to(std::size_t bytes_to_keep);
   void set_release_threshold(std::size_t bytes);
   void set_access(std::span<const access_grant> grants);
   access_mode access(const accessor& who) const;
   void wait_for(stream_ref waiting, stream_ref freeing);
+  void sleep(std::span<const allocation_tag> offload);
+  void wake(std::span<const allocation_tag> tags);
+  bool asleep() const noexcept { return asleep_.load(); }
   memory_resource_statistics statistics() const;
   memory_resource::allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
   void reset_high_water_marks();
@@ -79,15 +84,18 @@ class resource_state {
   arena& add_arena(std::size_t bytes);  // under the resource's mutex
   // The fast path: a block of `size` in `home` whose pages are all mapped, from the
   // stream's own pending blocks or the released ones.
-  void* try_mapped(arena& home, stream_record* record, std::uint64_t size, std::uint64_t alignment);
+  void* try_mapped(arena& home, stream_record* record, std::uint64_t size, std::uint64_t alignment,
+                   std::uint32_t tag);
   void* slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment, bool sync,
-                      std::size_t requested);
+                      std::size_t requested, std::uint32_t tag);
   // Carves the best block of `index` in `a` (fewest unmapped pages, then the smallest) and
   // maps what it lacks. nullptr when nothing fits; throws out_of_memory when pages cannot
   // be had (nothing changed then).
   void* place(arena& a, free_index& index, std::uint64_t size, std::uint64_t alignment);
   void* place_with_dependency(stream_entry& entry, std::size_t kind, std::uint64_t size,
                               std::uint64_t alignment, bool wait_allowed);
+  void* slow_allocate_locked(stream_entry& entry, std::size_t kind, std::uint64_t size,
+                             std::uint64_t alignment, bool sync, std::size_t requested);
   void map_pages(arena& a, std::uint64_t offset, std::uint64_t size);
   // A page for `target`'s pages [first, first + count): spare, stitched or created (fresh).
   shared_chunk take_page(const arena& target, std::size_t first, std::size_t count, bool& fresh);
@@ -129,6 +137,18 @@ class resource_state {
   std::atomic<std::size_t> allocations_total_{0};
   std::atomic<std::size_t> bad_deallocations_{0};
   std::atomic<bool> over_threshold_{false};
+
+  // Sleep: the host copies of the offloaded allocations, and the tags not woken yet.
+  struct saved_run {
+    std::uintptr_t address;
+    std::size_t bytes;
+    std::size_t offset;  // in saved_
+    std::uint32_t tag;
+  };
+  std::atomic<bool> asleep_{false};
+  std::vector<std::uint32_t> asleep_tags_;
+  std::unique_ptr<growable_buffer> saved_;
+  std::vector<saved_run> saved_runs_;
 };
 
 resource_state::all_locked::all_locked(const resource_state& state) : resource_(state.mutex_) {
@@ -264,7 +284,7 @@ void resource_state::note_used(std::uint64_t bytes) noexcept {
 }
 
 void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64_t size,
-                                 std::uint64_t alignment) {
+                                 std::uint64_t alignment, std::uint32_t tag) {
   std::lock_guard lock(home.mutex);
   const auto search = [&](free_index& index) -> void* {
     block* found = nullptr;
@@ -281,6 +301,7 @@ void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64
     });
     if (found == nullptr) return nullptr;
     block* b = home.carve(found, start, size);
+    b->tag = tag;
     return reinterpret_cast<void*>(home.base() + b->offset);
   };
   if (record != nullptr) {
@@ -291,7 +312,10 @@ void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64
   return search(home.released());
 }
 
-void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, bool sync) {
+void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, bool sync,
+                               std::uint32_t tag) {
+  if (asleep_.load(std::memory_order_relaxed))
+    throw invalid_argument("memory_resource: allocate while the resource is asleep (wake() it first)");
   if (!std::has_single_bit(alignment) || alignment > page_)
     throw invalid_argument(fmt::format(
         "memory_resource: alignment {} is not a power of two of at most the granularity {}", alignment,
@@ -304,8 +328,8 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
   const std::uint64_t align = std::max<std::uint64_t>(alignment, unit);
   stream_entry& entry = entry_of(stream, sync);
   const std::size_t kind = size < small_limit ? 0 : 1;
-  void* p = try_mapped(*entry.arenas[kind].back(), sync ? nullptr : entry.record.get(), size, align);
-  if (p == nullptr) p = slow_allocate(entry, size, align, sync, bytes);
+  void* p = try_mapped(*entry.arenas[kind].back(), sync ? nullptr : entry.record.get(), size, align, tag);
+  if (p == nullptr) p = slow_allocate(entry, size, align, sync, bytes, tag);
   note_used(size);
   return p;
 }
@@ -511,9 +535,17 @@ void* resource_state::place_with_dependency(stream_entry& entry, std::size_t kin
 }
 
 void* resource_state::slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment,
-                                    bool sync, std::size_t requested) {
+                                    bool sync, std::size_t requested, std::uint32_t tag) {
   const std::size_t kind = size < small_limit ? 0 : 1;
   all_locked locked(*this);
+  void* p = slow_allocate_locked(entry, kind, size, alignment, sync, requested);
+  arena& a = *arena_containing(reinterpret_cast<std::uintptr_t>(p));
+  a.allocated_at(reinterpret_cast<std::uintptr_t>(p) - a.base())->tag = tag;
+  return p;
+}
+
+void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind, std::uint64_t size,
+                                           std::uint64_t alignment, bool sync, std::size_t requested) {
   request_ = size;
   struct forget {
     std::uint64_t& request;
@@ -572,6 +604,7 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
   };
   arena* a = arena_containing(address);
   if (a == nullptr) return refuse("the pointer is not one of this resource's");
+  if (asleep_.load()) return refuse("the resource is asleep (wake() it first)");
   if (!std::has_single_bit(alignment)) return refuse(fmt::format("alignment {} is not a power of two", alignment));
   bool over = false;
   cleanup("memory_resource: deallocate", [&] {
@@ -633,6 +666,160 @@ void resource_state::set_release_threshold(std::size_t bytes) {
   all_locked locked(*this);
   properties_.release_threshold = bytes;
   release_idle(bytes);
+}
+
+// ---- sleep and wake -----------------------------------------------------------------------
+
+void resource_state::sleep(std::span<const allocation_tag> offload) {
+  all_locked locked(*this);
+  if (asleep_.load()) throw invalid_argument("memory_resource: sleep while asleep already");
+  // Stream order, not a device-wide synchronize: every stream this resource has seen
+  // reaches its current point, and then no queued work uses the memory.
+  if (!synchronous_)
+    for (const auto& entry : streams_) {
+      if (entry.get() == sync_entry_.load()) continue;
+      stream_record& record = *entry->record;
+      std::lock_guard lock(record.mutex);
+      record_point(record);
+      record.points.back().second.synchronize();
+    }
+  refresh_points(false, false);
+
+  // The runs of allocations to save, adjacent ones of one tag together.
+  const auto offloaded = [&](std::uint32_t tag) {
+    return std::any_of(offload.begin(), offload.end(), [&](allocation_tag t) { return t.value == tag; });
+  };
+  std::vector<saved_run> runs;
+  std::vector<std::uint32_t> tags;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    std::vector<const block*> blocks;
+    for (const auto& [offset, b] : a.allocated()) blocks.push_back(b);
+    std::sort(blocks.begin(), blocks.end(), [](const block* x, const block* y) { return x->offset < y->offset; });
+    for (const block* b : blocks) {
+      if (std::find(tags.begin(), tags.end(), b->tag) == tags.end()) tags.push_back(b->tag);
+      if (!offloaded(b->tag)) continue;
+      const std::uintptr_t address = a.base() + b->offset;
+      if (!runs.empty() && runs.back().tag == b->tag && runs.back().address + runs.back().bytes == address) {
+        runs.back().bytes += b->size;
+      } else {
+        runs.push_back({address, b->size, total, b->tag});
+      }
+      total += b->size;
+    }
+  }
+  for (std::size_t i = 1; i < runs.size(); ++i) runs[i].offset = runs[i - 1].offset + runs[i - 1].bytes;
+
+  // The host copies first: if they cannot be had, nothing has changed.
+  std::unique_ptr<growable_buffer> saved;
+  if (total != 0) {
+    const location host = provider()->where().kind == memory_kind::os_host ? location::os_host()
+                                                                            : location::pinned_host(0);
+    saved = std::make_unique<growable_buffer>(host, growable_buffer_options{.max_size = total});
+    saved->resize(total);
+    for (const saved_run& run : runs)
+      executor_.copy(static_cast<std::byte*>(saved->data()) + run.offset, reinterpret_cast<void*>(run.address),
+                     run.bytes, stream_ref());
+    executor_.synchronize(stream_ref());
+  }
+
+  // Every page goes: the physical memory back to the pool, and the pool's idle memory back
+  // to the device.
+  for (std::size_t i = 0; i < arena_count_.load(); ++i)
+    for (page& p : arenas_[i].load()->pages()) {
+      if (p.chunk == nullptr || !p.mapped.reset()) continue;  // a page that cannot be unmapped stays
+      p.chunk.reset();
+      --mapped_pages_;
+      ++pages_released_;
+    }
+  pages_released_ += spare_.size();
+  spare_.clear();
+  pool_->trim_to(0);
+  saved_ = std::move(saved);
+  saved_runs_ = std::move(runs);
+  asleep_tags_ = std::move(tags);
+  asleep_.store(true);
+}
+
+void resource_state::wake(std::span<const allocation_tag> tags) {
+  all_locked locked(*this);
+  if (!asleep_.load()) throw invalid_argument("memory_resource: wake while awake");
+  const auto waking = [&](std::uint32_t tag) {
+    return tags.empty() || std::any_of(tags.begin(), tags.end(), [&](allocation_tag t) { return t.value == tag; });
+  };
+  // The pages under the allocations of the waking tags.
+  std::vector<std::pair<arena*, std::size_t>> needed;
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    std::vector<bool> wanted;
+    for (const auto& [offset, b] : a.allocated()) {
+      if (!waking(b->tag)) continue;
+      const auto [first, count] = a.page_span(b->offset, b->size);
+      if (wanted.size() < first + count) wanted.resize(first + count);
+      for (std::size_t p = first; p < first + count; ++p) wanted[p] = true;
+    }
+    for (std::size_t p = 0; p < wanted.size(); ++p)
+      if (wanted[p] && a.pages()[p].chunk == nullptr) needed.emplace_back(&a, p);
+  }
+  // Take every page first: a wake that cannot have them all gives them back.
+  std::vector<shared_chunk> taken;
+  taken.reserve(needed.size());
+  try {
+    while (taken.size() < needed.size()) {
+      if (properties_.max_size < (mapped_pages_ + taken.size() + 1) * page_)
+        throw out_of_memory(fmt::format("max_size of {} bytes reached", properties_.max_size));
+      taken.push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
+    }
+  } catch (const out_of_memory& error) {
+    const std::size_t missing = (needed.size() - taken.size()) * page_;
+    taken.clear();
+    pool_->trim_to(0);
+    throw out_of_memory(fmt::format("memory_resource: wake needs {} bytes ({} pages); {} bytes were missing: {}",
+                                    needed.size() * page_, needed.size(), missing, error.what()));
+  }
+  std::size_t mapped_now = 0;
+  try {
+    for (std::size_t i = 0; i < needed.size(); ++i) {
+      auto [a, p] = needed[i];
+      page& target = a->pages()[p];
+      target.mapped = mapping(taken[i]->memory(), a->base() + p * page_, std::span<const access_grant>{});
+      target.chunk = std::move(taken[i]);
+      ++mapped_pages_;
+      ++mapped_now;
+    }
+    for (std::size_t i = 0; i < needed.size();) {
+      std::size_t j = i + 1;
+      while (j < needed.size() && needed[j].first == needed[i].first && needed[j].second == needed[j - 1].second + 1) ++j;
+      provider()->set_access(needed[i].first->base() + needed[i].second * page_, (j - i) * page_, grants_);
+      i = j;
+    }
+    for (const saved_run& run : saved_runs_)
+      if (waking(run.tag))
+        executor_.copy(reinterpret_cast<void*>(run.address), static_cast<std::byte*>(saved_->data()) + run.offset,
+                       run.bytes, stream_ref());
+    executor_.synchronize(stream_ref());
+  } catch (...) {
+    for (std::size_t i = 0; i < mapped_now; ++i) {
+      page& target = needed[i].first->pages()[needed[i].second];
+      if (!target.mapped.reset()) continue;
+      target.chunk.reset();
+      --mapped_pages_;
+    }
+    throw;
+  }
+  pages_created_ += needed.size();
+  std::erase_if(asleep_tags_, waking);
+  std::erase_if(saved_runs_, [&](const saved_run& run) { return waking(run.tag); });
+  reserved_high_ = std::max(reserved_high_, (mapped_pages_ + spare_.size()) * page_);
+  if (asleep_tags_.empty()) {
+    saved_.reset();  // the host copies go back to their pool, and from it to the system
+    saved_runs_.clear();
+    const location host = provider()->where().kind == memory_kind::os_host ? location::os_host()
+                                                                            : location::pinned_host(0);
+    default_pool(host)->trim_to(0);
+    asleep_.store(false);
+  }
 }
 
 // ---- access, dependencies, statistics -----------------------------------------------------
@@ -762,6 +949,14 @@ void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_
 void memory_resource::deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
   state_->deallocate(stream, ptr, bytes, alignment, false);
 }
+
+void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, allocation_tag tag) {
+  return state_->allocate(stream, bytes, alignment, false, tag.value);
+}
+
+void memory_resource::sleep(std::span<const allocation_tag> offload) { state_->sleep(offload); }
+void memory_resource::wake(std::span<const allocation_tag> tags) { state_->wake(tags); }
+bool memory_resource::asleep() const noexcept { return state_->asleep(); }
 
 void* memory_resource::allocate_sync(std::size_t bytes, std::size_t alignment) {
   return state_->allocate({}, bytes, alignment, true);
