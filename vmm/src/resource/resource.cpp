@@ -30,6 +30,7 @@ namespace {
 constexpr std::uint64_t unit = std::uint64_t{1} << free_index::unit_shift;
 constexpr std::size_t small_limit = std::size_t{1} << 20;  // smaller requests: small arenas
 constexpr std::uint32_t frees_per_point = 32;              // frees on a stream between points
+constexpr std::size_t max_points = 64;                     // outstanding points per stream
 constexpr int candidates_weighed = 16;                     // free blocks compared per index
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = 256;
@@ -456,6 +457,14 @@ void* resource_state::place(arena& a, free_index& index, std::uint64_t size, std
 }
 
 void resource_state::record_point(stream_record& record) {
+  // Points that have passed go first, so that the list stays short however long the
+  // program runs without a slow path; a stream far behind its host keeps its epoch open
+  // rather than piling up events.
+  while (!record.points.empty() && record.points.front().second.done()) {
+    record.passed.store(record.points.front().first);
+    record.points.pop_front();
+  }
+  if (record.points.size() >= max_points) return;
   const std::uint64_t closed = record.epoch.fetch_add(1);
   record.frees.store(0, std::memory_order_relaxed);
   try {
@@ -619,10 +628,15 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
       a->free_released(b);
     } else {
       stream_record& record = *entry->record;
-      a->free_pending(b, a->slot_of(record), record.epoch.load());
+      stream_slot& slot = a->slot_of(record);
+      a->free_pending(b, slot, record.epoch.load());
       if (record.frees.fetch_add(1) + 1 >= frees_per_point) {
-        std::lock_guard record_lock(record.mutex);
-        if (record.frees.load() >= frees_per_point) record_point(record);
+        {
+          std::lock_guard record_lock(record.mutex);
+          if (record.frees.load() >= frees_per_point) record_point(record);
+        }
+        // What has passed on this stream is free for every stream now, in this arena.
+        if (policies_.allow_opportunistic) (void)a->release_pending(slot, record.passed.load());
       }
     }
     used_.fetch_sub(size, std::memory_order_relaxed);
