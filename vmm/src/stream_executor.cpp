@@ -16,6 +16,7 @@ class synchronous_executor final : public stream_executor {
     std::memset(destination, value, n);
   }
   void synchronize(stream_ref) override {}
+  void synchronize_device() override {}
   event_handle create_event() override { return 0; }
   void destroy_event(event_handle) noexcept override {}
   void record(event_handle, stream_ref) override {}

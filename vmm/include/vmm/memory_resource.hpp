@@ -48,8 +48,10 @@
 /// pool's idle memory back to the device, so that another process can use it. wake(tags)
 /// maps fresh physical memory under the allocations of `tags` at the same addresses and
 /// restores what was saved: every pointer, and every captured CUDA graph, stays valid, and
-/// the saved bytes are identical. Unlike a device-wide synchronize, sleep waits only for
-/// the points of the streams this resource has seen; a wake that runs out of memory gives
+/// the saved bytes are identical. Unlike a device-wide synchronize, sleep is stream-ordered:
+/// the copies are queued on the stream given (by default the legacy default stream, which
+/// every blocking stream's earlier work precedes) and the pages go once it has passed them;
+/// work on other streams must be ordered before it. A wake that runs out of memory gives
 /// back what it took and says how much was missing; the pinned copies go once restored.
 /// While asleep, allocate() throws and deallocate() refuses (counted): nothing is lost.
 ///
@@ -157,7 +159,10 @@ class memory_resource {
   memory_resource(const memory_resource&) = delete;
   memory_resource& operator=(const memory_resource&) = delete;
   /// Reports allocations still live (and counts them as leaked), then retires every page
-  /// after the streams that used them (vmm/retirement.hpp): never blocks.
+  /// after the points recorded on the streams that freed into it (vmm/retirement.hpp).
+  /// vmm records on a stream only during a call that names it (the stream may be destroyed
+  /// later): when frees were queued after a stream's last point, the destructor blocks
+  /// until the device is idle instead.
   ~memory_resource();
 
   /// `bytes` (0: nullptr) aligned to `alignment` (a power of two, at most the granularity),
@@ -242,20 +247,20 @@ class memory_resource {
   ///         resource.
   [[nodiscard]] allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
 
-  /// Puts the resource to sleep (see the file comment): waits for the points of every
-  /// stream it has seen, copies the allocations tagged with one of `offload` to pinned host
-  /// memory (plain host memory on the OS provider), unmaps every page and gives the
+  /// Puts the resource to sleep (see the file comment): copies the allocations tagged with
+  /// one of `offload` to pinned host memory (plain host memory on the OS provider) in order
+  /// on `stream`, waits for `stream` (not for the device), unmaps every page and gives the
   /// physical memory back (the chunk pool is trimmed of what it holds idle).
   /// @throws vmm::invalid_argument the resource is asleep already.
   /// @throws vmm::out_of_memory the host copies cannot be had; nothing changed.
-  void sleep(std::span<const allocation_tag> offload);
+  void sleep(std::span<const allocation_tag> offload, stream_ref stream = {});
   /// Maps fresh physical memory under the allocations tagged with one of `tags` (empty: all)
-  /// at their addresses and restores their saved bytes. Once every tag is awake the
-  /// resource allocates again.
+  /// at their addresses and restores their saved bytes, in order on `stream`, which it then
+  /// waits for. Once every tag is awake the resource allocates again.
   /// @throws vmm::invalid_argument the resource is not asleep.
   /// @throws vmm::out_of_memory not enough memory: what was mapped is given back, and the
   ///         message says how many bytes were missing; the tags stay asleep.
-  void wake(std::span<const allocation_tag> tags = {});
+  void wake(std::span<const allocation_tag> tags = {}, stream_ref stream = {});
   /// Whether the resource is asleep (some tag not woken yet).
   [[nodiscard]] bool asleep() const noexcept;
 

@@ -45,6 +45,9 @@ class stream_executor {
   virtual void fill(void* destination, std::uint8_t value, std::size_t n, stream_ref stream) = 0;
   /// Blocks until all work queued on `stream` is done.
   virtual void synchronize(stream_ref stream) = 0;
+  /// Blocks until all work queued on the executor's device is done, on every stream (a
+  /// last resort: for when the streams that may use memory are no longer known).
+  virtual void synchronize_device() = 0;
 
   /// A new event, not recorded yet (it counts as done). Destroy it with destroy_event().
   [[nodiscard]] virtual event_handle create_event() = 0;

@@ -56,7 +56,7 @@ namespace vmm::driver {
   X(cuIpcOpenEventHandle, 4010)
 
 #define VMM_DRIVER_CHECK(name, describe, ...) \
-  ::vmm::driver::check(::vmm::driver::api().name, #name, describe, __VA_ARGS__)
+  ::vmm::driver::check(::vmm::driver::api().name, #name, describe __VA_OPT__(, ) __VA_ARGS__)
 
 // One typed pointer per entry point; null where the driver lacks it (too old).
 struct entry_points {

@@ -112,6 +112,11 @@ class driver_executor final : public stream_executor {
                      [&] { return fmt::format("cuStreamSynchronize() on {}", name_); }, stream.get());
   }
 
+  void synchronize_device() override {
+    driver::scoped_context current(context_.get());
+    VMM_DRIVER_CHECK(cuCtxSynchronize, [&] { return fmt::format("cuCtxSynchronize() on {}", name_); });
+  }
+
   event_handle create_event() override {
     driver::scoped_context current(context_.get());
     CUevent event = nullptr;

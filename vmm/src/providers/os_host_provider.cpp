@@ -120,6 +120,19 @@ os_host_provider::os_host_provider(os_host_options options)
     : memory_provider(os_capabilities(options), std::make_shared<vmm::address_space>(provider_name),
                       host_executor()) {}
 
+namespace {
+
+provider_capabilities asynchronous(provider_capabilities capabilities) {
+  capabilities.synchronous = false;
+  return capabilities;
+}
+
+}  // namespace
+
+os_host_provider::os_host_provider(os_host_options options, stream_executor& executor)
+    : memory_provider(asynchronous(os_capabilities(options)),
+                      std::make_shared<vmm::address_space>(provider_name), executor) {}
+
 std::uintptr_t os_host_provider::do_allocate_range(std::size_t size, std::size_t alignment) {
   // Over-allocate by the alignment, then give back the unaligned head and the tail. mmap
   // only promises page alignment, so the worst head to skip is alignment - page.

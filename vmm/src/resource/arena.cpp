@@ -115,13 +115,21 @@ void arena::replace_pending(stream_slot& slot, block* old, block* first, block* 
 }
 
 block* arena::coalesce(block* b) noexcept {
-  const auto mergeable = [&](const block* n) { return n != nullptr && n->free && n->owner == b->owner; };
+  // A block pending on a stream also takes in released neighbours: that stream may use
+  // them at once, and one run serves a later request better than two pieces of different
+  // owners (others get the whole run once the stream's point passes). The bytes taken in
+  // count as held from then on, as pending bytes do.
+  const auto mergeable = [&](const block* n) {
+    return n != nullptr && n->free && (n->owner == b->owner || (b->owner != 0 && n->owner == 0));
+  };
   const auto take_out = [&](block* n) {
     index_of(n).remove(n);
     if (n->owner != 0) unlink_pending(*slots_[n->owner - 1], n);
+    else if (b->owner != 0) hold(n->offset, n->size, true);
   };
   if (block* left = b->previous; mergeable(left)) {
     take_out(left);
+    left->owner = b->owner;
     left->size += b->size;
     left->epoch = std::max(left->epoch, b->epoch);
     left->next = b->next;

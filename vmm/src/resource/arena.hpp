@@ -31,6 +31,7 @@ struct stream_record {
   std::atomic<std::uint64_t> epoch{1};   // the open epoch
   std::atomic<std::uint64_t> passed{0};  // every epoch up to this one has passed
   std::atomic<std::uint32_t> frees{0};   // frees since the last point
+  std::atomic<std::size_t> outstanding{0};  // points recorded and not seen passed
   std::mutex mutex;                      // guards points and waited_by
   std::deque<std::pair<std::uint64_t, stream_event>> points;  // (epoch it closed, its event)
   // Streams ordered after a point of this one, through wait_for(): (stream, epoch).

@@ -53,8 +53,8 @@ class resource_state {
   void set_access(std::span<const access_grant> grants);
   access_mode access(const accessor& who) const;
   void wait_for(stream_ref waiting, stream_ref freeing);
-  void sleep(std::span<const allocation_tag> offload);
-  void wake(std::span<const allocation_tag> tags);
+  void sleep(std::span<const allocation_tag> offload, stream_ref stream);
+  void wake(std::span<const allocation_tag> tags, stream_ref stream);
   bool asleep() const noexcept { return asleep_.load(); }
   memory_resource_statistics statistics() const;
   memory_resource::allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
@@ -89,9 +89,20 @@ class resource_state {
                    std::uint32_t tag);
   void* slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment, bool sync,
                       std::size_t requested, std::uint32_t tag);
-  // Carves the best block of `index` in `a` (fewest unmapped pages, then the smallest) and
-  // maps what it lacks. nullptr when nothing fits; throws out_of_memory when pages cannot
-  // be had (nothing changed then).
+  // A free block to carve a request from: the one with the fewest pages to map (then the
+  // smallest), among those with fewer than `better_than`.
+  struct choice {
+    arena* where = nullptr;
+    block* b = nullptr;
+    std::uint64_t start = 0;
+    std::size_t unmapped = std::numeric_limits<std::size_t>::max();
+  };
+  choice choose(arena& a, free_index& index, std::uint64_t size, std::uint64_t alignment,
+                std::size_t better_than) const;
+  // Carves the chosen block and maps what it lacks; throws out_of_memory when the pages
+  // cannot be had (nothing changed then).
+  void* take(const choice& chosen, std::uint64_t size);
+  // choose() then take(); nullptr when nothing fits.
   void* place(arena& a, free_index& index, std::uint64_t size, std::uint64_t alignment);
   void* place_with_dependency(stream_entry& entry, std::size_t kind, std::uint64_t size,
                               std::uint64_t alignment, bool wait_allowed);
@@ -101,7 +112,11 @@ class resource_state {
   // A page for `target`'s pages [first, first + count): spare, stitched or created (fresh).
   shared_chunk take_page(const arena& target, std::size_t first, std::size_t count, bool& fresh);
   shared_chunk steal_idle_page(const arena& target, std::size_t first, std::size_t count);
-  void refresh_points(bool record_open_epochs, bool wait);  // under all_locked
+  // Under all_locked: notes the points that have passed (waiting for them with `wait`) and
+  // makes what was freed before them free for every stream. A point is recorded only on
+  // `caller`'s stream: vmm records on a stream only while a call names it (the stream is
+  // alive then); others may have been destroyed since.
+  void refresh_points(stream_record* caller, bool wait);
   void record_point(stream_record& record);                  // under the record's mutex
   void release_idle(std::size_t bytes_to_keep);              // under all_locked
   [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
@@ -193,12 +208,21 @@ resource_state::~resource_state() {
                                        "({} bytes): their memory is unmapped once the streams pass",
                                        live, used_.load())
                                .c_str());
-  // Work queued on any stream may still use the pages: unmap them once it has passed.
+  // Work queued on any stream may still use the pages: unmap them once it has passed. The
+  // points recorded already cover the frees before them; frees after a stream's last point
+  // have none, and vmm does not record on a stream it is not handed (it may be gone): then
+  // the device is waited for.
   std::vector<stream_event> passed;
+  bool open_epochs = false;
   for (const auto& entry : streams_) {
     if (synchronous_ || entry.get() == sync_entry_.load()) continue;
-    cleanup("memory_resource: recording the point of a stream",
-            [&] { passed.emplace_back(executor_, entry->record->stream); });
+    stream_record& record = *entry->record;
+    open_epochs = open_epochs || record.frees.load() != 0;
+    for (auto& point : record.points) passed.push_back(std::move(point.second));
+  }
+  if (open_epochs) {
+    cleanup("memory_resource: waiting for the device", [&] { executor_.synchronize_device(); });
+    passed.clear();
   }
   struct everything {
     std::vector<std::unique_ptr<arena>> arenas;
@@ -291,7 +315,7 @@ void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64
     block* found = nullptr;
     std::uint64_t start = 0;
     int weighed = 0;
-    index.candidates(size + alignment - unit, [&](block* b) {
+    index.candidates(size, [&](block* b) {
       const std::uint64_t at = arena::fit(b, size, alignment);
       if (at != ~std::uint64_t{0} && home.unmapped_pages(at, size, 1) == 0) {
         found = b;
@@ -378,9 +402,15 @@ shared_chunk resource_state::take_page(const arena& target, std::size_t first, s
     if (shared_chunk stolen = steal_idle_page(target, first, count)) return stolen;
   if (at_max)
     throw out_of_memory(fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
-  shared_chunk created = std::make_shared<const pooled_chunk>(pool_->acquire(page_));
-  fresh = true;
-  return created;
+  try {
+    shared_chunk created = std::make_shared<const pooled_chunk>(pool_->acquire(page_));
+    fresh = true;
+    return created;
+  } catch (const out_of_memory&) {
+    // The device is full: an idle page of ours is better than failing.
+    if (shared_chunk stolen = steal_idle_page(target, first, count)) return stolen;
+    throw;
+  }
 }
 
 void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t size) {
@@ -427,33 +457,38 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
   over_threshold_.store(reserved > properties_.release_threshold, std::memory_order_relaxed);
 }
 
-void* resource_state::place(arena& a, free_index& index, std::uint64_t size, std::uint64_t alignment) {
-  block* best = nullptr;
-  std::uint64_t best_start = 0;
-  std::size_t best_unmapped = std::numeric_limits<std::size_t>::max();
+resource_state::choice resource_state::choose(arena& a, free_index& index, std::uint64_t size,
+                                              std::uint64_t alignment, std::size_t better_than) const {
+  choice best;
+  best.unmapped = better_than;
   int weighed = 0;
-  index.candidates(size + alignment - unit, [&](block* b) {
+  index.candidates(size, [&](block* b) {
     const std::uint64_t at = arena::fit(b, size, alignment);
-    if (at == ~std::uint64_t{0}) return false;
-    const std::size_t unmapped = a.unmapped_pages(at, size, best_unmapped);
-    if (unmapped < best_unmapped) {
-      best = b;
-      best_start = at;
-      best_unmapped = unmapped;
-    }
-    return best_unmapped == 0 || ++weighed >= candidates_weighed;
+    if (at == ~std::uint64_t{0}) return ++weighed >= candidates_weighed * 4;
+    const std::size_t unmapped = a.unmapped_pages(at, size, best.unmapped);
+    if (unmapped < best.unmapped) best = choice{&a, b, at, unmapped};
+    return best.unmapped == 0 || ++weighed >= candidates_weighed;
   });
-  if (best == nullptr) return nullptr;
-  block* b = a.carve(best, best_start, size);
-  if (best_unmapped != 0) {
+  return best;
+}
+
+void* resource_state::take(const choice& chosen, std::uint64_t size) {
+  arena& a = *chosen.where;
+  block* b = a.carve(chosen.b, chosen.start, size);
+  if (chosen.unmapped != 0) {
     try {
       map_pages(a, b->offset, size);
     } catch (...) {
-      a.free_released(b);  // carved from the released blocks: back where it was
+      a.free_released(b);  // only released blocks lack pages: back where it was
       throw;
     }
   }
   return reinterpret_cast<void*>(a.base() + b->offset);
+}
+
+void* resource_state::place(arena& a, free_index& index, std::uint64_t size, std::uint64_t alignment) {
+  const choice chosen = choose(a, index, size, alignment, std::numeric_limits<std::size_t>::max());
+  return chosen.b == nullptr ? nullptr : take(chosen, size);
 }
 
 void resource_state::record_point(stream_record& record) {
@@ -464,6 +499,7 @@ void resource_state::record_point(stream_record& record) {
     record.passed.store(record.points.front().first);
     record.points.pop_front();
   }
+  record.outstanding.store(record.points.size());
   if (record.points.size() >= max_points) return;
   const std::uint64_t closed = record.epoch.fetch_add(1);
   record.frees.store(0, std::memory_order_relaxed);
@@ -473,15 +509,16 @@ void resource_state::record_point(stream_record& record) {
     record.epoch.fetch_sub(1);  // the epoch stays open
     throw;
   }
+  record.outstanding.store(record.points.size());
 }
 
-void resource_state::refresh_points(bool record_open_epochs, bool wait) {
+void resource_state::refresh_points(stream_record* caller, bool wait) {
   if (synchronous_) return;
   for (const auto& entry : streams_) {
     if (entry.get() == sync_entry_.load()) continue;
     stream_record& record = *entry->record;
     std::lock_guard lock(record.mutex);
-    if (record_open_epochs && record.frees.load() != 0) record_point(record);
+    if (&record == caller && record.frees.load() != 0) record_point(record);
     while (!record.points.empty()) {
       auto& [epoch, point] = record.points.front();
       if (wait) point.synchronize();
@@ -489,6 +526,7 @@ void resource_state::refresh_points(bool record_open_epochs, bool wait) {
       record.passed.store(epoch);
       record.points.pop_front();
     }
+    record.outstanding.store(record.points.size());
   }
   if (!policies_.allow_opportunistic) return;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
@@ -516,7 +554,7 @@ void* resource_state::place_with_dependency(stream_entry& entry, std::size_t kin
       for (auto& slot : a->slots()) {
         if (slot->record != &record) continue;
         block* chosen = nullptr;
-        slot->pending.candidates(size + alignment - unit, [&](block* b) {
+        slot->pending.candidates(size, [&](block* b) {
           if (arena::fit(b, size, alignment) == ~std::uint64_t{0}) return false;
           const bool followed = policies_.follow_event_dependencies && b->epoch <= ordered_after;
           if (followed || (wait_allowed && policies_.allow_internal_dependencies)) chosen = b;
@@ -525,14 +563,13 @@ void* resource_state::place_with_dependency(stream_entry& entry, std::size_t kin
         if (chosen == nullptr) continue;
         if (chosen->epoch > ordered_after) {
           // Internal dependency: the allocating stream waits for the freeing stream's point
-          // after this block's free.
+          // after this block's free. A block of an epoch still open has no such point (and
+          // the freeing stream may be gone): it is not taken.
           std::lock_guard lock(record.mutex);
-          if (record.epoch.load() <= chosen->epoch) record_point(record);
-          for (auto& [epoch, point] : record.points)
-            if (epoch >= chosen->epoch) {
-              point.enqueue_wait(me.stream);
-              break;
-            }
+          const auto point = std::find_if(record.points.begin(), record.points.end(),
+                                          [&](const auto& p) { return p.first >= chosen->epoch; });
+          if (point == record.points.end()) continue;
+          point->second.enqueue_wait(me.stream);
         }
         block* released = a->release_one(*slot, chosen);
         if (void* p = place(*a, a->released(), size, alignment)) return p;
@@ -560,41 +597,57 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
     std::uint64_t& request;
     ~forget() { request = 0; }
   } forget_request{request_};
+  std::string shortage;  // the last option's out-of-memory, for the message
+  // Runs one way of placing the request; an out-of-memory of one way (no pages for it)
+  // lets the next be tried.
+  const auto attempt_with = [&](auto&& option) -> void* {
+    try {
+      return option();
+    } catch (const out_of_memory& error) {
+      shortage = error.what();
+      return nullptr;
+    }
+  };
   for (int attempt = 0; attempt < 2; ++attempt) {
     // The points that have passed make blocks free for every stream.
-    refresh_points(true, attempt > 0);
-    try {
-      arena& home = *entry.arenas[kind].back();
-      if (!sync)
-        for (auto& slot : home.slots())
-          if (slot->record == entry.record.get())
-            if (void* p = place(home, slot->pending, size, alignment)) return p;
-      for (arena* a : entry.arenas[kind])
-        if (void* p = place(*a, a->released(), size, alignment)) return p;
-      // Released blocks of other streams' arenas: their frees have passed.
-      if (policies_.allow_opportunistic)
-        for (const auto& other : streams_)
-          if (other.get() != &entry)
-            for (arena* a : other->arenas[kind])
-              if (void* p = place(*a, a->released(), size, alignment)) return p;
-      if (!sync)
-        if (void* p = place_with_dependency(entry, kind, size, alignment, true)) return p;
+    refresh_points(sync ? nullptr : entry.record.get(), attempt > 0);
+    arena& home = *entry.arenas[kind].back();
+    if (!sync)
+      for (auto& slot : home.slots())
+        if (slot->record == entry.record.get())
+          if (void* p = attempt_with([&] { return place(home, slot->pending, size, alignment); })) return p;
+    // The released blocks of every arena of this size class (other streams' arenas only
+    // when their frees may be reused: they have passed): the one that needs the fewest new
+    // pages, this stream's own arenas first on a tie.
+    choice best;
+    for (arena* a : entry.arenas[kind])
+      if (choice c = choose(*a, a->released(), size, alignment, best.unmapped); c.b != nullptr) best = c;
+    if (policies_.allow_opportunistic)
+      for (const auto& other : streams_)
+        if (other.get() != &entry)
+          for (arena* a : other->arenas[kind])
+            if (choice c = choose(*a, a->released(), size, alignment, best.unmapped); c.b != nullptr) best = c;
+    if (best.b != nullptr)
+      if (void* p = attempt_with([&] { return take(best, size); })) return p;
+    if (!sync)
+      if (void* p = attempt_with([&] { return place_with_dependency(entry, kind, size, alignment, true); }))
+        return p;
+    if (shortage.empty()) {
       // No address run fits anywhere: a new arena for this stream.
       arena& added = add_arena(std::max<std::size_t>(2 * properties_.max_size, round_up(size, page_)));
       std::unique_lock<std::mutex> hold(added.mutex);
       entry.arenas[kind].push_back(&added);
-      if (void* p = place(added, added.released(), size, alignment)) return p;
-    } catch (const out_of_memory&) {
-      if (attempt > 0) break;
-      // Give back what is idle and wait for every stream's frees, then once more.
-      collect_retired(true);
+      if (void* p = attempt_with([&] { return place(added, added.released(), size, alignment); })) return p;
     }
+    // Out of memory: wait for what was retired in stream order and for every stream's
+    // recorded points, then once more.
+    if (attempt == 0) collect_retired(true);
   }
   throw out_of_memory(fmt::format(
       "memory_resource on {}: {} bytes requested ({} with rounding), {} reserved, {} in use, the largest "
-      "free run of addresses is {} bytes",
+      "free run of addresses is {} bytes{}{}",
       to_string(provider()->where()), requested, size, (mapped_pages_ + spare_.size()) * page_,
-      used_.load(), largest_free_locked()));
+      used_.load(), largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
 }
 
 // ---- deallocation -------------------------------------------------------------------------
@@ -630,10 +683,15 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
       stream_record& record = *entry->record;
       stream_slot& slot = a->slot_of(record);
       a->free_pending(b, slot, record.epoch.load());
-      if (record.frees.fetch_add(1) + 1 >= frees_per_point) {
+      // A point closes the epoch every few frees, and at once when none is outstanding (the
+      // stream has caught up): so that what a stream frees before it falls idle becomes
+      // free for others too, without an event for every free.
+      const std::uint32_t frees = record.frees.fetch_add(1) + 1;
+      if (frees >= frees_per_point || record.outstanding.load(std::memory_order_relaxed) == 0) {
         {
           std::lock_guard record_lock(record.mutex);
-          if (record.frees.load() >= frees_per_point) record_point(record);
+          if (record.frees.load() != 0 && (record.frees.load() >= frees_per_point || record.points.empty()))
+            record_point(record);
         }
         // What has passed on this stream is free for every stream now, in this arena.
         if (policies_.allow_opportunistic) (void)a->release_pending(slot, record.passed.load());
@@ -652,7 +710,7 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
 // ---- giving memory back -------------------------------------------------------------------
 
 void resource_state::release_idle(std::size_t bytes_to_keep) {
-  refresh_points(true, false);
+  refresh_points(nullptr, false);
   const auto reserved = [&] { return (mapped_pages_ + spare_.size()) * page_; };
   while (!spare_.empty() && reserved() > bytes_to_keep) {
     spare_.pop_back();  // back to the chunk pool
@@ -684,20 +742,12 @@ void resource_state::set_release_threshold(std::size_t bytes) {
 
 // ---- sleep and wake -----------------------------------------------------------------------
 
-void resource_state::sleep(std::span<const allocation_tag> offload) {
+void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref stream) {
   all_locked locked(*this);
   if (asleep_.load()) throw invalid_argument("memory_resource: sleep while asleep already");
-  // Stream order, not a device-wide synchronize: every stream this resource has seen
-  // reaches its current point, and then no queued work uses the memory.
-  if (!synchronous_)
-    for (const auto& entry : streams_) {
-      if (entry.get() == sync_entry_.load()) continue;
-      stream_record& record = *entry->record;
-      std::lock_guard lock(record.mutex);
-      record_point(record);
-      record.points.back().second.synchronize();
-    }
-  refresh_points(false, false);
+  // Stream order, not a device-wide synchronize: the copies are queued on `stream` after
+  // the work queued there, and the pages go once `stream` has passed them.
+  refresh_points(nullptr, false);
 
   // The runs of allocations to save, adjacent ones of one tag together.
   const auto offloaded = [&](std::uint32_t tag) {
@@ -734,9 +784,9 @@ void resource_state::sleep(std::span<const allocation_tag> offload) {
     saved->resize(total);
     for (const saved_run& run : runs)
       executor_.copy(static_cast<std::byte*>(saved->data()) + run.offset, reinterpret_cast<void*>(run.address),
-                     run.bytes, stream_ref());
-    executor_.synchronize(stream_ref());
+                     run.bytes, stream);
   }
+  executor_.synchronize(stream);
 
   // Every page goes: the physical memory back to the pool, and the pool's idle memory back
   // to the device.
@@ -756,7 +806,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload) {
   asleep_.store(true);
 }
 
-void resource_state::wake(std::span<const allocation_tag> tags) {
+void resource_state::wake(std::span<const allocation_tag> tags, stream_ref stream) {
   all_locked locked(*this);
   if (!asleep_.load()) throw invalid_argument("memory_resource: wake while awake");
   const auto waking = [&](std::uint32_t tag) {
@@ -811,8 +861,8 @@ void resource_state::wake(std::span<const allocation_tag> tags) {
     for (const saved_run& run : saved_runs_)
       if (waking(run.tag))
         executor_.copy(reinterpret_cast<void*>(run.address), static_cast<std::byte*>(saved_->data()) + run.offset,
-                       run.bytes, stream_ref());
-    executor_.synchronize(stream_ref());
+                       run.bytes, stream);
+    executor_.synchronize(stream);
   } catch (...) {
     for (std::size_t i = 0; i < mapped_now; ++i) {
       page& target = needed[i].first->pages()[needed[i].second];
@@ -968,8 +1018,10 @@ void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_
   return state_->allocate(stream, bytes, alignment, false, tag.value);
 }
 
-void memory_resource::sleep(std::span<const allocation_tag> offload) { state_->sleep(offload); }
-void memory_resource::wake(std::span<const allocation_tag> tags) { state_->wake(tags); }
+void memory_resource::sleep(std::span<const allocation_tag> offload, stream_ref stream) {
+  state_->sleep(offload, stream);
+}
+void memory_resource::wake(std::span<const allocation_tag> tags, stream_ref stream) { state_->wake(tags, stream); }
 bool memory_resource::asleep() const noexcept { return state_->asleep(); }
 
 void* memory_resource::allocate_sync(std::size_t bytes, std::size_t alignment) {

@@ -1,0 +1,286 @@
+// The stream order of memory_resource, on host memory, driven by an executor whose events
+// pass only when the test says so: the rules cudaFreeAsync and the reuse policies set, and
+// a random run on several streams checked against them, in CI without a GPU.
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <random>
+#include <cstring>
+#include <set>
+
+#include "providers/os_host_provider.hpp"
+#include "vmm/error.hpp"
+#include "vmm/memory_resource.hpp"
+
+namespace vmm::testing {
+namespace {
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+// Each stream has queued work (a count) and completed work (a count the test advances).
+// An event records (stream, queued count); it is done once the stream's completed count
+// reaches it. enqueue_wait is logged.
+class scripted_executor final : public stream_executor {
+ public:
+  struct wait {
+    stream_ref stream;
+    stream_ref waited;
+    std::uint64_t position;
+  };
+
+  void copy(void* destination, const void* source, std::size_t n, stream_ref stream) override {
+    std::memmove(destination, source, n);
+    enqueue(stream);
+  }
+  void fill(void* destination, std::uint8_t value, std::size_t n, stream_ref stream) override {
+    std::memset(destination, value, n);
+    enqueue(stream);
+  }
+  void synchronize(stream_ref stream) override { advance(stream); }
+  void synchronize_device() override {
+    std::lock_guard lock(mutex_);
+    for (auto& [stream, state] : streams_) state.completed = state.queued;
+  }
+  event_handle create_event() override {
+    std::lock_guard lock(mutex_);
+    events_.emplace(++next_event_, point{});
+    return next_event_;
+  }
+  void destroy_event(event_handle event) noexcept override {
+    std::lock_guard lock(mutex_);
+    events_.erase(event);
+  }
+  void record(event_handle event, stream_ref stream) override {
+    std::lock_guard lock(mutex_);
+    events_.at(event) = point{stream, streams_[stream.get()].queued};
+  }
+  bool done(event_handle event) override {
+    std::lock_guard lock(mutex_);
+    const point& p = events_.at(event);
+    return streams_[p.stream.get()].completed >= p.position;
+  }
+  void synchronize_event(event_handle event) override {
+    std::lock_guard lock(mutex_);
+    const point& p = events_.at(event);
+    auto& state = streams_[p.stream.get()];
+    state.completed = std::max(state.completed, p.position);
+  }
+  void enqueue_wait(stream_ref stream, event_handle event) override {
+    std::lock_guard lock(mutex_);
+    const point& p = events_.at(event);
+    waits_.push_back({stream, p.stream, p.position});
+  }
+  stream_ref create_stream() override {
+    std::lock_guard lock(mutex_);
+    return stream_ref(reinterpret_cast<CUstream_st*>(next_stream_ += 64));
+  }
+  void destroy_stream(stream_ref) noexcept override {}
+
+  // Work queued on `stream` (a kernel, say): one more position.
+  std::uint64_t enqueue(stream_ref stream) {
+    std::lock_guard lock(mutex_);
+    return ++streams_[stream.get()].queued;
+  }
+  // Everything queued on `stream` so far is done.
+  void advance(stream_ref stream) {
+    std::lock_guard lock(mutex_);
+    auto& state = streams_[stream.get()];
+    state.completed = state.queued;
+  }
+  [[nodiscard]] std::uint64_t completed(stream_ref stream) {
+    std::lock_guard lock(mutex_);
+    return streams_[stream.get()].completed;
+  }
+  [[nodiscard]] std::vector<wait> waits() {
+    std::lock_guard lock(mutex_);
+    return waits_;
+  }
+
+ private:
+  struct point {
+    stream_ref stream;
+    std::uint64_t position = 0;
+  };
+  struct stream_state {
+    std::uint64_t queued = 0;
+    std::uint64_t completed = 0;
+  };
+  std::mutex mutex_;
+  std::map<CUstream_st*, stream_state> streams_;
+  std::map<event_handle, point> events_;
+  std::vector<wait> waits_;
+  event_handle next_event_ = 0;
+  std::uintptr_t next_stream_ = 4096;
+};
+
+class stream_order : public ::testing::Test {
+ protected:
+  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {}, reuse_policies policies = {}) {
+    if (properties.max_size == 0) properties.max_size = 64 * mib;
+    auto pool = chunk_pool::create(provider_);
+    return std::make_unique<memory_resource>(pool, properties, policies);
+  }
+  static bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+    const auto x = reinterpret_cast<std::uintptr_t>(a);
+    const auto y = reinterpret_cast<std::uintptr_t>(b);
+    return x < y + b_bytes && y < x + a_bytes;
+  }
+  scripted_executor executor_;
+  std::shared_ptr<memory_provider> provider_ = std::make_shared<detail::os_host_provider>(
+      os_host_options{.granularity = 2 * mib, .commit_budget = 256 * mib}, executor_);
+  stream_ref a_ = executor_.create_stream();
+  stream_ref b_ = executor_.create_stream();
+};
+
+TEST_F(stream_order, memory_freed_on_a_stream_is_reused_at_once_by_that_stream) {
+  auto resource = make();
+  void* p = resource->allocate(a_, 3 * mib);
+  executor_.enqueue(a_);  // a kernel using it, still running
+  resource->deallocate(a_, p, 3 * mib);
+  EXPECT_EQ(resource->allocate(a_, 3 * mib), p);
+  for (std::size_t alignment : {std::size_t{512}, std::size_t{64} << 10}) {
+    void* q = resource->allocate(a_, 5000, alignment);
+    resource->deallocate(a_, q, 5000, alignment);
+    EXPECT_EQ(resource->allocate(a_, 5000, alignment), q) << alignment;
+    resource->deallocate(a_, q, 5000, alignment);
+  }
+}
+
+TEST_F(stream_order, another_stream_gets_it_only_once_the_free_has_passed) {
+  auto resource = make({}, {.follow_event_dependencies = true, .allow_opportunistic = true,
+                            .allow_internal_dependencies = false});
+  void* p = resource->allocate(a_, 4 * mib);
+  executor_.enqueue(a_);  // still running
+  resource->deallocate(a_, p, 4 * mib);
+  void* q = resource->allocate(b_, 4 * mib);
+  EXPECT_FALSE(overlap(p, 4 * mib, q, 4 * mib));
+  resource->deallocate(b_, q, 4 * mib);
+  executor_.advance(a_);  // the kernel ended: the free has passed
+  executor_.advance(b_);
+  // A request larger than either block fits only where both lie freed and merged, or in
+  // fresh memory: freed memory of a passed stream is taken first (no page created).
+  const std::size_t created = resource->statistics().pages_created;
+  void* r = resource->allocate(b_, 4 * mib);
+  EXPECT_EQ(resource->statistics().pages_created, created);
+  resource->deallocate(b_, r, 4 * mib);
+}
+
+TEST_F(stream_order, an_internal_dependency_makes_the_allocating_stream_wait_for_the_free) {
+  const std::size_t g = 2 * mib;
+  auto resource = make({.max_size = 4 * g});
+  void* p = resource->allocate(a_, 4 * g);  // all the resource may have
+  const std::uint64_t kernel = executor_.enqueue(a_);
+  resource->deallocate(a_, p, 4 * g);
+  void* q = resource->allocate(b_, 4 * g);  // only A's block fits: B waits for A's free
+  EXPECT_EQ(q, p);
+  bool waited = false;
+  for (const auto& w : executor_.waits())
+    waited = waited || (w.stream == b_ && w.waited == a_ && w.position >= kernel);
+  EXPECT_TRUE(waited) << "B reuses A's block without waiting for A's kernel";
+  resource->deallocate(b_, q, 4 * g);
+}
+
+TEST_F(stream_order, without_internal_dependencies_the_busy_block_is_not_taken) {
+  const std::size_t g = 2 * mib;
+  auto resource = make({.max_size = 4 * g}, {.follow_event_dependencies = false, .allow_opportunistic = true,
+                                              .allow_internal_dependencies = false});
+  void* p = resource->allocate(a_, 4 * g);
+  executor_.enqueue(a_);
+  resource->deallocate(a_, p, 4 * g);
+  // The last resort waits for A's points on the host (advancing A here), then reuses.
+  void* q = resource->allocate(b_, 4 * g);
+  EXPECT_GE(executor_.completed(a_), 1u);
+  EXPECT_TRUE(executor_.waits().empty());
+  resource->deallocate(b_, q, 4 * g);
+}
+
+TEST_F(stream_order, wait_for_lets_the_waiting_stream_reuse_what_the_other_freed) {
+  const std::size_t g = 2 * mib;
+  auto resource = make({.max_size = 4 * g}, {.follow_event_dependencies = true, .allow_opportunistic = false,
+                                              .allow_internal_dependencies = false});
+  void* p = resource->allocate(a_, 4 * g);
+  executor_.enqueue(a_);
+  resource->deallocate(a_, p, 4 * g);
+  resource->wait_for(b_, a_);  // B's later work waits for A's work so far
+  const std::size_t waits = executor_.waits().size();
+  void* q = resource->allocate(b_, 4 * g);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(executor_.waits().size(), waits);  // no further wait needed
+  resource->deallocate(b_, q, 4 * g);
+}
+
+// Thousands of operations on four streams with work queued and completed at random: a
+// block freed on one stream is never handed to another before the free has passed there,
+// unless the other stream was made to wait for it.
+TEST_F(stream_order, a_random_run_never_hands_a_busy_block_to_another_stream) {
+  auto resource = make({.max_size = 48 * mib});
+  const stream_ref streams[] = {a_, b_, executor_.create_stream(), executor_.create_stream()};
+  struct live {
+    std::size_t bytes;
+    std::size_t stream;
+  };
+  struct freed {
+    std::uintptr_t address;
+    std::size_t bytes;
+    std::size_t stream;
+    std::uint64_t position;  // the freeing stream's queued work at the free
+  };
+  std::map<std::uintptr_t, live> model;
+  std::vector<freed> history;  // recent frees that may not have passed
+  std::mt19937_64 random(7);
+  std::size_t out_of_memory_count = 0;
+  for (int step = 0; step < 5000; ++step) {
+    const std::size_t s = random() % 4;
+    const int action = static_cast<int>(random() % 100);
+    if (action < 10) {
+      executor_.enqueue(streams[s]);  // a kernel
+    } else if (action < 18) {
+      executor_.advance(streams[s]);  // it ended
+    } else if (action < 55 && !model.empty()) {
+      auto it = std::next(model.begin(), static_cast<std::ptrdiff_t>(random() % model.size()));
+      resource->deallocate(streams[it->second.stream], reinterpret_cast<void*>(it->first), it->second.bytes);
+      history.push_back({it->first, it->second.bytes, it->second.stream,
+                         executor_.enqueue(streams[it->second.stream]) - 1});
+      model.erase(it);
+    } else {
+      const std::size_t bytes = 1 + random() % (std::size_t{1} << (random() % 23));
+      void* p = nullptr;
+      try {
+        p = resource->allocate(streams[s], bytes);
+      } catch (const out_of_memory&) {
+        ++out_of_memory_count;
+        continue;
+      }
+      const auto address = reinterpret_cast<std::uintptr_t>(p);
+      for (const freed& f : history) {
+        if (f.stream == s || !overlap(p, bytes, reinterpret_cast<void*>(f.address), f.bytes)) continue;
+        if (executor_.completed(streams[f.stream]) >= f.position) continue;
+        bool waited = false;
+        for (const auto& w : executor_.waits())
+          waited = waited || (w.stream == streams[s] && w.waited == streams[f.stream] && w.position >= f.position);
+        ASSERT_TRUE(waited) << "step " << step << ": stream " << s << " got memory stream " << f.stream
+                            << " freed and has not passed";
+      }
+      auto next = model.lower_bound(address);
+      if (next != model.end()) {
+        ASSERT_GE(next->first, address + bytes);
+      }
+      if (next != model.begin()) {
+        ASSERT_LE(std::prev(next)->first + std::prev(next)->second.bytes, address);
+      }
+      model.emplace(address, live{bytes, s});
+    }
+    std::erase_if(history, [&](const freed& f) { return executor_.completed(streams[f.stream]) >= f.position; });
+  }
+  for (auto& [address, entry] : model)
+    resource->deallocate(streams[entry.stream], reinterpret_cast<void*>(address), entry.bytes);
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.used_current, 0u);
+  EXPECT_EQ(s.bad_deallocations, 0u);
+  RecordProperty("out_of_memory", static_cast<int>(out_of_memory_count));
+}
+
+}  // namespace
+}  // namespace vmm::testing
