@@ -59,6 +59,7 @@
 /// that is how its protocol is tested without a GPU. Host threads that push must be joined
 /// before the launch returns.
 
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -71,8 +72,6 @@
 #include <cooperative_groups/scan.h>
 #include <cuda/atomic>
 #include <cuda/std/span>
-#else
-#include <atomic>
 #endif
 
 #include "vmm/host_device.hpp"
@@ -246,31 +245,30 @@ struct append_view {
       // group one lane at a time: this is the hot loop of a filter.
       const unsigned lanes = __activemask();
       const unsigned below = detail::lanes_below();
-      unsigned votes[N];
-      unsigned total = 0;
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        votes[j] = __ballot_sync(lanes, (keep >> j) & 1u);
-        total += static_cast<unsigned>(__popc(static_cast<int>(votes[j])));
-      }
+      const auto mine = static_cast<unsigned>(__popc(static_cast<int>(keep)));
+#if __CUDA_ARCH__ >= 800
+      const unsigned total = __reduce_add_sync(lanes, mine);
+#else
+      unsigned total = mine;
+      for (int delta = 16; delta > 0; delta /= 2) total += __shfl_xor_sync(lanes, total, delta);
+#endif
       if (total == 0) return true;
       const int leader = __ffs(static_cast<int>(lanes)) - 1;
       unsigned long long base = 0;
       if (detail::lane_id() == static_cast<unsigned>(leader)) base = detail::device_fetch_add(count, total);
-      base = __shfl_sync(lanes, base, leader);
-      std::uint64_t offset = base;
+      std::uint64_t offset = __shfl_sync(lanes, base, leader);
 #pragma unroll
       for (int j = 0; j < N; ++j) {
+        const unsigned vote = __ballot_sync(lanes, (keep >> j) & 1u);
         if ((keep >> j) & 1u) {
-          const auto rank = static_cast<unsigned>(__popc(static_cast<int>(votes[j] & below)));
-          const std::uint64_t slot = offset + rank;
-          if (slot < capacity) {
-            data[slot] = values[j];
+          const auto rank = static_cast<unsigned>(__popc(static_cast<int>(vote & below)));
+          if (offset + rank < capacity) {
+            data[offset + rank] = values[j];
           } else {
             all_stored = false;
           }
         }
-        offset += static_cast<unsigned>(__popc(static_cast<int>(votes[j])));
+        offset += static_cast<unsigned>(__popc(static_cast<int>(vote)));
       }
     }
     return all_stored;
