@@ -8,7 +8,7 @@
 // there exactly once, against its own filter of the same keys.
 //
 // Part 1: selectivities from 0.1 % to 90 %, each into a new vector of one 2 MiB granule.
-// Part 2: an output 110 times that first capacity, with the three growth settings: growth
+// Part 2: an output 115 times that first capacity, with the three growth settings: growth
 //   from the overflow information with the input count known (windows), the same with the
 //   input count unknown (one launch per round), and geometric growth (doubling).
 // On a machine without a GPU it prints one line saying so and exits 0.
@@ -141,7 +141,7 @@ int run() {
                 o.statistics.launches, o.statistics.growths, o.capacity_ratio, o.milliseconds);
   }
 
-  std::printf("\nan output 110 times the first capacity (90 %% of the keys):\n");
+  std::printf("\nan output 115 times the first capacity (90 %% of the keys):\n");
   std::printf("%-40s %7s %9s %8s %17s %9s\n", "growth", "rounds", "launches", "growths", "capacity/output",
               "time ms");
   const std::pair<const char*, vmm::append_options> settings[] = {

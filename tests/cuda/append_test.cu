@@ -148,10 +148,11 @@ TEST_F(append_kernels, divergent_lanes_in_partial_warps_append_every_element_onc
     vector.push_back(0xffffffffu);
     vector.reserve(4 * n);  // room for every element: one round, one launch
     append_statistics statistics;
-    const std::size_t appended = per_warp ? append_from_kernel(vector, divergent_launch<append_atomics::per_warp>(n, true),
-                                                      stream.get(), {.statistics = &statistics})
-                                 : append_from_kernel(vector, divergent_launch<append_atomics::per_thread>(n, true),
-                                                      stream.get(), {.statistics = &statistics});
+    const append_options options{.statistics = &statistics};
+    const std::size_t appended =
+        per_warp
+            ? append_from_kernel(vector, divergent_launch<append_atomics::per_warp>(n, true), stream.get(), options)
+            : append_from_kernel(vector, divergent_launch<append_atomics::per_thread>(n, true), stream.get(), options);
     EXPECT_EQ(appended, vector.size() - 1);
     EXPECT_EQ(statistics.rounds, 1u);
     EXPECT_EQ(statistics.launches, 1u);
