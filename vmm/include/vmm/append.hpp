@@ -11,7 +11,7 @@
 ///                                  std::uint32_t threshold, vmm::append_view<std::uint32_t> view) {
 ///       if (view.overflowed()) return;  // this launch will run again
 ///       const std::uint64_t end = view.limit(n);
-///       for (std::uint64_t i = first + blockIdx.x * blockDim.x + threadIdx.x; i < end;
+///       for (std::uint64_t i = first + std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < end;
 ///            i += std::uint64_t{gridDim.x} * blockDim.x)
 ///         if (keys[i] < threshold) view.push(keys[i]);
 ///     }
@@ -31,13 +31,16 @@
 /// becomes the count and the call returns. Otherwise the first window that did not fit and
 /// all after it are the unfinished part: the count goes back to where that window began
 /// (see vmm/append_view.hpp for why this is exact), the vector grows in place, and the next
-/// round starts at that window's first input.
+/// round starts at that window's first input. The order of the appended elements is
+/// unspecified.
 ///
 /// Windows. With input_count n the inputs left, r, are cut into windows that start at r/64
 /// and double up to r/8 (multiples of 4096 inputs, so vector loads stay aligned): when the
 /// capacity is far too small the first window says so after 1/64 of the work, and an
 /// overflow late in the inputs redoes at most 1/8 of them. Without input_count a round is one
-/// launch; an overflow then redoes that launch, which is still exact.
+/// launch; an overflow then redoes that launch, which is still exact. Each window costs a
+/// launch and an 8-byte copy on the stream; allocate for the worst case, or leave
+/// input_count 0, where an overflow is not expected.
 ///
 /// Growth, from the overflow information (the default). The refused window ran to its end
 /// and counted every element it produced, refused ones included: that is its demand. The
@@ -67,12 +70,10 @@
 /// pushes through the view from host threads, joined before it returns.
 
 #include <algorithm>
-#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -103,7 +104,7 @@ struct append_options {
   /// 0: grow from the overflow information. Greater than 1: multiply the capacity by this
   /// at each overflow (geometric growth).
   double growth_factor = 0;
-  /// When set, receives what the call did.
+  /// When set, receives what the call did when it returns.
   append_statistics* statistics = nullptr;
 };
 

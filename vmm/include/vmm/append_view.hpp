@@ -8,7 +8,7 @@
 /// the same view works from host threads (see "Host path" below).
 ///
 /// Slots. A view holds the vector's data(), `capacity` (the slots this launch may write) and a
-/// 64-bit counter in device memory. A push reserves slots by adding to the counter and stores
+/// 64-bit counter (in the vector's memory, past those slots). A push reserves slots by adding to the counter and stores
 /// each element whose slot is below `capacity`; the rest are refused, and nothing is ever
 /// written at or past `capacity`. Refused slots are counted all the same, so after a launch
 /// `count > capacity` says that the capacity ran out, and the counter's advance is how many
@@ -34,7 +34,10 @@
 ///  - preferably push the same elements for an input each time it processes it. Exactness
 ///    does not depend on it (the elements kept are those of the one run of each window that
 ///    committed), but the vector grows by what the refused run counted;
-///  - (recommended) return at once when overflowed(): its window will be redone anyway.
+///  - (recommended) return at once when overflowed() at its start: an earlier window of the
+///    round was refused, so this one runs again anyway. A launch may also stop once
+///    overflowed() midway; its window is redone all the same, but the vector then grows by a
+///    partial count, possibly in more steps.
 /// The order of the appended elements is unspecified.
 ///
 /// Warp aggregation. push(value) and push(values, count) gather the lanes that call them
