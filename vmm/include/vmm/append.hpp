@@ -7,12 +7,14 @@
 ///
 ///     // Keys below a threshold, in any order. The kernel processes inputs
 ///     // [first, view.limit(n)) and pushes what it selects.
-///     __global__ void select_below(const std::uint32_t* keys, std::uint64_t first, std::uint64_t n,
-///                                  std::uint32_t threshold, vmm::append_view<std::uint32_t> view) {
+///     __global__ void select_below(const std::uint32_t* keys, std::uint64_t first,
+///                                  std::uint64_t n, std::uint32_t threshold,
+///                                  vmm::append_view<std::uint32_t> view) {
 ///       if (view.overflowed()) return;  // this launch will run again
 ///       const std::uint64_t end = view.limit(n);
-///       for (std::uint64_t i = first + std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < end;
-///            i += std::uint64_t{gridDim.x} * blockDim.x)
+///       const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+///       for (std::uint64_t i = first + std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+///            i < end; i += stride)
 ///         if (keys[i] < threshold) view.push(keys[i]);
 ///     }
 ///
@@ -115,7 +117,7 @@ namespace detail {
 inline constexpr std::size_t append_status_bytes = 256;
 inline constexpr std::size_t append_max_windows = append_status_bytes / sizeof(std::uint64_t) - 1;
 inline constexpr std::uint64_t append_window_alignment = 4096;  // inputs
-inline constexpr double append_headroom = 1.0 + 1.0 / 16;         // on the estimated rest
+inline constexpr double append_headroom = 1.0 + 1.0 / 16;       // on the estimated rest
 
 struct append_status {
   std::uint64_t count;
@@ -156,14 +158,17 @@ template <class T>
 append_layout<T> append_layout_of(device_vector<T>& vector) {
   const std::size_t bytes = vector.capacity() * sizeof(T);
   if (bytes < append_status_bytes) return {};
-  const std::size_t at = (bytes - append_status_bytes) / alignof(append_status) * alignof(append_status);
-  return {reinterpret_cast<append_status*>(reinterpret_cast<std::byte*>(vector.data()) + at), at / sizeof(T)};
+  const std::size_t at =
+      (bytes - append_status_bytes) / alignof(append_status) * alignof(append_status);
+  return {reinterpret_cast<append_status*>(reinterpret_cast<std::byte*>(vector.data()) + at),
+          at / sizeof(T)};
 }
 
 // Elements to reserve for `slots` slots and the status block after them.
 template <class T>
 std::size_t append_elements_for(std::uint64_t slots) {
-  constexpr std::size_t status = (append_status_bytes + alignof(append_status) + sizeof(T) - 1) / sizeof(T);
+  constexpr std::size_t status =
+      (append_status_bytes + alignof(append_status) + sizeof(T) - 1) / sizeof(T);
   return static_cast<std::size_t>(slots) + status;
 }
 
@@ -219,8 +224,8 @@ std::size_t append_from_kernel(device_vector<T>& vector, Launch&& launch, stream
   const std::uint64_t start = vector.size();
   const std::uint64_t n = options.input_count;
   append_statistics statistics;
-  std::uint64_t first = 0;            // the first input not yet committed
-  std::uint64_t committed = start;    // elements committed: the count where `first` begins
+  std::uint64_t first = 0;          // the first input not yet committed
+  std::uint64_t committed = start;  // elements committed: the count where `first` begins
   std::uint64_t last_refused_first = no_input_end;  // where the last round was refused
   if (detail::append_layout_of(vector).slots <= committed)
     detail::append_reserve(vector, committed + 1, committed + 1, stream);
@@ -259,11 +264,13 @@ std::size_t append_from_kernel(device_vector<T>& vector, Launch&& launch, stream
     const std::uint64_t needed = before + demand;  // the refused window fits
     std::uint64_t wanted = needed;
     if (options.growth_factor > 1) {
-      wanted = std::max(static_cast<std::uint64_t>(static_cast<double>(layout.slots) * options.growth_factor),
-                        layout.slots + 1);
+      wanted = std::max(
+          static_cast<std::uint64_t>(static_cast<double>(layout.slots) * options.growth_factor),
+          layout.slots + 1);
     } else {
       if (n != 0 && ends[refused] < n) {
-        const double rate = static_cast<double>(demand) / static_cast<double>(ends[refused] - refused_first);
+        const double rate =
+            static_cast<double>(demand) / static_cast<double>(ends[refused] - refused_first);
         const double rest = rate * static_cast<double>(n - ends[refused]) * detail::append_headroom;
         wanted += static_cast<std::uint64_t>(rest) + 1;
       }
