@@ -11,6 +11,8 @@
 #include "cuda_support.hpp"
 #include "vmm/address_range.hpp"
 #include "vmm/address_space.hpp"
+#include "vmm/append.hpp"
+#include "vmm/append_view.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/chunk_view.hpp"
@@ -70,6 +72,13 @@ TEST(headers_in_cuda, inline_comparisons_and_values_link_and_work) {
   EXPECT_EQ(numbers.to_host(), std::vector<int>{7});
   stream_event done(host_executor(), stream_ref());
   EXPECT_TRUE(done.done());
+  // append_from_kernel's host path as nvcc compiles it: a host function pushing into OS host
+  // memory (no CUDA runtime call is made for it).
+  const auto squares = [](append_view<int> view, std::size_t first, stream_ref) {
+    for (std::uint64_t i = first; i < view.limit(10); ++i) view.push(static_cast<int>(i * i));
+  };
+  EXPECT_EQ(append_from_kernel(numbers, squares, stream_ref(), {.input_count = 10}), 10u);
+  EXPECT_EQ(numbers.to_host(), (std::vector<int>{7, 0, 1, 4, 9, 16, 25, 36, 49, 64, 81}));
 }
 
 class headers_in_cuda_gpu : public gpu_test {};
