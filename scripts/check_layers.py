@@ -73,7 +73,7 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     ("buffers", 5,
      concept("growable_buffer", "device_vector", "chunk_view", "ring_buffer", "ring_buffer_view",
              "striped_buffer", "stripe_layout", "host_device", "memory_resource", "append",
-             "append_view")
+             "append_view", "cuda_mr")
      + ["vmm/src/peer_access.hpp", "vmm/src/resource/"]),
     # Sharing between processes.
     ("ipc", 6, ["ipc/"]),
