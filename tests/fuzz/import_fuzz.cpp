@@ -15,7 +15,7 @@
 ///
 /// The importer calls receive(), then receive_growth() until something throws. Checked:
 ///  - only the documented exceptions: invalid_argument (bad_manifest included), os_error
-///    (peer_closed included), out_of_memory;
+///    (peer_closed included), out_of_memory, driver_error (a GPU location, no driver here);
 ///  - a successful import keeps its promises: size <= capacity <= max size, the access
 ///    asked, every mapped page readable, and writable when read-write;
 ///  - nothing leaks: once the import is destroyed and the sockets and descriptors closed,
@@ -107,6 +107,8 @@ void run(vmm::fuzz::byte_reader input) {
     // the end of the stream, or a broken frame
   } catch (const vmm::out_of_memory&) {
     // no address range of the manifest's max size
+  } catch (const vmm::driver_error&) {
+    // a GPU or pinned location named, and no driver here (driver_unavailable)
   } catch (const std::exception& error) {
     finding(fmt::format("import threw an undocumented exception: {}", error.what()));
   }
