@@ -19,7 +19,8 @@ fi
 
 vmm_install_fuzz_tools
 vmm_prepare build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DVMM_FUZZ=ON -DVMM_BUILD_TESTS=OFF \
-  -DVMM_BUILD_SAMPLES=OFF -DVMM_BUILD_BENCHMARKS=OFF -DVMM_CUDA_CODE=OFF >/dev/null
+  -DVMM_BUILD_SAMPLES=OFF -DVMM_BUILD_BENCHMARKS=OFF -DVMM_CUDA_CODE=OFF >build-fuzz.build.log 2>&1 ||
+  { cat build-fuzz.build.log; exit 1; }
 
 # The longest input worth trying per target: beyond it an input only repeats what shorter
 # ones do (the targets read at most 16-64 messages or operations).
