@@ -74,8 +74,7 @@ void run(vmm::fuzz::byte_reader input) {
   std::vector<std::byte> stream;  // every byte the peer got written
   for (std::size_t i = 0; i < max_segments && !input.empty() && channel.open(); ++i) {
     const vmm::fuzz::segment part = vmm::fuzz::read_segment(input);
-    std::vector<int> fds;
-    for (const std::uint8_t spec : part.fd_specs) fds.push_back(stock.make(spec));
+    const std::vector<int> fds = stock.make_all(part.fd_specs);
     const std::size_t sent = channel.send(part.bytes, fds);
     stream.insert(stream.end(), part.bytes.begin(), part.bytes.begin() + static_cast<std::ptrdiff_t>(sent));
   }

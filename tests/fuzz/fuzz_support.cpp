@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 
 namespace vmm::fuzz {
 namespace {
@@ -57,6 +59,12 @@ unique_fd checked(int fd, const char* what) {
 
 void initialize() {
   set_cleanup_failure_handler(&cleanup_failure_is_a_finding);
+  // Room for an input's fds and their received copies where the soft limit is 1024.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 4096 && files.rlim_max > files.rlim_cur) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 4096);
+    (void)::setrlimit(RLIMIT_NOFILE, &files);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   if (read_only_file < 0) make_read_only_file();
 }
@@ -171,7 +179,15 @@ void leak_check::check(const char* target) const {
                         now.inaccessible_bytes, census_.lines, now.lines));
 }
 
+std::vector<int> fd_stock::make_all(std::span<const std::uint8_t> specs) {
+  std::vector<int> fds;
+  for (const std::uint8_t spec : specs)
+    if (const int fd = make(spec); fd >= 0) fds.push_back(fd);
+  return fds;
+}
+
 int fd_stock::make(std::uint8_t spec) {
+  if (owned_.size() + 1 >= budget) return -1;  // + 1: a pipe's other end
   const auto kind = static_cast<fd_kind>(spec & 7);
   const std::size_t size = (std::size_t{spec} >> 3) * page;
   const auto memfd = [&](std::size_t bytes, unsigned flags, unsigned seals) {
@@ -228,16 +244,30 @@ void fd_stock::after_send() {
 }
 
 void put_segment(std::vector<std::byte>& out, const segment& part) {
-  put_u8(out, static_cast<std::uint8_t>(std::min<std::size_t>(part.fd_specs.size(), 7)));
-  for (std::size_t i = 0; i < std::min<std::size_t>(part.fd_specs.size(), 7); ++i) put_u8(out, part.fd_specs[i]);
+  const std::vector<std::uint8_t>& specs = part.fd_specs;
+  if (specs.size() <= 7) {
+    put_u8(out, static_cast<std::uint8_t>(specs.size()));
+    for (const std::uint8_t spec : specs) put_u8(out, spec);
+  } else {
+    if (specs.size() > ipc::max_fds_per_message || std::count(specs.begin(), specs.end(), specs[0]) != std::ssize(specs))
+      throw std::invalid_argument("put_segment: more than 7 fds must be copies of one spec, at most 253");
+    put_u8(out, 8);
+    put_u8(out, specs[0]);
+    put_u8(out, static_cast<std::uint8_t>(specs.size()));
+  }
   put_u16(out, static_cast<std::uint16_t>(part.bytes.size()));
   put_bytes(out, part.bytes);
 }
 
 segment read_segment(byte_reader& input) {
   segment part;
-  const std::size_t fds = input.u8() & 7;
-  for (std::size_t i = 0; i < fds; ++i) part.fd_specs.push_back(input.u8());
+  const std::uint8_t head = input.u8();
+  if ((head & 8) == 0) {
+    for (std::size_t i = 0; i < (head & 7u); ++i) part.fd_specs.push_back(input.u8());
+  } else {
+    const std::uint8_t spec = input.u8();
+    part.fd_specs.assign(std::min<std::size_t>(input.u8(), ipc::max_fds_per_message), spec);
+  }
   const std::span<const std::byte> bytes = input.take(input.u16());
   part.bytes.assign(bytes.begin(), bytes.end());
   return part;

@@ -124,8 +124,14 @@ enum class fd_kind : std::uint8_t {
 /// closed when the stock is destroyed.
 class fd_stock {
  public:
-  /// Makes a descriptor as `spec` says and returns it (owned by the stock).
+  /// The most descriptors one input makes: far below RLIMIT_NOFILE, with room for the
+  /// received copies.
+  static constexpr std::size_t budget = 400;
+  /// Makes a descriptor as `spec` says and returns it (owned by the stock); -1 once the
+  /// budget is spent.
   int make(std::uint8_t spec);
+  /// The descriptors to attach for `specs`: as many as the budget allows.
+  std::vector<int> make_all(std::span<const std::uint8_t> specs);
   /// What the peer does once everything is sent: shrinks the shrunk_memfd kind.
   void after_send();
   /// The memfds made, in order (every memfd kind).
@@ -139,11 +145,14 @@ class fd_stock {
 
 /// One write of a peer: bytes, with descriptors attached to the first of them.
 struct segment {
-  std::vector<std::uint8_t> fd_specs;  ///< at most 7
+  /// Up to 7 specs of any kind, or up to max_fds_per_message copies of one spec.
+  std::vector<std::uint8_t> fd_specs;
   std::vector<std::byte> bytes;
 };
 
-/// A segment as script bytes: u8 fd count (low 3 bits), the fd specs, u16 length, bytes.
+/// A segment as script bytes: a u8 head, the fd specs, u16 length, the bytes. A head with
+/// bit 3 clear is followed by (head & 7) specs; with bit 3 set, by one spec and a u8 count
+/// of its copies (at most max_fds_per_message: enough for a manifest's continuations).
 void put_segment(std::vector<std::byte>& out, const segment& part);
 /// The next segment of a script (past the end: an empty one).
 [[nodiscard]] segment read_segment(byte_reader& input);

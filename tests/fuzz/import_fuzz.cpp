@@ -80,8 +80,7 @@ void run(vmm::fuzz::byte_reader input) {
   vmm::fuzz::peer_channel channel;
   for (std::size_t i = 0; i < max_messages && !input.empty() && channel.open(); ++i) {
     const vmm::fuzz::segment part = vmm::fuzz::read_segment(input);
-    std::vector<int> fds;
-    for (const std::uint8_t spec : part.fd_specs) fds.push_back(stock.make(spec));
+    const std::vector<int> fds = stock.make_all(part.fd_specs);
     (void)channel.send_frame(part.bytes, fds);
   }
   stock.after_send();
