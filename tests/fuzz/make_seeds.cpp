@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -93,6 +94,37 @@ vmm::growable_buffer small_buffer(vmm::chunk_policy policy = vmm::chunk_policy::
                               {.max_size = 64 * page, .policy = policy});
 }
 
+// The payloads of the frames in a captured stream.
+std::vector<bytes> payloads(const bytes& stream) {
+  std::vector<bytes> result;
+  for (std::size_t at = 0; at + sizeof(ipc::frame_header) <= stream.size();) {
+    ipc::frame_header header{};
+    std::memcpy(&header, stream.data() + at, sizeof(header));
+    at += sizeof(header);
+    result.emplace_back(stream.begin() + static_cast<std::ptrdiff_t>(at),
+                        stream.begin() + static_cast<std::ptrdiff_t>(at + header.payload_size));
+    at += header.payload_size;
+  }
+  return result;
+}
+
+// A buffer of `pages` one-page chunks, exported whole, and the messages send_manifest makes
+// of it (the manifest, then continuations of at most max_fds_per_message fds each).
+struct many_chunks {
+  ipc::exported_manifest exported;
+  bytes stream;  // the frames as captured
+};
+many_chunks export_many_chunks(ipc::exporter& exporter, std::size_t pages) {
+  vmm::growable_buffer buffer(vmm::chunk_pool::create(vmm::make_os_host_provider(page)),
+                              {.max_size = pages * page, .policy = vmm::chunk_policy::fixed(page)});
+  buffer.resize(pages * page);
+  many_chunks result{exporter.export_buffer(buffer), {}};
+  auto [sender, receiver] = socket_pair();
+  ipc::send_manifest(sender.get(), result.exported);
+  result.stream = drain(receiver.get());
+  return result;
+}
+
 void manifest_seeds() {
   ipc::exporter exporter;
   vmm::growable_buffer buffer = small_buffer();
@@ -113,6 +145,7 @@ void manifest_seeds() {
   vmm::growable_buffer fixed = small_buffer(vmm::chunk_policy::fixed(page));
   fixed.resize(9 * page + 100);
   write_seed("manifest", "fixed-chunks", exporter.export_buffer(fixed).bytes);
+  write_seed("manifest", "300-chunks", export_many_chunks(exporter, 300).exported.bytes);
 
   // GPU memory cannot be made here: a manifest as a GPU exporter would write it, through
   // the real serializer (a fabric chunk, then a posix-fd chunk).
@@ -177,6 +210,20 @@ void fd_channel_seeds() {
   for (const vmm::unique_fd& fd : exported.fds) fds.push_back(fd.get());
   write_seed("fd_channel", "manifest",
              script_input(0, {{memfds_for(exported.description), frame(exported.bytes, fds)}}));
+
+  // A manifest of 300 chunks: 253 fds with the manifest, 47 with its continuation.
+  const many_chunks many = export_many_chunks(exporter, 300);
+  const std::vector<bytes> messages = payloads(many.stream);
+  std::vector<vmm::fuzz::segment> parts;
+  std::size_t sent = 0;
+  for (const bytes& payload : messages) {
+    const std::size_t count = std::min(many.exported.fds.size() - sent, ipc::max_fds_per_message);
+    std::vector<int> batch;
+    for (std::size_t i = sent; i < sent + count; ++i) batch.push_back(many.exported.fds[i].get());
+    parts.push_back({std::vector<std::uint8_t>(count, fd_spec(fd_kind::memfd, 1)), frame(payload, batch)});
+    sent += count;
+  }
+  write_seed("fd_channel", "manifest-with-continuation", script_input(0, parts));
 }
 
 void handoff_seeds() {
@@ -252,6 +299,18 @@ void import_seeds() {
   fixed.resize(7 * page);
   const ipc::exported_manifest pages = exporter.export_buffer(fixed);
   write_seed("import", "seven-pages", import_input(0, {&pages}));
+
+  // 300 one-page chunks: the manifest with 253 fds, then a continuation with 47.
+  const many_chunks many = export_many_chunks(exporter, 300);
+  bytes input;
+  put_u8(input, 0);
+  std::size_t sent = 0;
+  for (const bytes& payload : payloads(many.stream)) {
+    const std::size_t count = std::min(many.exported.fds.size() - sent, ipc::max_fds_per_message);
+    vmm::fuzz::put_segment(input, {std::vector<std::uint8_t>(count, fd_spec(fd_kind::memfd, 1)), payload});
+    sent += count;
+  }
+  write_seed("import", "continuation", input);
 }
 
 // A stateful target's input, written as the target reads it.
