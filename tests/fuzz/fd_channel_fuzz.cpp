@@ -8,7 +8,8 @@
 /// bit 7 set passes expected_fd_count = bits 0-2 to every receive_message call.
 ///
 /// receive_message is called on the other end until it throws. Checked:
-///  - only the documented exceptions (peer_closed, os_error, invalid_argument);
+///  - only the documented exceptions (protocol_error, and os_error: peer_closed, ECONNRESET,
+///    EMFILE);
 ///  - a message received is what the stream holds: its payload is the bytes after its
 ///    header, its descriptor count is the header's, and every descriptor is open and
 ///    close-on-exec;
@@ -18,6 +19,7 @@
 
 #include <vmm/error.hpp>
 #include <vmm/ipc/fd_channel.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -95,7 +97,7 @@ void run(vmm::fuzz::byte_reader input) {
       if (error.code().value() == ECONNRESET && at >= stream.size())
         finding(fmt::format("ECONNRESET at the end of the stream ({} bytes) instead of peer_closed", at));
       return;
-    } catch (const vmm::invalid_argument&) {
+    } catch (const ipc::protocol_error&) {
       return;  // a broken frame: refused
     } catch (const std::exception& error) {
       finding(fmt::format("receive_message threw an undocumented exception: {}", error.what()));

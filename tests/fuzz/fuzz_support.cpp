@@ -75,14 +75,6 @@ void finding(const std::string& what) {
   std::abort();
 }
 
-bool avoiding(std::string_view defect) {
-  static const std::string names = [] {
-    const char* value = std::getenv("VMM_FUZZ_AVOID");
-    return fmt::format(",{},", value != nullptr ? value : "");
-  }();
-  return names.find(fmt::format(",{},", defect)) != std::string::npos;
-}
-
 std::uint8_t byte_reader::u8() noexcept {
   if (bytes_.empty()) return 0;
   const auto value = std::to_integer<std::uint8_t>(bytes_.front());
@@ -228,7 +220,7 @@ int fd_stock::make(std::uint8_t spec) {
       made = checked(::fcntl(read_only_file, F_DUPFD_CLOEXEC, 0), "dup of the read-only file");
       break;
     case fd_kind::write_sealed_memfd:
-      made = memfd(size, MFD_ALLOW_SEALING, F_SEAL_WRITE);
+      made = memfd(size, MFD_ALLOW_SEALING, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
       break;
   }
   const int fd = made.get();

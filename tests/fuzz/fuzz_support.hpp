@@ -28,7 +28,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace vmm::fuzz {
@@ -39,11 +38,6 @@ void initialize();
 
 /// Reports a finding: prints `what` and aborts, so that libFuzzer saves the input.
 [[noreturn]] void finding(const std::string& what);
-
-/// Whether the environment variable VMM_FUZZ_AVOID (names separated by commas) names
-/// `defect`. A target skips the step that reproduces a known defect it names, so that a run
-/// can explore past the defect until it is fixed; scripts/fuzz.sh never sets it.
-[[nodiscard]] bool avoiding(std::string_view defect);
 
 /// Reads an input front to back. Past the end, integers read as 0 and spans are empty.
 class byte_reader {
@@ -107,14 +101,14 @@ inline constexpr std::size_t page = 4096;
 /// What a descriptor spec byte makes: the low 3 bits pick the kind, the high 5 bits a
 /// number of pages (memfd sizes, 0 to 31 pages).
 enum class fd_kind : std::uint8_t {
-  memfd = 0,            ///< pages * 4096 bytes
-  sealed_memfd = 1,     ///< the same, sealed against shrinking and growing
-  odd_memfd = 2,        ///< pages * 4096 + 512 bytes: not a multiple of any granularity
-  shrunk_memfd = 3,     ///< pages * 4096 bytes, shrunk to half by the peer once it is sent
-  dev_null = 4,         ///< /dev/null
-  pipe = 5,             ///< the read end of a pipe
-  read_only_file = 6,   ///< a regular file opened read-only
-  write_sealed_memfd = 7,  ///< pages * 4096 bytes, sealed against writes (mmap shared rw fails)
+  memfd = 0,               ///< pages * 4096 bytes, no seals
+  sealed_memfd = 1,        ///< the same, sealed as vmm exports them (shrink, grow, seal)
+  odd_memfd = 2,           ///< pages * 4096 + 512 bytes: not a multiple of any granularity
+  shrunk_memfd = 3,        ///< pages * 4096 bytes, shrunk to half by the peer once it is sent
+  dev_null = 4,            ///< /dev/null
+  pipe = 5,                ///< the read end of a pipe
+  read_only_file = 6,      ///< a regular file opened read-only
+  write_sealed_memfd = 7,  ///< sealed_memfd, and against writes too (a shared rw mapping fails)
 };
 [[nodiscard]] constexpr std::uint8_t fd_spec(fd_kind kind, std::size_t pages = 0) noexcept {
   return static_cast<std::uint8_t>(static_cast<std::uint8_t>(kind) | (pages & 31) << 3);

@@ -4,26 +4,29 @@
 ///
 /// Input: one byte of options, then up to 16 messages, each a segment (fuzz_support.hpp)
 /// whose bytes are sent as one well-formed vmm::ipc frame with the segment's descriptors:
-/// memfds of sizes chosen by the input, some sealed, shrunk by the peer after sending, of a
-/// size no granularity divides or sealed against writes, /dev/null, a pipe, a read-only
-/// regular file. The first message is the manifest (or garbage); later ones are its
-/// continuations and growth manifests. Options:
+/// memfds of sizes chosen by the input, sealed as vmm seals them or not, shrunk by the peer
+/// after sending, of a size no granularity divides, sealed against writes, /dev/null, a
+/// pipe, a read-only regular file. The first message is the manifest (or garbage); later
+/// ones are its continuations and growth manifests. Options:
 ///   bit 0     import read-only (else read-write)
-///   bit 1     once imported, the peer truncates one of its memfds to 0 bytes (bits 2-6
-///             pick which); the importer then reads its memory again ("peer-truncation")
+///   bit 1     once imported, the peer tries to truncate one of its memfds to 0 bytes (bits
+///             2-6 pick which); the importer then reads its memory again
 ///   bit 7     no provider in import_options (each location's process-wide provider)
 ///
 /// The importer calls receive(), then receive_growth() until something throws. Checked:
-///  - only the documented exceptions: invalid_argument (bad_manifest included), os_error
-///    (peer_closed included), out_of_memory, driver_error (a GPU location, no driver here);
-///  - a successful import keeps its promises: size <= capacity <= max size, the access
-///    asked, every mapped page readable, and writable when read-write;
+///  - only the documented exceptions: invalid_argument (bad_manifest included),
+///    protocol_error, os_error (peer_closed included), out_of_memory, driver_error (a GPU
+///    location, and no driver here);
+///  - a successful import keeps its promises: size <= capacity <= max size <= the default
+///    max_size_limit (the location's physical memory), the access asked, every mapped page
+///    readable, and writable when read-write, even after the peer's truncation;
 ///  - nothing leaks: once the import is destroyed and the sockets and descriptors closed,
 ///    /proc/self/fd and the census of /proc/self/maps are as they were.
 
 #include <vmm/error.hpp>
 #include <vmm/ipc/fd_channel.hpp>
 #include <vmm/ipc/importer.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 #include <vmm/provider.hpp>
 
 #include <fmt/format.h>
@@ -59,6 +62,9 @@ void touch(const ipc::imported_buffer& imported) {
 void check(const ipc::imported_buffer& imported, vmm::access_mode asked) {
   if (imported.data() == nullptr || imported.max_size() == 0)
     finding("an import succeeded with no address range");
+  if (const std::size_t limit = import_provider->capabilities().physical_memory_size; imported.max_size() > limit)
+    finding(fmt::format("import: a max size of {} bytes reserved, past the default max_size_limit {}",
+                        imported.max_size(), limit));
   if (imported.size() > imported.capacity() || imported.capacity() > imported.max_size())
     finding(fmt::format("import: size {}, capacity {}, max size {} out of order", imported.size(),
                         imported.capacity(), imported.max_size()));
@@ -73,7 +79,7 @@ void check(const ipc::imported_buffer& imported, vmm::access_mode asked) {
 void run(vmm::fuzz::byte_reader input) {
   const std::uint8_t options = input.u8();
   const vmm::access_mode access = (options & 1) != 0 ? vmm::access_mode::read_only : vmm::access_mode::read_write;
-  const bool truncate = (options & 2) != 0 && !vmm::fuzz::avoiding("peer-truncation");
+  const bool truncate = (options & 2) != 0;
   const std::size_t truncated = (options >> 2) & 31;
 
   vmm::fuzz::fd_stock stock;
@@ -92,7 +98,7 @@ void run(vmm::fuzz::byte_reader input) {
     ipc::imported_buffer imported = ipc::imported_buffer::receive(channel.reader(), import_options);
     check(imported, access);
     if (truncate && !stock.memfds().empty()) {
-      // A peer may shrink its memfd at any time (unless it is sealed against shrinking).
+      // A peer may shrink its memfd at any time, unless it is sealed against shrinking.
       (void)::ftruncate(stock.memfds()[truncated % stock.memfds().size()], 0);
       touch(imported);
     }
@@ -102,6 +108,8 @@ void run(vmm::fuzz::byte_reader input) {
     }
   } catch (const vmm::invalid_argument&) {
     // refused: a forged or broken manifest, wrong fds
+  } catch (const ipc::protocol_error&) {
+    // refused: a broken continuation message
   } catch (const vmm::os_error&) {
     // the end of the stream, or a broken frame
   } catch (const vmm::out_of_memory&) {
@@ -117,7 +125,7 @@ void run(vmm::fuzz::byte_reader input) {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   vmm::fuzz::initialize();
-  import_provider = vmm::make_os_host_provider(page);
+  import_provider = vmm::make_os_host_provider({.granularity = page});
   (void)vmm::provider_for(vmm::location::os_host());
   return 0;
 }

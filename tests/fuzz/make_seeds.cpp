@@ -16,6 +16,7 @@
 #include <vmm/ipc/handoff.hpp>
 #include <vmm/ipc/manifest.hpp>
 #include <vmm/provider.hpp>
+#include <vmm/stream_ref.hpp>
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -90,7 +91,7 @@ std::vector<std::uint8_t> memfds_for(const ipc::manifest& description, fd_kind k
 }
 
 vmm::growable_buffer small_buffer(vmm::chunk_policy policy = vmm::chunk_policy::geometric()) {
-  return vmm::growable_buffer(vmm::chunk_pool::create(vmm::make_os_host_provider(page)),
+  return vmm::growable_buffer(vmm::chunk_pool::create(vmm::make_os_host_provider({.granularity = page})),
                               {.max_size = 64 * page, .policy = policy});
 }
 
@@ -115,7 +116,7 @@ struct many_chunks {
   bytes stream;  // the frames as captured
 };
 many_chunks export_many_chunks(ipc::exporter& exporter, std::size_t pages) {
-  vmm::growable_buffer buffer(vmm::chunk_pool::create(vmm::make_os_host_provider(page)),
+  vmm::growable_buffer buffer(vmm::chunk_pool::create(vmm::make_os_host_provider({.granularity = page})),
                               {.max_size = pages * page, .policy = vmm::chunk_policy::fixed(page)});
   buffer.resize(pages * page);
   many_chunks result{exporter.export_buffer(buffer), {}};
@@ -136,8 +137,9 @@ void manifest_seeds() {
   write_seed("manifest", "geometric-chunks", whole.bytes);
   write_seed("manifest", "read-only-grant", exporter.export_buffer(buffer, {.grant = vmm::access_mode::read_only}).bytes);
   buffer.resize(60 * page);
-  write_seed("manifest", "growth", exporter.export_growth(buffer, whole.description.end).bytes);
-  write_seed("manifest", "growth-up-to-date", exporter.export_growth(buffer, buffer.capacity()).bytes);
+  const ipc::exported_manifest growth = exporter.export_growth(buffer, whole.description);
+  write_seed("manifest", "growth", growth.bytes);
+  write_seed("manifest", "growth-up-to-date", exporter.export_growth(buffer, growth.description).bytes);
   const std::vector<vmm::shared_chunk> chunks = buffer.chunks(0, buffer.capacity());
   write_seed("manifest", "range",
              exporter.export_range(buffer, chunks[0]->size(), chunks[1]->size() + chunks[2]->size()).bytes);
@@ -244,12 +246,12 @@ void handoff_seeds() {
   relay(producer_peer.get(), consumer_peer.get(), from_producer);
   ipc::handoff_consumer consumer(consumer_end.get(), provider);
   for (int round = 0; round < 3; ++round) {
-    producer.publish(nullptr);
+    producer.publish(vmm::stream_ref{});
     relay(producer_peer.get(), consumer_peer.get(), from_producer);
-    consumer.acquire(nullptr);
-    consumer.release(nullptr);
+    consumer.acquire(vmm::stream_ref{});
+    consumer.finish(vmm::stream_ref{});
     relay(consumer_peer.get(), producer_peer.get(), from_consumer);
-    producer.wait_consumed(nullptr);
+    producer.wait_consumed(vmm::stream_ref{});
   }
 
   const auto input = [](std::uint8_t side, const bytes& stream, std::size_t piece) {
@@ -265,9 +267,10 @@ void handoff_seeds() {
   write_seed("handoff", "producer-three-rounds-in-pieces", input(1, from_consumer, 24));
 }
 
-// An import input: options, then one message per manifest with memfds of its chunks' sizes.
+// An import input: options, then one message per manifest with memfds of its chunks' sizes,
+// sealed as vmm's exporter seals them unless `kind` says otherwise.
 bytes import_input(std::uint8_t options, const std::vector<const ipc::exported_manifest*>& messages,
-                   fd_kind kind = fd_kind::memfd) {
+                   fd_kind kind = fd_kind::sealed_memfd) {
   bytes input;
   put_u8(input, options);
   for (const ipc::exported_manifest* exported : messages)
@@ -283,16 +286,18 @@ void import_seeds() {
   buffer.resize(5 * page);
   const ipc::exported_manifest first = exporter.export_buffer(buffer);
   write_seed("import", "one-chunk", import_input(0, {&first}));
-  write_seed("import", "one-sealed-chunk", import_input(0, {&first}, fd_kind::sealed_memfd));
+  write_seed("import", "one-unsealed-chunk", import_input(0, {&first}, fd_kind::memfd));
+  write_seed("import", "peer-truncates-sealed-chunk", import_input(2, {&first}));
+  write_seed("import", "one-write-sealed-chunk", import_input(0, {&first}, fd_kind::write_sealed_memfd));
   const ipc::exported_manifest read_only = exporter.export_buffer(buffer, {.grant = vmm::access_mode::read_only});
   write_seed("import", "read-only", import_input(1, {&read_only}));
   buffer.resize(20 * page);
-  const ipc::exported_manifest growth = exporter.export_growth(buffer, first.description.end);
+  const ipc::exported_manifest growth = exporter.export_growth(buffer, first.description);
   buffer.resize(50 * page);
-  const ipc::exported_manifest more = exporter.export_growth(buffer, growth.description.end);
-  const ipc::exported_manifest none = exporter.export_growth(buffer, buffer.capacity());
+  const ipc::exported_manifest more = exporter.export_growth(buffer, growth.description);
+  const ipc::exported_manifest none = exporter.export_growth(buffer, more.description);
   write_seed("import", "two-growths", import_input(0, {&first, &growth, &more, &none}));
-  const ipc::exported_manifest from_empty = exporter.export_growth(buffer, 0);
+  const ipc::exported_manifest from_empty = exporter.export_growth(buffer, empty.description);
   write_seed("import", "growth-of-empty", import_input(0, {&empty, &from_empty}));
 
   vmm::growable_buffer fixed = small_buffer(vmm::chunk_policy::fixed(page));
@@ -307,7 +312,7 @@ void import_seeds() {
   std::size_t sent = 0;
   for (const bytes& payload : payloads(many.stream)) {
     const std::size_t count = std::min(many.exported.fds.size() - sent, ipc::max_fds_per_message);
-    vmm::fuzz::put_segment(input, {std::vector<std::uint8_t>(count, fd_spec(fd_kind::memfd, 1)), payload});
+    vmm::fuzz::put_segment(input, {std::vector<std::uint8_t>(count, fd_spec(fd_kind::sealed_memfd, 1)), payload});
     sent += count;
   }
   write_seed("import", "continuation", input);

@@ -9,10 +9,10 @@
 ///   0 u16    resize(n * 5)             (the buffer's max size is 64 pages; more is refused)
 ///   1 u16 u16 u8  write a pattern at an offset and length within size()
 ///   2        export_buffer -> send_manifest -> imported_buffer::receive (replaces the import)
-///   3        export_growth(buffer, the import's capacity, or 0 without one) ->
-///            send_manifest -> receive_growth
+///   3        export_growth(buffer, the last manifest the import got) -> send_manifest ->
+///            receive_growth (without an import: the manifest is dropped)
 ///   4        resize(0)
-///   5 u8     release_retired(wait = bit 0)
+///   5 u8     collect_retired(wait = bit 0)
 ///   6        shrink_to_fit()
 ///   7 u16    reserve(n * 5)
 ///   8        exporter purge()
@@ -24,9 +24,10 @@
 /// hold (host memory, so memcmp), and the import's capacity and size are the buffer's. The
 /// only refusals allowed are the documented ones a user must expect: out_of_memory for a
 /// size past the max size (the buffer then exactly as it was), and export_growth's
-/// invalid_argument once the buffer may have dropped chunks below the importer's end since
-/// the last export (it "must be imported again") or this exporter never exported it whole.
-/// Anything else thrown, a mismatch, a leaked descriptor or mapping is a finding.
+/// invalid_argument once the buffer may have dropped a chunk its export generation exported
+/// (its capacity went below the generation's end since export_buffer: the importer "must
+/// import it again"), or the generation is not this exporter's. Anything else thrown, a
+/// mismatch, a leaked descriptor or mapping is a finding.
 
 #include <vmm/chunk_pool.hpp>
 #include <vmm/error.hpp>
@@ -65,7 +66,7 @@ enum class operation : std::uint8_t {
   export_whole,
   export_growth,
   resize_to_zero,
-  release_retired,
+  collect_retired,
   shrink_to_fit,
   reserve,
   purge,
@@ -78,8 +79,8 @@ enum class operation : std::uint8_t {
 class session {
  public:
   explicit session(std::uint8_t config)
-      : buffer_provider_(vmm::make_os_host_provider(page)),
-        import_provider_(vmm::make_os_host_provider(page)),
+      : buffer_provider_(vmm::make_os_host_provider({.granularity = page})),
+        import_provider_(vmm::make_os_host_provider({.granularity = page})),
         buffer_(vmm::chunk_pool::create(buffer_provider_), options(config)),
         grant_((config & 0x10) != 0 ? vmm::access_mode::read_only : vmm::access_mode::read_write) {
     exporter_.emplace();
@@ -109,8 +110,8 @@ class session {
       case operation::resize_to_zero:
         change_size(0, false);
         break;
-      case operation::release_retired:
-        buffer_.release_retired((input.u8() & 1) != 0);
+      case operation::collect_retired:
+        buffer_.collect_retired((input.u8() & 1) != 0);
         note_capacity();
         break;
       case operation::shrink_to_fit:
@@ -134,7 +135,7 @@ class session {
       case operation::new_exporter:
         exporter_.reset();
         exporter_.emplace();
-        exported_whole_ = false;
+        generation_current_ = false;
         break;
       case operation::count:
         break;
@@ -148,7 +149,7 @@ class session {
     return result;
   }
 
-  void note_capacity() { min_capacity_ = std::min(min_capacity_, buffer_.capacity()); }
+  void note_capacity() { generation_min_capacity_ = std::min(generation_min_capacity_, buffer_.capacity()); }
 
   void change_size(std::size_t bytes, bool reserve_only) {
     const std::size_t size = buffer_.size();
@@ -212,8 +213,10 @@ class session {
 
   void export_whole() {
     const ipc::exported_manifest exported = exporter_->export_buffer(buffer_, {.grant = grant_});
-    exported_whole_ = true;
-    min_capacity_ = buffer_.capacity();
+    last_ = exported.description;
+    generation_current_ = true;
+    generation_end_ = exported.description.end;
+    generation_min_capacity_ = buffer_.capacity();
     send(exported);
     import_.reset();
     try {
@@ -225,30 +228,26 @@ class session {
   }
 
   void export_growth() {
-    // Known defect (regressions/stateful/use-after-free-export-growth-after-resize-0):
-    // export_growth uses the buffer's layout after export_list purged it, once every chunk
-    // it lists has died.
-    if (exported_whole_ && min_capacity_ == 0 && vmm::fuzz::avoiding("export-growth-after-resize-0")) return;
-    const std::size_t end = import_ ? import_->capacity() : 0;
+    if (!last_) return;  // nothing exported whole yet: nothing to follow
     std::optional<ipc::exported_manifest> exported;
     try {
-      exported.emplace(exporter_->export_growth(buffer_, end, {.grant = grant_}));
+      exported.emplace(exporter_->export_growth(buffer_, *last_, {.grant = grant_}));
     } catch (const vmm::invalid_argument& error) {
-      // Expected once chunks below `end` may have gone (for end 0: all of them), or when
-      // this exporter has no layout for the buffer.
-      if (exported_whole_ && min_capacity_ >= std::max<std::size_t>(end, 1))
-        finding(fmt::format("export_growth({}) refused though the buffer kept every chunk below it (capacity never "
-                            "below {} since the last export): {}",
-                            end, min_capacity_, error.what()));
+      if (generation_current_ && generation_min_capacity_ >= generation_end_)
+        finding(fmt::format("export_growth after {} bytes refused though the buffer kept every chunk its generation "
+                            "exported (capacity never below {} since export_buffer): {}",
+                            last_->end, generation_end_, error.what()));
       return;
     }
-    min_capacity_ = buffer_.capacity();
-    if (!import_) return;  // an importer that maps nothing yet: the manifest is dropped
+    last_ = exported->description;
+    generation_end_ = std::max<std::size_t>(generation_end_, exported->description.end);
+    if (!import_) return;  // the importer went away: the manifest is dropped
     send(*exported);
     try {
       import_->receive_growth(reader_.get());
     } catch (const std::exception& error) {
-      finding(fmt::format("receive_growth of an export_growth({}) failed: {}", end, error.what()));
+      finding(fmt::format("receive_growth of an export_growth after {} bytes failed: {}", exported->description.start,
+                          error.what()));
     }
     check_whole(*import_, "import after export_growth");
   }
@@ -289,8 +288,13 @@ class session {
   vmm::unique_fd writer_;
   vmm::unique_fd reader_;
   std::optional<ipc::imported_buffer> import_;
-  bool exported_whole_ = false;  // this exporter has a layout of the buffer (it may purge it)
-  std::size_t min_capacity_ = 0;  // the least capacity since the last export (whole or growth)
+  // The export generation the import follows (vmm/ipc/exporter.hpp): the last manifest it
+  // got, whether this exporter started the generation, the end of every chunk exported in
+  // it, and the least capacity the buffer had since (below that end, a chunk may be gone).
+  std::optional<ipc::manifest> last_;
+  bool generation_current_ = false;
+  std::size_t generation_end_ = 0;
+  std::size_t generation_min_capacity_ = 0;
 };
 
 void run(vmm::fuzz::byte_reader input) {
