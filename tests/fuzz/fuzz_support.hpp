@@ -33,7 +33,8 @@
 namespace vmm::fuzz {
 
 /// Installs what every target needs once (LLVMFuzzerInitialize): a cleanup failure reported
-/// by a destructor becomes a finding, SIGPIPE is ignored, the read-only file exists.
+/// by a destructor becomes a finding, SIGPIPE is ignored, RLIMIT_NOFILE is raised to 4096
+/// where the soft limit is lower, the read-only file exists.
 void initialize();
 
 /// Reports a finding: prints `what` and aborts, so that libFuzzer saves the input.
