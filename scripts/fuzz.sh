@@ -38,7 +38,7 @@ export UBSAN_OPTIONS=print_stacktrace=1
 # where libFuzzer wrote the input.
 summarize() {
   grep -E 'vmm fuzz finding|^==[0-9]+==ERROR|^SUMMARY|^ +#[0-9]+ .* in vmm::|Test unit written|ALARM|out-of-memory' "$1" |
-    head -n 14 | sed 's/^/    /'
+    grep -v ' in vmm::fuzz::' | head -n 14 | sed 's/^/    /'
 }
 
 failures=()
