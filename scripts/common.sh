@@ -1,10 +1,10 @@
 # Shared by the README's commands: install what is missing, configure and build.
 # Usage: source scripts/common.sh; vmm_prepare BUILD_DIR [extra cmake arguments...]
 
-vmm_install_missing() {
-  local wanted=(cmake ninja-build g++ libfmt-dev libgtest-dev libbenchmark-dev python3)
+# Installs those of the given Debian packages that are not installed yet.
+vmm_apt_install_missing() {
   local missing=()
-  for package in "${wanted[@]}"; do
+  for package in "$@"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
   done
   if ((${#missing[@]})); then
@@ -13,6 +13,10 @@ vmm_install_missing() {
     [ "$(id -u)" -eq 0 ] || sudo=sudo
     $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+}
+
+vmm_install_missing() {
+  vmm_apt_install_missing cmake ninja-build g++ libfmt-dev libgtest-dev libbenchmark-dev python3 || return 1
   if [ ! -f /usr/local/cuda/include/cuda.h ] && [ ! -f /usr/include/cuda.h ]; then
     echo "cuda.h not found: vmm compiles against the CUDA toolkit's headers (it never links libcuda)" >&2
     return 1
@@ -27,4 +31,15 @@ vmm_prepare() {
     -DCUDAToolkit_ROOT=/usr/local/cuda "$@" >"$build_dir.configure.log" 2>&1 ||
     { cat "$build_dir.configure.log"; return 1; }
   cmake --build "$build_dir" -j "$(nproc)"
+}
+
+# clang and its libFuzzer runtime, for the fuzz build (scripts/fuzz.sh).
+vmm_install_fuzz_tools() {
+  vmm_apt_install_missing clang || return 1
+  local runtime
+  runtime="$(clang++ -print-runtime-dir)/libclang_rt.fuzzer-x86_64.a"
+  if [ ! -f "$runtime" ]; then
+    vmm_apt_install_missing "libclang-rt-$(clang++ -dumpversion | cut -d. -f1)-dev" || return 1
+  fi
+  [ -f "$runtime" ] || { echo "libFuzzer runtime not found: $runtime" >&2; return 1; }
 }

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <atomic>
@@ -141,6 +142,9 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
  private:
   friend class pooled_chunk;
   struct idle_chunk {
+    // A constructor for emplace: clang before 16 has no parenthesized aggregate init.
+    idle_chunk(physical_allocation&& given, stream_ref on, bool is_ordered, stream_event&& passed)
+        : memory(std::move(given)), stream(on), ordered(is_ordered), ready(std::move(passed)) {}
     physical_allocation memory;
     stream_ref stream;
     bool ordered = false;  // given back with a stream: others wait for `ready`

@@ -99,11 +99,14 @@ class driver_executor final : public stream_executor {
     std::vector<std::pair<std::uintptr_t, std::size_t>> pieces{{start, n}};
     if (pinned_) pieces = cuda_address_space()->mapped_pieces(start, n);
     driver::scoped_context current(context_.get());
-    for (const auto& [address, bytes] : pieces)
+    // A pair, not a structured binding: clang before 16 cannot capture bindings in a lambda.
+    for (const std::pair<std::uintptr_t, std::size_t>& piece : pieces)
       VMM_DRIVER_CHECK(
           cuMemsetD8Async,
-          [&] { return fmt::format("cuMemsetD8Async(address={:#x}, bytes={}) on {}", address, bytes, name_); },
-          CUdeviceptr{address}, static_cast<unsigned char>(value), bytes, stream.get());
+          [&] {
+            return fmt::format("cuMemsetD8Async(address={:#x}, bytes={}) on {}", piece.first, piece.second, name_);
+          },
+          CUdeviceptr{piece.first}, static_cast<unsigned char>(value), piece.second, stream.get());
   }
 
   void synchronize(stream_ref stream) override {

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Fuzzing (tests/fuzz/): builds the libFuzzer targets with clang, ASan and UBSan in build-fuzz/,
+# replays each target's regression inputs (tests/fuzz/regressions/<target>/), then fuzzes it
+# from a scratch copy of its committed seeds (tests/fuzz/corpus/<target>/) for a bounded time.
+#   bash scripts/fuzz.sh          # 60 s per target
+#   bash scripts/fuzz.sh 3600     # the longer run
+# Prints the executions per target. Exits non-zero if any target failed a regression input or
+# found a crash, a leak, a timeout or an out-of-memory; the inputs it found are kept in
+# build-fuzz/findings/<target>/, the logs in build-fuzz/fuzz-logs/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+
+seconds=${1:-60}
+if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: $0 [seconds per target (default 60)]" >&2
+  exit 2
+fi
+
+vmm_install_fuzz_tools
+vmm_prepare build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DVMM_FUZZ=ON -DVMM_BUILD_TESTS=OFF \
+  -DVMM_BUILD_SAMPLES=OFF -DVMM_BUILD_BENCHMARKS=OFF -DVMM_CUDA_CODE=OFF >build-fuzz.build.log 2>&1 ||
+  { cat build-fuzz.build.log; exit 1; }
+
+# The longest input worth trying per target: beyond it an input only repeats what shorter
+# ones do (the targets read at most 16-64 messages or operations).
+declare -A max_len=([manifest]=8192 [fd_channel]=8192 [handoff]=4096 [import]=8192 [stateful]=512)
+targets=(manifest fd_channel handoff import stateful)
+
+logs=build-fuzz/fuzz-logs
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+rm -rf "$logs"
+mkdir -p "$logs"
+export UBSAN_OPTIONS=print_stacktrace=1
+
+# What a failed run says: the finding, the sanitizer's summary, the first frames in vmm, and
+# where libFuzzer wrote the input.
+summarize() {
+  grep -E 'vmm fuzz finding|^==[0-9]+==ERROR|^SUMMARY|^ +#[0-9]+ .* in vmm::|Test unit written|ALARM|out-of-memory' "$1" |
+    grep -v ' in vmm::fuzz::' | head -n 14 | sed 's/^/    /'
+}
+
+failures=()
+report=()
+for target in "${targets[@]}"; do
+  binary=build-fuzz/tests/fuzz/vmm_fuzz_$target
+  findings=build-fuzz/findings/$target
+  mkdir -p "$findings" "$scratch/$target"
+  options=(-rss_limit_mb=2048 -timeout=10 "-max_len=${max_len[$target]}" -print_final_stats=1
+           "-artifact_prefix=$findings/")
+
+  shopt -s nullglob
+  regressions=(tests/fuzz/regressions/"$target"/*)
+  shopt -u nullglob
+  for input in "${regressions[@]}"; do
+    log="$logs/$target.regression.$(basename "$input").log"
+    if ! "$binary" "${options[@]}" "$input" >"$log" 2>&1; then
+      echo "$target: regression input $input fails:"
+      summarize "$log"
+      failures+=("$target: $input")
+    fi
+  done
+
+  cp -r "tests/fuzz/corpus/$target" "$scratch/$target/corpus"
+  log="$logs/$target.log"
+  echo "fuzzing $target for ${seconds}s"
+  status=0
+  "$binary" "${options[@]}" -max_total_time="$seconds" "$scratch/$target/corpus" >"$log" 2>&1 || status=$?
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  report+=("$(printf '%-11s %12s executions' "$target" "${runs:-?}")")
+  if ((status != 0)) || [ -z "$runs" ]; then
+    echo "$target: the fuzzer stopped with status $status (log: $log):"
+    summarize "$log"
+    failures+=("$target: fuzzing (status $status)")
+  fi
+done
+
+echo
+echo "executions per target (${seconds}s each):"
+printf '  %s\n' "${report[@]}"
+if ((${#failures[@]})); then
+  echo "findings:"
+  printf '  %s\n' "${failures[@]}"
+  exit 1
+fi
+echo "no findings"
