@@ -80,7 +80,7 @@ struct library_state {
   bool any_made = false;
   std::size_t max_size = 0;
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
-  vmm::cleanup_failure_handler previous_handler = nullptr;
+  std::atomic<vmm::cleanup_failure_handler> previous_handler{nullptr};
   std::mutex error_mutex;
   std::string last_error;
 };
@@ -107,7 +107,7 @@ void set_last_error(const char* message) noexcept {
 // handler: the message is kept for vmm_torch_last_error() and passed on.
 void keep_cleanup_failure(const char* what) noexcept {
   set_last_error(what);
-  const vmm::cleanup_failure_handler previous = library().previous_handler;
+  const vmm::cleanup_failure_handler previous = library().previous_handler.load();
   if (previous != nullptr) {
     previous(what);
   } else {
@@ -186,7 +186,7 @@ vmm::memory_resource& resource_of(int device, device_state& state) {
                                ? vmm::handle_kind::none
                                : vmm::handle_kind::posix_fd;
   auto* made = new vmm::memory_resource(where, properties);  // never destroyed
-  if (!shared.any_made) shared.previous_handler = vmm::set_cleanup_failure_handler(&keep_cleanup_failure);
+  if (!shared.any_made) shared.previous_handler.store(vmm::set_cleanup_failure_handler(&keep_cleanup_failure));
   shared.any_made = true;
   state.resource.store(made, std::memory_order_release);
   return *made;
