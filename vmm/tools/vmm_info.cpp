@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "vmm/capabilities.hpp"
 #include "vmm/provider.hpp"
@@ -16,6 +18,30 @@ std::string mib(std::size_t bytes) {
 }
 
 const char* yes_no(bool value) { return value ? "yes" : "no"; }
+
+// Whether NCCL can register this GPU's vmm memory (ncclCommRegister). NCCL finds the
+// physical segments under a registered buffer and exports each with its own handle type
+// (a POSIX fd), so every chunk must have been created exportable: vmm's driver provider
+// asks for POSIX-fd handles exactly when the GPU supports them. And buffers must start on
+// the recommended granularity, while vmm's page is the minimum one: the two must agree.
+std::string nccl_registration(const vmm::device_capabilities& d, const vmm::provider_capabilities* offered) {
+  std::vector<std::string> why_not;
+  if (!d.vmm_supported) why_not.emplace_back("the GPU does not support virtual memory management");
+  if (!d.posix_fd_supported)
+    why_not.emplace_back("no POSIX-fd handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0), "
+                         "so vmm creates its chunks unexportable");
+  else if (offered != nullptr && offered->export_kind == vmm::handle_kind::none)
+    why_not.emplace_back("vmm's provider cannot export this memory");
+  if (offered != nullptr && offered->granularity != offered->recommended_granularity)
+    why_not.emplace_back(fmt::format("vmm's page is the minimum granularity ({}), not the recommended one ({})",
+                                     mib(offered->granularity), mib(offered->recommended_granularity)));
+  if (why_not.empty())
+    return fmt::format("yes (VMM, POSIX-fd handles requested on every chunk, granularity {} = recommended)",
+                       mib(offered != nullptr ? offered->granularity : d.device_granularity.minimum));
+  std::string text = "no: " + why_not.front();
+  for (std::size_t i = 1; i < why_not.size(); ++i) text += "; " + why_not[i];
+  return text;
+}
 
 }  // namespace
 
@@ -47,6 +73,9 @@ int main() try {
       const std::string& why_not = offered.fabric_unavailable_reason;
       fmt::print("  export: {}{}\n", vmm::to_string(offered.export_kind),
                  why_not.empty() ? std::string() : fmt::format(" (no fabric: {})", why_not));
+      fmt::print("  nccl registration: {}\n", nccl_registration(d, &offered));
+    } else {
+      fmt::print("  nccl registration: {}\n", nccl_registration(d, nullptr));
     }
   }
   if (caps.devices.size() > 1) {

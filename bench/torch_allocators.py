@@ -1,0 +1,674 @@
+#!/usr/bin/env python3
+"""PyTorch's allocators against vmm on the same workloads, one process per allocator.
+
+    python3 bench/torch_allocators.py                 # about 6-8 minutes on an H100
+    python3 bench/torch_allocators.py --quick         # about 2 minutes, no largest-batch search
+    python3 bench/torch_allocators.py --allocators native,vmm --workloads gpt2,grow
+
+Allocators, each in a process of its own (this script runs itself with --child):
+  native           torch's caching allocator (PYTORCH_CUDA_ALLOC_CONF unset)
+  expandable       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  cudaMallocAsync  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+  vmm              vmm_torch.use() (python/vmm_torch; build libvmm_torch_allocator.so first)
+
+Workloads (random weights, fixed seeds: every allocator runs the same sequence):
+  gpt2   GPT-2 small (GPT2Config in code), bf16, AdamW, 60 steps whose sequence lengths vary
+         between 128 and 2048 at about 16k tokens a step: the workload of shared/traces.
+  llama  a small Llama (LlamaConfig in code: 8 layers, hidden 1024, GQA), bf16, AdamW,
+         training at lengths 256..4096, then generate() (greedy, KV cache) at three shapes.
+  vit    ViT-B/16 (transformers' ViTConfig; torchvision's vit_b_16 refuses other image
+         sizes) at resolutions 160..384 with interpolated position embeddings, about the same
+         pixels a step, bf16, AdamW. cuDNN runs in heuristic mode (cudnn.benchmark off: its
+         find mode asks the allocator for cacheInfo, which pluggable allocators lack).
+  grow   a tensor grown to 16 GiB by 256 MiB appends the way PyTorch users write it,
+         x = torch.cat([x, chunk]) (what transformers' DynamicCache does to the KV cache at
+         every generated token): each append allocates the new size and frees the old one.
+
+For each: median time per step after warm-up, and peak reserved / peak allocated
+(torch.cuda.max_memory_reserved/max_memory_allocated for torch's allocators; vmm_torch's for
+vmm), the caches emptied and the peaks reset before each workload. Also: torch.empty + del
+(median microseconds a pair, 4 KiB and 1 MiB), the largest batch of gpt2 at sequence length
+2048 that fits (a search over batch sizes, each probe a process of its own so that an out
+of memory never poisons a measurement), and for vmm a sleep/wake of 8 GiB of weights (plus
+4 GiB dropped) against a pinned-memory copy of the same bytes in the same process.
+
+Writes one JSON (--json) and prints a table with the targets checked.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "vmm")
+TORCH_ALLOCATORS = ("native", "expandable", "cudaMallocAsync")
+WORKLOADS = ("gpt2", "llama", "vit", "grow")
+OOM_EXIT = 3
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+# ---- settings ------------------------------------------------------------------------------
+
+
+def settings(quick):
+    """The sizes of every workload: the full run, or the --quick one."""
+    if quick:
+        return {
+            "gpt2": {"steps": 20, "warmup": 5, "tokens": 16384},
+            "llama": {"steps": 12, "warmup": 4, "tokens": 16384, "generate": [(8, 256)], "new_tokens": 16},
+            "vit": {"steps": 12, "warmup": 4, "batch_at_224": 64},
+            "grow": {"target": 4 * GIB, "chunk": 256 * MIB},
+            "empty_del": {"rounds": 15, "per_round": 1000},
+            "sleep_wake": {"weights": 2 * GIB, "dropped": 1 * GIB, "cycles": 1},
+        }
+    return {
+        "gpt2": {"steps": 60, "warmup": 10, "tokens": 16384},
+        "llama": {"steps": 40, "warmup": 8, "tokens": 16384, "generate": [(8, 512), (16, 128), (4, 1024)], "new_tokens": 64},
+        "vit": {"steps": 40, "warmup": 8, "batch_at_224": 64},
+        "grow": {"target": 16 * GIB, "chunk": 256 * MIB},
+        "empty_del": {"rounds": 40, "per_round": 2000},
+        "sleep_wake": {"weights": 8 * GIB, "dropped": 4 * GIB, "cycles": 2},
+    }
+
+
+def environment_for(allocator):
+    environment = dict(os.environ)
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        environment.pop(name, None)
+    if allocator == "expandable":
+        environment["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    elif allocator == "cudaMallocAsync":
+        environment["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    return environment
+
+
+# ---- the child: one allocator, in its own process ------------------------------------------
+
+
+class Child:
+    """Sets up one allocator before CUDA starts, and measures with its statistics."""
+
+    def __init__(self, allocator):
+        self.allocator = allocator
+        self.vmm = None
+        if allocator == "vmm":
+            sys.path.insert(0, os.path.join(REPOSITORY, "python"))
+            import vmm_torch
+
+            vmm_torch.use()
+            self.vmm = vmm_torch
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cuda", 0)
+        torch.zeros(1, device=self.device)  # CUDA starts here, on the chosen allocator
+        assert not torch.backends.cudnn.benchmark
+
+    def clean(self):
+        import gc
+
+        gc.collect()
+        self.torch.cuda.synchronize()
+        if self.vmm is not None:
+            self.vmm.trim()
+            self.vmm.reset_peak_memory_stats()
+        else:
+            self.torch.cuda.empty_cache()
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def peaks(self):
+        self.torch.cuda.synchronize()
+        if self.vmm is not None:
+            reserved, allocated = self.vmm.max_memory_reserved(), self.vmm.max_memory_allocated()
+        else:
+            reserved = self.torch.cuda.max_memory_reserved()
+            allocated = self.torch.cuda.max_memory_allocated()
+        result = {
+            "peak_reserved": reserved,
+            "peak_allocated": allocated,
+            "reserved_over_allocated": reserved / allocated if allocated else None,
+        }
+        if self.vmm is not None:
+            stats = self.vmm.memory_stats()
+            result["vmm"] = {key: value for key, value in stats.items() if key.startswith("vmm.") or key == "num_ooms"}
+        return result
+
+    def is_oom(self, error):
+        return isinstance(error, self.torch.OutOfMemoryError) or "out of memory" in str(error)
+
+    def timed(self, fn):
+        self.torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = fn()
+        self.torch.cuda.synchronize()
+        return time.perf_counter() - start, result
+
+
+def lengths(seed, count, low, high):
+    """The same sequence of lengths for every allocator."""
+    generator = random.Random(seed)
+    return [generator.randint(low, high) for _ in range(count)]
+
+
+def train_steps(child, model, optimizer, batches, warmup):
+    """Runs one training step per maker of inputs; returns the median step time after warm-up."""
+    times = []
+    for make in batches:
+        inputs = make()
+        seconds, loss = child.timed(lambda: _step(model, optimizer, inputs))
+        if not math.isfinite(float(loss)):
+            raise RuntimeError(f"the loss is {float(loss)}")
+        times.append(seconds)
+        del inputs
+    measured = times[warmup:] or times
+    return {"step_ms_median": 1000 * statistics.median(measured), "step_ms": [round(1000 * t, 3) for t in times]}
+
+
+def _step(model, optimizer, inputs):
+    loss = model(**inputs).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def gpt2_model(child, seed=1234):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch = child.torch
+    config = GPT2Config(n_positions=2048, n_embd=768, n_layer=12, n_head=12, vocab_size=50257)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config).to(device=child.device, dtype=torch.bfloat16)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, optimizer, config
+
+
+def token_batches(child, vocab, sequence_lengths, tokens, seed):
+    torch = child.torch
+    generator = torch.Generator(device=child.device)
+    generator.manual_seed(seed)
+
+    def maker(length):
+        def make():
+            batch = max(1, tokens // length)
+            ids = torch.randint(0, vocab, (batch, length), device=child.device, generator=generator)
+            return {"input_ids": ids, "labels": ids}
+
+        return make
+
+    return [maker(length) for length in sequence_lengths]
+
+
+def workload_gpt2(child, s):
+    model, optimizer, config = gpt2_model(child)
+    sequence = lengths(1234, s["steps"], 128, 2048)
+    result = train_steps(child, model, optimizer, token_batches(child, config.vocab_size, sequence, s["tokens"], 99), s["warmup"])
+    result["lengths"] = sequence
+    return result
+
+
+def workload_llama(child, s):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch = child.torch
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(4321)
+    model = LlamaForCausalLM(config).to(device=child.device, dtype=torch.bfloat16)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    sequence = lengths(4321, s["steps"], 256, 4096)
+    result = train_steps(child, model, optimizer, token_batches(child, config.vocab_size, sequence, s["tokens"], 98), s["warmup"])
+    del optimizer
+    model.eval()
+    generator = torch.Generator(device=child.device)
+    generator.manual_seed(7)
+    generated = []
+    with torch.no_grad():
+        for batch, prompt in s["generate"]:
+            ids = torch.randint(3, config.vocab_size, (batch, prompt), device=child.device, generator=generator)
+            seconds, out = child.timed(
+                lambda: model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=s["new_tokens"],
+                    min_new_tokens=s["new_tokens"],
+                    do_sample=False,
+                    pad_token_id=0,
+                )
+            )
+            assert out.shape == (batch, prompt + s["new_tokens"]), out.shape
+            generated.append({"batch": batch, "prompt": prompt, "seconds": seconds, "tokens_per_s": batch * s["new_tokens"] / seconds})
+    result["generate"] = generated
+    result["generate_seconds"] = sum(g["seconds"] for g in generated)
+    return result
+
+
+def workload_vit(child, s):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch = child.torch
+    config = ViTConfig(
+        image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, num_labels=1000,
+    )
+    torch.manual_seed(2468)
+    model = ViTForImageClassification(config).to(device=child.device, dtype=torch.bfloat16)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    choices = random.Random(2468)
+    resolutions = [choices.choice((160, 192, 224, 256, 288, 320, 384)) for _ in range(s["steps"])]
+    generator = torch.Generator(device=child.device)
+    generator.manual_seed(97)
+
+    def maker(resolution):
+        def make():
+            batch = max(1, round(s["batch_at_224"] * (224 / resolution) ** 2))
+            pixels = torch.randn(batch, 3, resolution, resolution, device=child.device, generator=generator, dtype=torch.bfloat16)
+            labels = torch.randint(0, 1000, (batch,), device=child.device, generator=generator)
+            return {"pixel_values": pixels, "labels": labels, "interpolate_pos_encoding": True}
+
+        return make
+
+    result = train_steps(child, model, optimizer, [maker(r) for r in resolutions], s["warmup"])
+    result["resolutions"] = resolutions
+    return result
+
+
+def workload_grow(child, s):
+    torch = child.torch
+    chunk = torch.ones(s["chunk"] // 2, dtype=torch.bfloat16, device=child.device)
+    x = torch.empty(0, dtype=torch.bfloat16, device=child.device)
+    appends = s["target"] // s["chunk"]
+    times = []
+    for _ in range(appends):
+        seconds, x = child.timed(lambda: torch.cat([x, chunk]))
+        times.append(seconds)
+    assert x.numel() * 2 == s["target"]
+    return {
+        "appends": appends,
+        "chunk_bytes": s["chunk"],
+        "final_bytes": s["target"],
+        "seconds": sum(times),
+        "step_ms_median": 1000 * statistics.median(times),
+        "pattern": "x = torch.cat([x, chunk])",
+    }
+
+
+def empty_del(child, s):
+    torch = child.torch
+    result = {}
+    for size in (4096, MIB):
+        for _ in range(2000):
+            t = torch.empty(size, dtype=torch.uint8, device=child.device)
+            del t
+        samples = []
+        for _ in range(s["rounds"]):
+            start = time.perf_counter_ns()
+            for _ in range(s["per_round"]):
+                t = torch.empty(size, dtype=torch.uint8, device=child.device)
+                del t
+            samples.append((time.perf_counter_ns() - start) / s["per_round"] / 1000)
+        result[str(size)] = statistics.median(samples)
+    return result
+
+
+def sleep_wake(child, s):
+    """vmm only: sleep/wake of tagged weights, bit for bit, against pinned copies of the same bytes."""
+    torch, vmm = child.torch, child.vmm
+    piece = 256 * MIB
+    with vmm.tag("weights"):
+        weights = [torch.empty(piece // 4, dtype=torch.int32, device=child.device).random_() for _ in range(s["weights"] // piece)]
+    with vmm.tag("kv"):
+        dropped = [torch.empty(piece, dtype=torch.uint8, device=child.device) for _ in range(s["dropped"] // piece)]
+    saved = [w.cpu() for w in weights]
+    pointers = [t.data_ptr() for t in weights + dropped]
+    torch.cuda.synchronize()
+    cycles = []
+    for _ in range(s["cycles"]):
+        free_before, _ = torch.cuda.mem_get_info()
+        start = time.perf_counter()
+        vmm.sleep(offload_tags=("weights",))
+        slept = time.perf_counter() - start
+        free_asleep, _ = torch.cuda.mem_get_info()
+        start = time.perf_counter()
+        vmm.wake()
+        torch.cuda.synchronize()
+        woke = time.perf_counter() - start
+        cycles.append({"sleep_ms": 1000 * slept, "wake_ms": 1000 * woke, "freed_bytes": free_asleep - free_before})
+    identical = all(torch.equal(w.cpu(), copy) for w, copy in zip(weights, saved))
+    same_pointers = [t.data_ptr() for t in weights + dropped] == pointers
+    del saved
+
+    # The floor: the same bytes through one pinned buffer, in this process.
+    total = sum(w.numel() * 4 for w in weights)
+    start = time.perf_counter()
+    pinned = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    pin_ms = 1000 * (time.perf_counter() - start)
+    views = []
+    offset = 0
+    for w in weights:
+        views.append(pinned[offset : offset + w.numel() * 4])
+        offset += w.numel() * 4
+    d2h, h2d = [], []
+    for _ in range(3):
+        seconds, _ = child.timed(lambda: [v.copy_(w.view(torch.uint8).view(-1), non_blocking=True) for v, w in zip(views, weights)])
+        d2h.append(seconds)
+        seconds, _ = child.timed(lambda: [w.view(torch.uint8).view(-1).copy_(v, non_blocking=True) for v, w in zip(views, weights)])
+        h2d.append(seconds)
+    last = cycles[-1]
+    result = {
+        "offloaded_bytes": total,
+        "dropped_bytes": sum(t.numel() for t in dropped),
+        "cycles": cycles,
+        "sleep_ms": last["sleep_ms"],
+        "wake_ms": last["wake_ms"],
+        "pinned_alloc_ms": pin_ms,
+        "pinned_d2h_ms": 1000 * min(d2h),
+        "pinned_h2d_ms": 1000 * min(h2d),
+        "bit_identical": identical,
+        "pointers_unchanged": same_pointers,
+    }
+    result["sleep_over_d2h"] = result["sleep_ms"] / result["pinned_d2h_ms"]
+    result["wake_over_h2d"] = result["wake_ms"] / result["pinned_h2d_ms"]
+    result["sleep_over_pin_and_d2h"] = result["sleep_ms"] / (result["pinned_d2h_ms"] + pin_ms)
+    return result
+
+
+def run_child(arguments):
+    child = Child(arguments.allocator)
+    s = settings(arguments.quick)
+    torch = child.torch
+    properties = torch.cuda.get_device_properties(0)
+    out = {
+        "allocator": arguments.allocator,
+        "gpu": properties.name,
+        "gpu_memory": properties.total_memory,
+        "torch": torch.__version__,
+        "workloads": {},
+    }
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+    except ImportError:
+        out["transformers"] = None
+    functions = {"gpt2": workload_gpt2, "llama": workload_llama, "vit": workload_vit, "grow": workload_grow}
+    for name in arguments.workloads.split(","):
+        child.clean()
+        try:
+            result = functions[name](child, s[name])
+            result.update(child.peaks())
+        except Exception as error:  # an out of memory is a result; anything else too, with its trace
+            result = {"error": f"{type(error).__name__}: {error}"[:2000], "oom": child.is_oom(error)}
+            if not result["oom"]:
+                result["traceback"] = traceback.format_exc()[-4000:]
+        out["workloads"][name] = result
+        print(f"[{arguments.allocator}] {name}: {summary(result)}", file=sys.stderr, flush=True)
+    child.clean()
+    out["empty_del_us"] = empty_del(child, s["empty_del"])
+    if child.vmm is not None and not arguments.no_sleep_wake:
+        child.clean()
+        try:
+            out["sleep_wake"] = sleep_wake(child, s["sleep_wake"])
+        except Exception as error:
+            out["sleep_wake"] = {"error": f"{type(error).__name__}: {error}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+    with open(arguments.child_out, "w") as file:
+        json.dump(out, file)
+
+
+def run_probe(arguments):
+    """One attempt at a gpt2 batch: exit 0 when two training steps fit, OOM_EXIT when not."""
+    child = Child(arguments.allocator)
+    try:
+        model, optimizer, config = gpt2_model(child)
+        ids = child.torch.randint(0, config.vocab_size, (arguments.batch, arguments.sequence), device=child.device)
+        for _ in range(2):
+            _step(model, optimizer, {"input_ids": ids, "labels": ids})
+        child.torch.cuda.synchronize()
+    except Exception as error:
+        if child.is_oom(error):
+            sys.exit(OOM_EXIT)
+        raise
+
+
+# ---- the parent -----------------------------------------------------------------------------
+
+
+def summary(result):
+    if "error" in result:
+        return ("out of memory: " if result.get("oom") else "error: ") + result["error"][:200]
+    ratio = result.get("reserved_over_allocated")
+    return f"{result.get('step_ms_median', 0):.2f} ms/step, reserved/allocated {ratio:.3f}" if ratio else str(result)
+
+
+def spawn(allocator, extra, timeout):
+    command = [sys.executable, os.path.abspath(__file__), "--allocator", allocator] + extra
+    return subprocess.run(command, env=environment_for(allocator), timeout=timeout, capture_output=True, text=True)
+
+
+def measure(allocator, arguments, folder):
+    path = os.path.join(folder, f"{allocator}.json")
+    extra = ["--child", "measure", "--child-out", path, "--workloads", arguments.workloads]
+    if arguments.quick:
+        extra.append("--quick")
+    if arguments.no_sleep_wake:
+        extra.append("--no-sleep-wake")
+    started = time.time()
+    done = spawn(allocator, extra, arguments.timeout)
+    sys.stderr.write(done.stderr[-6000:] if done.returncode else "".join(l + "\n" for l in done.stderr.splitlines() if l.startswith("[")))
+    if done.returncode != 0 or not os.path.exists(path):
+        return {"allocator": allocator, "error": f"exit {done.returncode}", "stderr": done.stderr[-6000:]}
+    with open(path) as file:
+        result = json.load(file)
+    result["process_seconds"] = time.time() - started
+    return result
+
+
+def largest_batch(allocator, arguments, start):
+    """The largest gpt2 batch at --sequence that fits: grow by 1.5x from `start`, then bisect to 2 %."""
+    probes = []
+
+    def fits(batch):
+        done = spawn(allocator, ["--child", "probe", "--batch", str(batch), "--sequence", str(arguments.sequence)], 600)
+        if done.returncode not in (0, OOM_EXIT):
+            raise RuntimeError(f"probe of batch {batch} failed (exit {done.returncode}): {done.stderr[-3000:]}")
+        probes.append({"batch": batch, "fits": done.returncode == 0})
+        print(f"[{allocator}] batch {batch} x {arguments.sequence}: {'fits' if done.returncode == 0 else 'out of memory'}", file=sys.stderr, flush=True)
+        return done.returncode == 0
+
+    low, high, batch = 0, None, max(1, start)
+    while high is None:
+        if fits(batch):
+            low, batch = batch, max(batch + 1, int(batch * 1.5))
+        else:
+            high = batch
+        if batch > 4096:
+            return {"batch": low, "sequence": arguments.sequence, "probes": probes, "note": "no limit found below 4096"}
+    while high - low > max(1, int(low * 0.02)):
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return {"batch": low, "tokens": low * arguments.sequence, "sequence": arguments.sequence, "probes": probes}
+
+
+def first_guess(results, sequence):
+    """A starting batch from a gpt2 measurement: the tokens that would fill 90 % of the GPU."""
+    for result in results.values():
+        gpt2 = result.get("workloads", {}).get("gpt2", {})
+        if gpt2.get("peak_allocated"):
+            tokens = 16384 * 0.9 * result["gpu_memory"] / gpt2["peak_allocated"]
+            return max(1, int(tokens / sequence))
+    return 16
+
+
+def ratio(value, floor):
+    return value / floor if value is not None and floor else None
+
+
+def fmt(value, pattern="{:.3f}"):
+    return "-" if value is None else pattern.format(value)
+
+
+def report(results, arguments):
+    rows = []
+    header = ["allocator"]
+    for name in arguments.workloads.split(","):
+        header += [f"{name} ms", f"{name} res/alloc"]
+    header += ["empty+del 4K us", "empty+del 1M us", "max batch"]
+    for allocator, result in results.items():
+        row = [allocator]
+        for name in arguments.workloads.split(","):
+            w = result.get("workloads", {}).get(name, {})
+            if "error" in w:
+                row += ["OOM" if w.get("oom") else "error", "-"]
+            else:
+                row += [fmt(w.get("step_ms_median"), "{:.2f}"), fmt(w.get("reserved_over_allocated"))]
+        micro = result.get("empty_del_us", {})
+        row += [fmt(micro.get("4096"), "{:.2f}"), fmt(micro.get(str(MIB)), "{:.2f}"), str(result.get("max_batch", {}).get("batch", "-"))]
+        rows.append(row)
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    for name in arguments.workloads.split(","):
+        if name == "llama":
+            for allocator, result in results.items():
+                g = result.get("workloads", {}).get("llama", {}).get("generate_seconds")
+                if g is not None:
+                    print(f"llama generate(): {allocator} {g:.3f} s")
+    sleep = results.get("vmm", {}).get("sleep_wake")
+    if sleep and "error" not in sleep:
+        print(
+            f"vmm sleep/wake: {sleep['offloaded_bytes'] / GIB:.1f} GiB offloaded ({sleep['dropped_bytes'] / GIB:.1f} GiB dropped): "
+            f"sleep {sleep['sleep_ms']:.1f} ms, wake {sleep['wake_ms']:.1f} ms; pinned copy of the same bytes: "
+            f"D2H {sleep['pinned_d2h_ms']:.1f} ms, H2D {sleep['pinned_h2d_ms']:.1f} ms (pinning them {sleep['pinned_alloc_ms']:.1f} ms); "
+            f"bit-identical {sleep['bit_identical']}, pointers unchanged {sleep['pointers_unchanged']}"
+        )
+    elif sleep:
+        print(f"vmm sleep/wake: {sleep['error']}")
+    print()
+    print("targets:")
+    for line in check_targets(results, arguments):
+        print("  " + line)
+
+
+def check_targets(results, arguments):
+    lines = []
+    vmm = results.get("vmm", {})
+    workloads = arguments.workloads.split(",")
+    for name in workloads:
+        torch_times = [
+            results[a]["workloads"][name]["step_ms_median"]
+            for a in TORCH_ALLOCATORS
+            if a in results and "step_ms_median" in results[a].get("workloads", {}).get(name, {})
+        ]
+        w = vmm.get("workloads", {}).get(name, {})
+        if torch_times and "step_ms_median" in w:
+            r = w["step_ms_median"] / min(torch_times)
+            lines.append(f"{'PASS' if r <= 1.02 else 'FAIL'} {name}: vmm step time {r:.3f}x the fastest of torch's allocators (target <= 1.02)")
+        if w.get("reserved_over_allocated") is not None:
+            r = w["reserved_over_allocated"]
+            lines.append(f"{'PASS' if r <= 1.02 else 'FAIL'} {name}: vmm reserved/allocated {r:.3f} (target <= 1.02)")
+        elif "error" in w:
+            lines.append(f"FAIL {name}: vmm {w['error'][:200]}")
+    native = results.get("native", {}).get("empty_del_us", {})
+    ours = vmm.get("empty_del_us", {})
+    for size in native:
+        if size in ours:
+            r = ours[size] / native[size]
+            lines.append(f"{'PASS' if r <= 1.0 else 'FAIL'} torch.empty+del {size} B: vmm {ours[size]:.2f} us, native {native[size]:.2f} us ({r:.2f}x, target <= 1)")
+    sleep = vmm.get("sleep_wake")
+    if sleep and "error" not in sleep:
+        ok = sleep["bit_identical"] and sleep["pointers_unchanged"]
+        lines.append(f"{'PASS' if ok else 'FAIL'} sleep/wake bit-identical and every pointer unchanged")
+        for key, what in (("sleep_over_d2h", "sleep / pinned D2H"), ("wake_over_h2d", "wake / pinned H2D")):
+            lines.append(f"{'PASS' if sleep[key] <= 1.2 else 'FAIL'} {what} {sleep[key]:.2f}x (target <= 1.2)")
+    batches = {a: r.get("max_batch", {}).get("batch") for a, r in results.items() if r.get("max_batch")}
+    if "vmm" in batches and batches["vmm"] is not None:
+        best = max((b for a, b in batches.items() if a != "vmm" and b is not None), default=None)
+        if best:
+            lines.append(f"{'PASS' if batches['vmm'] >= best else 'NOTE'} largest gpt2 batch: vmm {batches['vmm']}, best of torch's {best}")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="about 2 minutes: fewer steps, smaller sizes, no largest-batch search")
+    parser.add_argument("--allocators", default=",".join(ALLOCATORS))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--json", default=os.path.join(REPOSITORY, "bench-torch-allocators.json"))
+    parser.add_argument("--max-batch", choices=("on", "off", "auto"), default="auto", help="the largest-batch search (auto: off with --quick)")
+    parser.add_argument("--sequence", type=int, default=2048, help="sequence length of the largest-batch search")
+    parser.add_argument("--no-sleep-wake", action="store_true")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
+    # the children
+    parser.add_argument("--allocator", choices=ALLOCATORS)
+    parser.add_argument("--child", choices=("measure", "probe"))
+    parser.add_argument("--child-out")
+    parser.add_argument("--batch", type=int)
+    arguments = parser.parse_args()
+
+    if arguments.child == "measure":
+        return run_child(arguments)
+    if arguments.child == "probe":
+        return run_probe(arguments)
+
+    import tempfile
+
+    allocators = [a for a in arguments.allocators.split(",") if a]
+    for a in allocators:
+        if a not in ALLOCATORS:
+            parser.error(f"unknown allocator {a}")
+    for w in arguments.workloads.split(","):
+        if w not in WORKLOADS:
+            parser.error(f"unknown workload {w}")
+    started = time.time()
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for allocator in allocators:
+            results[allocator] = measure(allocator, arguments, folder)
+    search = arguments.max_batch == "on" or (arguments.max_batch == "auto" and not arguments.quick)
+    if search:
+        guess = first_guess(results, arguments.sequence)
+        for allocator in allocators:
+            try:
+                results[allocator]["max_batch"] = largest_batch(allocator, arguments, guess)
+            except Exception as error:
+                results[allocator]["max_batch"] = {"error": str(error)[:3000]}
+    document = {
+        "benchmark": "bench/torch_allocators.py",
+        "quick": arguments.quick,
+        "settings": settings(arguments.quick),
+        "seconds": time.time() - started,
+        "results": results,
+    }
+    document["targets"] = check_targets(results, arguments)
+    with open(arguments.json, "w") as file:
+        json.dump(document, file, indent=1)
+    print()
+    report(results, arguments)
+    print(f"\n{time.time() - started:.0f} s; JSON: {arguments.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+// vmm memory registered with NCCL (ncclCommRegister) and reduced over it: two GPUs in one
+// process (ncclCommInitAll over devices 0 and 1), an all-reduce (sum of floats) that reads
+// and writes (a) allocations of a vmm::memory_resource on each GPU and (b) a growable_buffer
+// on each GPU, the result checked on the host, the buffers deregistered.
+//
+// What registration needs of the memory: NCCL finds the physical segments under a
+// registered range (cuMemGetAddressRange, segment by segment) and exports each one with its
+// own handle type (POSIX fd here), so every chunk must have been created exportable: vmm's
+// driver provider asks for POSIX-fd handles whenever the GPU supports them, and the
+// resource says so with handle_type posix_fd (refused where the GPU cannot). Buffers start
+// on the granularity, which on these GPUs is the recommended one (vmm-info says so per GPU).
+//
+// NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 is set before the communicators
+// are made when it is unset, and the test skips when it is set to anything else. Nothing
+// here calls cuMulticastCreate. Run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG to see what
+// NCCL registered. Every test skips with the reason where there are fewer than two GPUs.
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_support.hpp"
+#include "vmm/capabilities.hpp"
+#include "vmm/growable_buffer.hpp"
+#include "vmm/memory_resource.hpp"
+#include "vmm/provider.hpp"
+
+namespace vmm::testing {
+namespace {
+
+constexpr int ranks = 2;
+constexpr std::size_t floats = (std::size_t{24} << 20) / sizeof(float) + 77;  // 24 MiB and a tail
+
+void nccl_check(ncclResult_t result, const char* call) {
+  if (result != ncclSuccess)
+    throw std::runtime_error(std::string(call) + ": " + ncclGetErrorString(result) + " (" +
+                             ncclGetLastError(nullptr) + ")");
+}
+#define VMM_NCCL_CHECK(call) nccl_check((call), #call)
+
+// Rank r's contribution at index i: small integers, so that the float sum is exact.
+__host__ __device__ float contribution(int rank, std::size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(i % 1000 + 1));
+}
+
+__global__ void write_contribution(float* values, std::size_t count, int rank) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
+       i += std::size_t{gridDim.x} * blockDim.x)
+    values[i] = contribution(rank, i);
+}
+
+// Selects `device` for the runtime calls of the guard's life, then GPU 0 again.
+class on_device {
+ public:
+  explicit on_device(int device) { VMM_CUDA_CHECK(cudaSetDevice(device)); }
+  on_device(const on_device&) = delete;
+  on_device& operator=(const on_device&) = delete;
+  ~on_device() { cudaSetDevice(0); }
+};
+
+// A buffer registered with a communicator for the guard's life.
+class registration {
+ public:
+  registration(ncclComm_t comm, void* data, std::size_t bytes) : comm_(comm) {
+    VMM_NCCL_CHECK(ncclCommRegister(comm_, data, bytes, &handle_));
+  }
+  registration(const registration&) = delete;
+  registration& operator=(const registration&) = delete;
+  ~registration() { ncclCommDeregister(comm_, handle_); }
+  // Deregisters now, checked.
+  void deregister() {
+    void* handle = handle_;
+    handle_ = nullptr;
+    VMM_NCCL_CHECK(ncclCommDeregister(comm_, handle));
+  }
+
+ private:
+  ncclComm_t comm_;
+  void* handle_ = nullptr;
+};
+
+class nccl_two_gpus : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_available(&why)) GTEST_SKIP() << "needs 2 GPUs; no GPU here: " << why;
+    int count = 0;
+    const cudaError_t counted = cudaGetDeviceCount(&count);
+    if (counted == cudaErrorInsufficientDriver)
+      GTEST_SKIP() << "the driver is older than the CUDA runtime these tests were built with";
+    VMM_CUDA_CHECK(counted);
+    if (count < ranks) GTEST_SKIP() << "needs 2 GPUs; this machine has " << count;
+    if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE"); nvls != nullptr && std::string(nvls) != "0")
+      GTEST_SKIP() << "NCCL_NVLS_ENABLE=" << nvls << ": this test runs with NVLink multicast off only";
+    ::setenv("NCCL_NVLS_ENABLE", "0", 0);
+    for (int d = 0; d < ranks; ++d) {
+      const provider_capabilities& offered = provider_for(location::device(d))->capabilities();
+      if (offered.export_kind == handle_kind::none)
+        GTEST_SKIP() << "gpu " << d << " cannot export its memory (no POSIX-fd handles): NCCL cannot register it";
+      on_device selected(d);
+      VMM_CUDA_CHECK(cudaFree(nullptr));  // the primary context, which vmm's driver layer uses too
+      streams_.push_back(std::make_unique<cuda_stream>());
+      granularity_.push_back(offered.recommended_granularity);
+    }
+    const int devices[ranks] = {0, 1};
+    VMM_NCCL_CHECK(ncclCommInitAll(comms_, ranks, devices));
+  }
+  void TearDown() override {
+    for (ncclComm_t comm : comms_)
+      if (comm != nullptr) ncclCommDestroy(comm);
+  }
+
+  // Writes each rank's contribution into send[r], all-reduces into receive[r] (both
+  // registered), and checks every value on every rank.
+  void reduce_and_check(const std::vector<float*>& send, const std::vector<float*>& receive) {
+    std::vector<std::unique_ptr<registration>> registered;
+    for (int r = 0; r < ranks; ++r) {
+      on_device selected(r);
+      write_contribution<<<264, 256, 0, streams_[r]->get()>>>(send[r], floats, r);
+      VMM_CUDA_CHECK(cudaGetLastError());
+      registered.push_back(std::make_unique<registration>(comms_[r], send[r], floats * sizeof(float)));
+      registered.push_back(std::make_unique<registration>(comms_[r], receive[r], floats * sizeof(float)));
+    }
+    VMM_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < ranks; ++r)
+      VMM_NCCL_CHECK(ncclAllReduce(send[r], receive[r], floats, ncclFloat, ncclSum, comms_[r], streams_[r]->get()));
+    VMM_NCCL_CHECK(ncclGroupEnd());
+    for (int r = 0; r < ranks; ++r) {
+      on_device selected(r);
+      streams_[r]->synchronize();
+      std::vector<float> result(floats);
+      VMM_CUDA_CHECK(cudaMemcpy(result.data(), receive[r], floats * sizeof(float), cudaMemcpyDeviceToHost));
+      std::size_t wrong = 0;
+      std::size_t first_wrong = floats;
+      for (std::size_t i = 0; i < floats; ++i) {
+        float expected = 0;
+        for (int k = 0; k < ranks; ++k) expected += contribution(k, i);
+        if (result[i] != expected && wrong++ == 0) first_wrong = i;
+      }
+      EXPECT_EQ(wrong, 0U) << "rank " << r << ", first at index " << first_wrong;
+    }
+    for (auto& buffer : registered) buffer->deregister();
+  }
+
+  ncclComm_t comms_[ranks] = {};
+  std::vector<std::unique_ptr<cuda_stream>> streams_;
+  std::vector<std::size_t> granularity_;
+};
+
+TEST_F(nccl_two_gpus, all_reduce_over_registered_memory_resource_allocations) {
+  std::vector<std::unique_ptr<memory_resource>> resources;
+  std::vector<float*> send;
+  std::vector<float*> receive;
+  const std::size_t bytes = floats * sizeof(float);
+  for (int r = 0; r < ranks; ++r) {
+    resources.push_back(std::make_unique<memory_resource>(
+        location::device(r), memory_resource_properties{.handle_type = handle_kind::posix_fd}));
+    // A buffer that starts at a page (the recommended granularity here): the resource hands
+    // out allocations of at least a page at page boundaries when asked to align so.
+    const std::size_t page = resources.back()->pool()->granularity();
+    ASSERT_EQ(page, granularity_[r]) << "gpu " << r << ": vmm's page is not the recommended granularity";
+    send.push_back(static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page)));
+    receive.push_back(static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page)));
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(send.back()) % page, 0U);
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(receive.back()) % page, 0U);
+  }
+  reduce_and_check(send, receive);
+  for (int r = 0; r < ranks; ++r) {
+    const std::size_t page = resources[r]->pool()->granularity();
+    resources[r]->deallocate(streams_[r]->get(), send[r], bytes, page);
+    resources[r]->deallocate(streams_[r]->get(), receive[r], bytes, page);
+    streams_[r]->synchronize();
+  }
+}
+
+TEST_F(nccl_two_gpus, all_reduce_over_registered_growable_buffers) {
+  std::vector<std::unique_ptr<growable_buffer>> send_buffers;
+  std::vector<std::unique_ptr<growable_buffer>> receive_buffers;
+  std::vector<float*> send;
+  std::vector<float*> receive;
+  const std::size_t bytes = floats * sizeof(float);
+  for (int r = 0; r < ranks; ++r) {
+    // max_size a multiple of the recommended granularity, so that the range starts on it.
+    const std::size_t max_size = round_up(4 * bytes, granularity_[r]);
+    for (auto* buffers : {&send_buffers, &receive_buffers}) {
+      buffers->push_back(std::make_unique<growable_buffer>(
+          location::device(r), growable_buffer_options{.max_size = max_size, .stream = streams_[r]->get()}));
+      // Grown in two steps, so that the registered range spans several chunks (segments).
+      buffers->back()->resize(bytes / 3);
+      buffers->back()->resize(bytes);
+      ASSERT_GE(buffers->back()->chunk_count(), 2U);
+      ASSERT_EQ(reinterpret_cast<std::uintptr_t>(buffers->back()->data()) % granularity_[r], 0U);
+    }
+    send.push_back(static_cast<float*>(send_buffers.back()->data()));
+    receive.push_back(static_cast<float*>(receive_buffers.back()->data()));
+  }
+  reduce_and_check(send, receive);
+  for (int r = 0; r < ranks; ++r) streams_[r]->synchronize();
+}
+
+}  // namespace
+}  // namespace vmm::testing

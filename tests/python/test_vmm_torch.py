@@ -1,0 +1,345 @@
+"""vmm_torch with PyTorch and CuPy on a GPU.
+
+Every test runs its scenario in a fresh interpreter: vmm_torch.use() must come before CUDA
+is initialized and holds for the whole process, and an out-of-memory or a fault must not
+poison the next test. The scenario prints "ok" at its end; a failed assertion there fails
+the test with the scenario's output.
+
+Skipped with the reason where torch (or, for its tests, CuPy) is missing, where no GPU is
+visible, or where libvmm_torch_allocator.so has not been built
+(cmake --build build --target vmm_torch_allocator).
+
+    python3 -m pytest -v tests/python
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON_DIR = os.path.join(REPOSITORY, "python")
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no GPU visible to PyTorch", allow_module_level=True)
+sys.path.insert(0, PYTHON_DIR)
+import vmm_torch  # noqa: E402
+
+try:
+    LIBRARY = vmm_torch.library_path()
+except vmm_torch.VmmError as missing:
+    pytest.skip(str(missing), allow_module_level=True)
+
+PRELUDE = f"""
+import gc, sys
+sys.path.insert(0, {PYTHON_DIR!r})
+import torch
+import vmm_torch
+"""
+
+
+def run(code, timeout=600):
+    """Runs `code` (after PRELUDE) in a new interpreter; returns its output, which ends in ok."""
+    environment = dict(os.environ, VMM_TORCH_LIBRARY=LIBRARY)
+    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    done = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code) + "\nprint('ok')\n"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    output = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert done.returncode == 0, output
+    assert done.stdout.rstrip().endswith("ok"), output
+    return done.stdout
+
+
+def test_tensors_are_allocated_by_vmm_and_the_statistics_move():
+    run(
+        """
+        vmm_torch.use()
+        vmm_torch.use()  # a second call does nothing
+        assert vmm_torch.is_used()
+        x = torch.randn(1024, 1024, device="cuda")
+        before = vmm_torch.memory_stats()
+        y = x @ x
+        z = torch.nn.functional.relu(y).sum()
+        torch.cuda.synchronize()
+        after = vmm_torch.memory_stats()
+        assert after["allocated_bytes.all.current"] >= before["allocated_bytes.all.current"] + (4 << 20), (before, after)
+        assert after["active.all.current"] >= before["active.all.current"] + 2
+        assert after["reserved_bytes.all.current"] >= after["allocated_bytes.all.current"]
+        assert vmm_torch.max_memory_allocated() >= after["allocated_bytes.all.current"]
+        assert vmm_torch.memory_reserved() == after["reserved_bytes.all.current"]
+        assert torch.allclose(z, torch.relu(x.cpu() @ x.cpu()).sum().cuda(), rtol=1e-3)
+        live = vmm_torch.memory_allocated()
+        del y
+        assert vmm_torch.memory_allocated() == live - (4 << 20)
+        vmm_torch.reset_peak_memory_stats()
+        assert vmm_torch.max_memory_allocated() == vmm_torch.memory_allocated()
+        del x, z
+        gc.collect()
+        vmm_torch.trim()
+        stats = vmm_torch.memory_stats()  # what is left: the pages under live blocks, edges included
+        edges = 2 * stats["vmm.page_size"] * stats["active.all.current"]
+        assert stats["reserved_bytes.all.current"] <= stats["allocated_bytes.all.current"] + edges, stats
+        # a model's step, backward included (autograd allocates on its own thread)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
+        optimizer = torch.optim.AdamW(model.parameters())
+        for _ in range(3):
+            loss = model(torch.randn(64, 512, device="cuda")).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        torch.cuda.synchronize()
+        assert torch.isfinite(loss)
+        assert vmm_torch.memory_stats()["vmm.bad_deallocations"] == 0
+        assert vmm_torch.devices() == [0]
+        """
+    )
+
+
+def test_use_after_cuda_allocated_is_refused_and_changes_nothing():
+    out = run(
+        """
+        x = torch.ones(1024, device="cuda")
+        try:
+            vmm_torch.use()
+        except vmm_torch.VmmError as error:
+            print(error)
+        else:
+            raise AssertionError("use() after CUDA was initialized was accepted")
+        assert not vmm_torch.is_used()
+        assert torch.cuda.memory_allocated() == 4096  # torch's own allocator, untouched
+        assert float((x + 1).sum()) == 2048.0
+        """
+    )
+    assert "too late" in out and "before" in out
+
+
+def test_sleep_and_wake_keep_offloaded_tensors_bit_identical_and_every_pointer():
+    run(
+        """
+        vmm_torch.use()
+        torch.manual_seed(0)
+        with vmm_torch.tag("weights"):
+            weights = [torch.randn(n, device="cuda") for n in (1, 1000, 257 * 1024, 3 << 20)]
+            weights.append(torch.randint(0, 255, (5 << 20,), dtype=torch.uint8, device="cuda"))
+        with vmm_torch.tag("kv"):
+            cache = torch.full((16 << 20,), 7, dtype=torch.int32, device="cuda")
+        assert vmm_torch.current_tag() == 0
+        saved = [w.cpu() for w in weights]
+        pointers = [w.data_ptr() for w in weights] + [cache.data_ptr()]
+        torch.cuda.synchronize()
+        free_before, _ = torch.cuda.mem_get_info()
+
+        vmm_torch.sleep(offload_tags=("weights",))
+        assert vmm_torch.asleep()
+        assert vmm_torch.memory_reserved() == 0
+        free_asleep, _ = torch.cuda.mem_get_info()
+        assert free_asleep >= free_before + (64 << 20), (free_before, free_asleep)  # given back
+
+        vmm_torch.wake()
+        assert not vmm_torch.asleep()
+        assert [w.data_ptr() for w in weights] + [cache.data_ptr()] == pointers
+        for w, s in zip(weights, saved):
+            assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8)), "weights changed"
+        cache.fill_(3)  # dropped, but mapped again and usable
+        assert int(cache.sum()) == 3 * (16 << 20)
+        # tags by id work too, and a partial wake keeps the rest asleep
+        vmm_torch.sleep(offload_tags=["weights", "kv"])
+        vmm_torch.wake(tags=["weights"])
+        assert vmm_torch.asleep()
+        assert torch.equal(weights[1].cpu(), saved[1])  # awake already
+        vmm_torch.wake()
+        assert not vmm_torch.asleep()
+        assert int(cache.sum()) == 3 * (16 << 20)
+        for w, s in zip(weights, saved):
+            assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8))
+        """
+    )
+
+
+def test_a_captured_cuda_graph_replays_after_wake():
+    run(
+        """
+        vmm_torch.use()
+        with vmm_torch.tag("weights"):
+            x = torch.full((1 << 20,), 2.0, device="cuda")
+            y = torch.zeros(1 << 20, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the capture
+            torch.mul(x, 2, out=y)
+            y.add_(1)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # nothing allocates inside: static buffers only
+            torch.mul(x, 2, out=y)
+            y.add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert float(y[123]) == 5.0
+
+        vmm_torch.sleep(offload_tags=("weights",))
+        vmm_torch.wake()
+        graph.replay()  # the addresses it captured hold the same memory contents again
+        torch.cuda.synchronize()
+        assert float(y[0]) == 5.0 and float(y[-1]) == 5.0
+        x.fill_(10.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.all(y == 21.0)
+        """
+    )
+
+
+def test_bad_use_of_sleep_and_wake_is_refused_and_loses_nothing():
+    out = run(
+        """
+        vmm_torch.use()
+        try:
+            vmm_torch.wake()
+        except vmm_torch.VmmError as error:
+            print("wake without sleep:", error)
+        else:
+            raise AssertionError("wake without sleep was accepted")
+        kept = torch.arange(1 << 20, device="cuda")
+        doomed = torch.ones(1 << 20, device="cuda")
+        allocations = vmm_torch.memory_stats()["active.all.current"]
+        vmm_torch.sleep()
+        try:
+            vmm_torch.sleep()
+        except vmm_torch.VmmError as error:
+            print("sleep twice:", error)
+        else:
+            raise AssertionError("a second sleep was accepted")
+        try:
+            torch.empty(1024, device="cuda")
+        except RuntimeError as error:
+            print("allocate while asleep:", error)
+            assert "asleep" in str(error)
+        else:
+            raise AssertionError("an allocation during sleep was accepted")
+        assert "asleep" in vmm_torch.last_error()
+        del doomed  # freed while asleep: kept for the wake
+        stats = vmm_torch.memory_stats()
+        assert stats["vmm.frees_deferred"] == 1 and stats["active.all.current"] == allocations
+        vmm_torch.wake()
+        stats = vmm_torch.memory_stats()
+        assert stats["active.all.current"] == allocations - 1
+        assert stats["vmm.bad_deallocations"] == 0
+        assert torch.equal(kept.cpu(), torch.arange(1 << 20))
+        assert float(torch.ones(16, device="cuda").sum()) == 16.0
+        """
+    )
+    for expected in ("wake without sleep: ", "sleep() first", "sleep twice: ", "asleep already", "wake it first"):
+        assert expected in out, out
+
+
+def test_out_of_memory_is_an_error_the_process_survives():
+    out = run(
+        """
+        vmm_torch.use(max_size=1 << 30)
+        small = torch.ones(1 << 20, device="cuda")
+        try:
+            too_big = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+        except RuntimeError as error:
+            print(error)
+            assert "CUDA out of memory." in str(error), str(error)
+        else:
+            raise AssertionError("2 GiB fit in a resource of 1 GiB")
+        assert vmm_torch.memory_stats()["num_ooms"] == 1
+        assert float((small * 2).sum()) == 2.0 * (1 << 20)  # the CUDA context is fine
+        more = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        more.fill_(1)
+        torch.cuda.synchronize()
+        """
+    )
+    assert "CUDA out of memory." in out
+
+
+def test_a_mem_pool_scopes_vmm_under_torchs_caching_allocator():
+    run(
+        """
+        before = torch.zeros(4, device="cuda")  # CUDA is initialized: mem_pool works anyway
+        pool = vmm_torch.mem_pool()
+        baseline = vmm_torch.memory_stats()["active.all.current"]
+        with torch.cuda.use_mem_pool(pool):
+            inside = torch.randn(8 << 20, device="cuda")
+        outside = torch.randn(8 << 20, device="cuda")
+        stats = vmm_torch.memory_stats()
+        assert stats["active.all.current"] >= baseline + 1  # the segment under `inside`
+        assert stats["allocated_bytes.all.current"] >= 32 << 20
+        assert torch.cuda.memory_stats()["allocated_bytes.all.current"] >= 64 << 20  # torch's stay
+        assert torch.allclose((inside + outside).sum(), inside.sum() + outside.sum(), rtol=1e-3)
+        try:
+            vmm_torch.use()
+        except vmm_torch.VmmError as error:
+            assert "mem_pool" in str(error) or "too late" in str(error)
+        else:
+            raise AssertionError("use() after mem_pool() was accepted")
+        del inside
+        del pool
+        gc.collect()
+        torch.cuda.empty_cache()
+        assert vmm_torch.memory_stats()["active.all.current"] == baseline
+        """
+    )
+
+
+def test_cupy_arrays_come_from_the_same_resource():
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    run(
+        """
+        import cupy
+        vmm_torch.use_cupy()
+        baseline = vmm_torch.memory_stats(0)
+        a = cupy.arange(1 << 20, dtype=cupy.int64)
+        b = (a * 2).sum()
+        assert int(b) == ((1 << 20) - 1) * (1 << 20)
+        stats = vmm_torch.memory_stats(0)
+        assert stats["active.all.current"] >= baseline["active.all.current"] + 1
+        assert stats["allocated_bytes.all.current"] >= baseline["allocated_bytes.all.current"] + (8 << 20)
+        with cupy.cuda.Stream() as stream:  # freed in order on the stream it was made on
+            c = cupy.ones(1 << 20, dtype=cupy.float64)
+            d = float(c.sum())
+        assert d == float(1 << 20)
+        del a, b, c
+        gc.collect()
+        stream.synchronize()
+        assert vmm_torch.memory_stats(0)["active.all.current"] == baseline["active.all.current"]
+        empty = cupy.empty(0)
+        assert empty.size == 0
+        """
+    )
+
+
+def test_torch_and_cupy_share_one_resource_in_one_process():
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    run(
+        """
+        import cupy
+        vmm_torch.use()
+        vmm_torch.use_cupy()
+        t = torch.arange(1 << 20, dtype=torch.float64, device="cuda")
+        baseline = vmm_torch.memory_stats()["active.all.current"]
+        c = cupy.ones(1 << 20, dtype=cupy.float64)
+        assert vmm_torch.memory_stats()["active.all.current"] == baseline + 1
+        shared = torch.as_tensor(c, device="cuda")  # zero copy: the same vmm memory
+        assert shared.data_ptr() == c.data.ptr
+        total = (t + shared).sum()
+        assert float(total) == float(sum(range(1 << 20)) + (1 << 20))
+        back = cupy.asarray(t)  # and the other way
+        assert back.data.ptr == t.data_ptr()
+        del shared, back
+        del c
+        gc.collect()
+        torch.cuda.synchronize()
+        assert vmm_torch.memory_stats()["active.all.current"] == baseline
+        """
+    )
