@@ -115,8 +115,18 @@ handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provide
     : socket_(socket_fd), timeout_(timeout) {
   provider = require(std::move(provider));
   const std::vector<std::byte> handles = receive(socket_, timeout_, message_type::events, 0, 2 * handle_bytes);
-  ready_ = interprocess_event::open(provider, handle_at(handles, 0));
-  done_ = interprocess_event::open(provider, handle_at(handles, handle_bytes));
+  // The handles are the peer's bytes: one this memory cannot open is the peer's fault.
+  const auto open = [&](std::size_t at, const char* which) {
+    try {
+      return interprocess_event::open(provider, handle_at(handles, at));
+    } catch (const invalid_argument& error) {
+      throw protocol_error(fmt::format("handoff on socket {}: the producer's \"{}\" event handle cannot be "
+                                       "opened: {}",
+                                       socket_, which, error.what()));
+    }
+  };
+  ready_ = open(0, "ready");
+  done_ = open(handle_bytes, "done");
 }
 
 void handoff_consumer::acquire(stream_ref stream) {

@@ -101,8 +101,9 @@ class handoff_consumer {
   /// @param timeout how long each message of the conversation may wait for the producer,
   ///        the events message included (no_timeout: without end).
   /// @throws vmm::invalid_argument the provider is null.
-  /// @throws vmm::ipc::protocol_error the message is not the producer's "events" message.
-  /// @throws vmm::driver_error the events could not be opened.
+  /// @throws vmm::ipc::protocol_error the message is not the producer's "events" message,
+  ///         or its handles are not events this memory can open.
+  /// @throws vmm::driver_error the driver refused to open the events.
   /// @throws vmm::ipc::timeout_error, vmm::ipc::peer_closed, vmm::os_error receiving failed.
   handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider,
                    std::chrono::milliseconds timeout = default_timeout);
