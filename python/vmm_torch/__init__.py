@@ -499,6 +499,9 @@ def _torch_in_use():
 def trim(device=None, keep=0):
     """Gives idle memory back to the GPU, keeping at most ``keep`` bytes reserved.
 
+    Like torch.cuda.empty_cache(), it waits for the device first: what was freed on any
+    stream can go only once the work before the free is done.
+
     Under mem_pool(), torch.cuda.empty_cache() runs first, so that torch hands its unused
     segments back to vmm. device None: every device with a resource.
     """

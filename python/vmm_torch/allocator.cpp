@@ -395,6 +395,9 @@ int vmm_torch_trim(int device, size_t bytes_to_keep) {
       [&] {
         device_state& state = device_at(device);
         vmm::memory_resource& resource = resource_of(device, state);
+        // As torch.cuda.empty_cache(): what was freed on any stream has passed once the
+        // device is idle, and its pages can go.
+        resource.synchronize();
         resource.trim_to(bytes_to_keep);
         resource.pool()->trim_to(0);
       },

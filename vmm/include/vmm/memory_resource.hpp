@@ -217,8 +217,14 @@ class memory_resource {
   friend bool operator==(const memory_resource& a, const memory_resource& b) noexcept { return &a == &b; }
 
   /// cudaMemPoolTrimTo: gives idle pages back to the chunk pool until at most
-  /// `bytes_to_keep` are reserved (pages whose streams have not passed are kept).
+  /// `bytes_to_keep` are reserved. Pages under frees whose streams the resource has not
+  /// seen pass are kept: synchronize() first to give back everything freed.
   void trim_to(std::size_t bytes_to_keep);
+  /// Blocks until the device is idle (every stream; cudaDeviceSynchronize), after which
+  /// everything freed on any stream is free for every stream and its idle pages can be
+  /// trimmed. vmm learns that a stream has passed a free only from points it records
+  /// during calls that name the stream; this is the way to tell it about all of them.
+  void synchronize();
   /// Sets the release threshold (see memory_resource_properties) and applies it now.
   void set_release_threshold(std::size_t bytes);
   /// cudaMemPoolSetAccess: the access each accessor gets to every page mapped now and to

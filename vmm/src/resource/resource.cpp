@@ -49,6 +49,7 @@ class resource_state {
                  std::uint32_t tag = 0);
   void deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment, bool sync) noexcept;
   void trim_to(std::size_t bytes_to_keep);
+  void synchronize();
   void set_release_threshold(std::size_t bytes);
   void set_access(std::span<const access_grant> grants);
   access_mode access(const accessor& who) const;
@@ -734,6 +735,24 @@ void resource_state::trim_to(std::size_t bytes_to_keep) {
   release_idle(bytes_to_keep);
 }
 
+void resource_state::synchronize() {
+  all_locked locked(*this);
+  executor_.synchronize_device();
+  // Every epoch of every stream has passed: close them without an event.
+  for (const auto& entry : streams_) {
+    stream_record& record = *entry->record;
+    std::lock_guard lock(record.mutex);
+    record.passed.store(record.epoch.fetch_add(1));
+    record.frees.store(0);
+    record.points.clear();
+    record.outstanding.store(0);
+  }
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    for (auto& slot : a.slots()) (void)a.release_pending(*slot, slot->record->passed.load());
+  }
+}
+
 void resource_state::set_release_threshold(std::size_t bytes) {
   all_locked locked(*this);
   properties_.release_threshold = bytes;
@@ -1033,6 +1052,7 @@ void memory_resource::deallocate_sync(void* ptr, std::size_t bytes, std::size_t 
 }
 
 void memory_resource::trim_to(std::size_t bytes_to_keep) { state_->trim_to(bytes_to_keep); }
+void memory_resource::synchronize() { state_->synchronize(); }
 void memory_resource::set_release_threshold(std::size_t bytes) { state_->set_release_threshold(bytes); }
 void memory_resource::set_access(std::span<const access_grant> grants) { state_->set_access(grants); }
 access_mode memory_resource::access(const accessor& who) const { return state_->access(who); }
