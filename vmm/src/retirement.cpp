@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <mutex>
-#include <optional>
 
 #include "cleanup.hpp"
 
@@ -89,7 +88,7 @@ void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexce
 }
 
 void collect_retirement(const std::weak_ptr<void>& held) noexcept {
-  std::optional<retired> taken;
+  retired taken;
   {
     std::lock_guard lock(list().mutex);
     auto& entries = list().entries;
@@ -97,11 +96,11 @@ void collect_retirement(const std::weak_ptr<void>& held) noexcept {
       return !held.owner_before(entry.held) && !entry.held.owner_before(held);
     });
     if (found == entries.end()) return;
-    taken.emplace(std::move(*found));
+    taken = std::move(*found);
     entries.erase(found);
   }
-  cleanup("collect_retirement: waiting for a stream", [&] { taken->synchronize(); });
-  taken.reset();  // unmaps, frees and gives back, outside the list's lock
+  cleanup("collect_retirement: waiting for a stream", [&] { taken.synchronize(); });
+  taken.held.reset();  // unmaps, frees and gives back, outside the list's lock
 }
 
 }  // namespace detail
