@@ -571,6 +571,15 @@ TYPED_TEST(resource_sharing, malformed_pointers_are_refused_with_nothing_mapped_
                    m.end = m.size = 2 * g;
                  }),
                  "lists 1 chunks");
+  {
+    // A page of another device (os host memory has no id 1): the bytes patched, as no
+    // serialize() would write them for os host memory.
+    ipc::exported_manifest other_device = forged_pages(valid, [](ipc::manifest&) {});
+    const std::size_t location_id = ipc::manifest_header_bytes + ipc::manifest_chunk_bytes + 20;
+    other_device.bytes =
+        patched<std::uint32_t>(other_device.bytes, location_id, valid.pages.description.chunks[1].where.id + 1);
+    this->expect_refused(imported, bytes, other_device, "memory");
+  }
   // A manifest whose message lacks one of its fds.
   {
     SCOPED_TRACE("a missing fd");

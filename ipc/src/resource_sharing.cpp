@@ -462,6 +462,10 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
   if (pages.where != description.where)
     refuse(fmt::format("imported_resource: a pointer to {} memory in a resource of {} memory",
                        to_string(pages.where), to_string(description.where)));
+  for (std::size_t i = 0; i < pages.chunks.size(); ++i)
+    if (pages.chunks[i].where != description.where)
+      refuse(fmt::format("imported_resource: page {} of the pointer is {} memory in a resource of {} memory", i,
+                         to_string(pages.chunks[i].where), to_string(description.where)));
   if (pages.grant != description.grant)
     refuse(fmt::format("imported_resource: a pointer granted {} access in a resource granted {}",
                        to_string(pages.grant), to_string(description.grant)));
