@@ -41,6 +41,12 @@
 /// once (vmm::ipc::exporter's cache), so sharing the pointers of a working set again costs
 /// no driver call on the exporting side.
 ///
+/// Descriptors. On the POSIX-fd path every page travels as a descriptor: a pointer of n
+/// pages holds n descriptors in flight on each side while it is sent and imported, and the
+/// exporter's cache keeps one per page it ever exported until the resource gives the page
+/// up (purge()). A pointer of 4 GiB in 2 MiB pages is 2048 of them: raise RLIMIT_NOFILE
+/// for pointers of thousands of pages, as for vmm::ipc::exporter.
+///
 /// Unlike cudaMemPool IPC. The exporter's resource keeps every feature while it is shared:
 /// it allocates, frees, stitches and trims as before (trim_to(), the release threshold),
 /// and the pages it gives up go back to its chunk pool; the physical memory lives on only
