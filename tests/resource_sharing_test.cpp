@@ -491,6 +491,35 @@ TYPED_TEST(resource_sharing, the_same_pointer_imported_twice_maps_nothing_more_a
   this->resource_->deallocate_sync(p, n);
 }
 
+TYPED_TEST(resource_sharing, a_pointer_let_go_of_on_a_busy_stream_imports_again_at_once) {
+  // The first pointer's pages wait in the retirement list for the stream (on a GPU) while
+  // another pointer keeps the mirror: importing it again needs those addresses now.
+  ipc::imported_resource imported = this->import_here();
+  const address_space_usage before = this->importer_provider_->address_space().usage();
+  const std::size_t n = 64 * mib;
+  void* p = this->allocate_filled(n, 520);
+  void* other = this->allocate_filled(3 * mib, 521);
+  ASSERT_EQ(this->resource_->pages_of(p, n).arena, this->resource_->pages_of(other, 3 * mib).arena);
+  const owned_stream stream(this->importer_provider_->executor());
+  ipc::imported_pointer keeps_the_mirror = this->share_here(imported, other, 3 * mib);
+  for (std::uint8_t round = 1; round <= 3; ++round) {
+    SCOPED_TRACE(round);
+    ipc::imported_pointer shared = this->share_here(imported, p, n);
+    shared.set_stream(stream.get());
+    this->importer_provider_->executor().fill(shared.data(), round, n, stream.get());
+    shared.reset();  // unmapped once the fill has passed
+    ipc::imported_pointer again = this->share_here(imported, p, n);
+    EXPECT_EQ(this->contents(again.data(), n, this->importer_provider_.get()), std::vector<std::uint8_t>(n, round));
+  }
+  EXPECT_EQ(this->contents(keeps_the_mirror.data(), 3 * mib, this->importer_provider_.get()), pattern(3 * mib, 521));
+  keeps_the_mirror.reset();
+  collect_retired(true);
+  EXPECT_EQ(imported.statistics().pages_mapped, 0u);
+  EXPECT_EQ(this->importer_provider_->address_space().usage(), before);
+  this->resource_->deallocate_sync(p, n);
+  this->resource_->deallocate_sync(other, 3 * mib);
+}
+
 TYPED_TEST(resource_sharing, imported_pointers_outlive_the_imported_resource_object) {
   const address_space_usage before = this->importer_provider_->address_space().usage();
   void* p = this->allocate_filled(mib, 510);
