@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <set>
 
 #include "cuda_support.hpp"
@@ -28,6 +29,7 @@
 #include "vmm/ipc/interprocess_event.hpp"
 #include "vmm/ipc/manifest.hpp"
 #include "vmm/ipc/protocol_error.hpp"
+#include "vmm/ipc/resource_sharing.hpp"
 #include "vmm/location.hpp"
 #include "vmm/mapped_range.hpp"
 #include "vmm/mapping.hpp"
@@ -79,6 +81,21 @@ TEST(headers_in_cuda, inline_comparisons_and_values_link_and_work) {
   };
   EXPECT_EQ(append_from_kernel(numbers, squares, stream_ref(), {.input_count = 10}), 10u);
   EXPECT_EQ(numbers.to_host(), (std::vector<int>{7, 0, 1, 4, 9, 16, 25, 36, 49, 64, 81}));
+  // A resource shared and a pointer imported, on host memory, from nvcc-compiled code.
+  const ipc::resource_description described{7, location::device(0), 2u << 20, access_mode::read_write};
+  EXPECT_TRUE(ipc::parse_resource_description(ipc::serialize(described)) == described);
+  memory_resource resource(location::os_host(), {.handle_type = handle_kind::posix_fd, .max_size = 64u << 20});
+  ipc::resource_exporter exporter(resource);
+  ipc::imported_resource imported(exporter.export_resource());
+  void* p = resource.allocate_sync(5000);
+  std::memset(p, 0x3c, 5000);
+  auto [sender, receiver] = ipc::make_socket_pair();
+  ipc::send_pointer(sender.get(), exporter.export_pointer(p, 5000));
+  ipc::imported_pointer shared = imported.receive_pointer(receiver.get());
+  EXPECT_EQ(static_cast<const unsigned char*>(shared.data())[4999], 0x3c);
+  EXPECT_THROW((void)imported.allocate_sync(64), invalid_argument);
+  shared.reset();
+  resource.deallocate_sync(p, 5000);
 }
 
 class headers_in_cuda_gpu : public gpu_test {};

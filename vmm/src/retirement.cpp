@@ -87,5 +87,21 @@ void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexce
   cleanup("retire: collecting earlier retirements", [] { collect_retired(false); });
 }
 
+void collect_retirement(const std::weak_ptr<void>& held) noexcept {
+  retired taken;
+  {
+    std::lock_guard lock(list().mutex);
+    auto& entries = list().entries;
+    const auto found = std::find_if(entries.begin(), entries.end(), [&](const retired& entry) {
+      return !held.owner_before(entry.held) && !entry.held.owner_before(held);
+    });
+    if (found == entries.end()) return;
+    taken = std::move(*found);
+    entries.erase(found);
+  }
+  cleanup("collect_retirement: waiting for a stream", [&] { taken.synchronize(); });
+  taken.held.reset();  // unmaps, frees and gives back, outside the list's lock
+}
+
 }  // namespace detail
 }  // namespace vmm

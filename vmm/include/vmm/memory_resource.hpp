@@ -143,6 +143,9 @@ class memory_resource {
  public:
   /// The alignment of every allocation unless asked otherwise: cudaMalloc's.
   static constexpr std::size_t default_alignment = 256;
+  /// The most address ranges (arenas) a resource makes; allocation_pages::arena is below
+  /// it (vmm::ipc names arenas by their index).
+  static constexpr std::size_t max_arenas = 256;
 
   /// A resource over the default chunk pool of `where`.
   /// @throws vmm::invalid_argument the location does not exist, a property is bad

@@ -33,7 +33,7 @@ constexpr std::uint32_t frees_per_point = 32;              // frees on a stream 
 constexpr std::size_t max_points = 64;                     // outstanding points per stream
 constexpr int candidates_weighed = 16;                     // free blocks compared per index
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
-constexpr std::size_t max_arenas = 256;
+constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
 std::uint64_t round_to_unit(std::size_t bytes) { return (std::uint64_t{bytes} + unit - 1) & ~(unit - 1); }
 

@@ -1,0 +1,719 @@
+// Sharing a memory_resource pointer by pointer: the wire messages, the exporter, and the
+// importer's mirrors. The design is in vmm/ipc/resource_sharing.hpp.
+//
+// The importer's book. One mirror per exporter arena a pointer arrived in: an address
+// range of the arena's size, and the pages mapped in it by page index, each with the
+// exporter's page id, the number of imported pointers that use it, its imported handle and
+// its mapping. A pointer maps the pages it lacks and counts the ones it finds; letting go
+// of it uncounts them and retires the pages that no pointer uses any more, together with
+// the points of every stream that used them. A mirror that maps nothing is dropped (its
+// range goes with the last retirement that holds it), so an importer that let go of
+// everything holds nothing.
+//
+// A page index may be needed again while its last mapping still waits in the retirement
+// list for a stream (a pointer let go of on stream t, and a new one sharing that page
+// arrives before t passed). The mirror remembers its retirements, and an import that
+// needs an address one of them still maps waits for that retirement alone
+// (detail::collect_retirement), not for every retirement of the process.
+//
+// Locks: one mutex per imported resource, held across an import (the driver calls
+// included) and a release. Retirement runs under it; it never calls back into the state.
+
+#include <vmm/ipc/resource_sharing.hpp>
+
+#include <vmm/address_range.hpp>
+#include <vmm/ipc/fabric.hpp>
+#include <vmm/mapping.hpp>
+#include <vmm/physical_allocation.hpp>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <limits>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "cleanup.hpp"
+#include "deadline.hpp"
+#include "little_endian.hpp"
+#include "retirement.hpp"
+
+namespace vmm::ipc {
+namespace {
+
+using detail::load;
+using detail::store;
+
+// Field offsets (see the file comment of resource_sharing.hpp).
+namespace resource_field {
+constexpr std::size_t magic = 0, version = 4, grant = 6, location_kind = 7, location_id = 8, reserved = 12,
+                      resource_id = 16, granularity = 24;
+}  // namespace resource_field
+namespace pointer_field {
+constexpr std::size_t magic = 0, version = 4, reserved = 6, resource_id = 8, segment = 16, page_count = 20,
+                      segment_size = 24, offset = 32, bytes = 40;
+}  // namespace pointer_field
+static_assert(resource_field::granularity + 8 == resource_message_bytes);
+static_assert(pointer_field::bytes + 8 == pointer_header_bytes);
+
+constexpr std::uint8_t grant_read_only = 1;
+constexpr std::uint8_t grant_read_write = 2;
+
+[[noreturn]] void refuse(const std::string& what) { throw protocol_error(what); }
+
+std::uint8_t grant_code(access_mode grant) {
+  switch (grant) {
+    case access_mode::read_only:
+      return grant_read_only;
+    case access_mode::read_write:
+      return grant_read_write;
+    default:
+      throw invalid_argument(fmt::format("resource sharing: grant {}: share read-only or read-write",
+                                         to_string(grant)));
+  }
+}
+
+bool valid_granularity(std::uint64_t granularity) {
+  return granularity >= 4096 && std::has_single_bit(granularity);
+}
+
+// The pages [offset, offset + bytes) touches, for a valid granularity and bytes > 0.
+std::uint64_t pages_touched(std::uint64_t offset, std::uint64_t bytes, std::uint64_t granularity) {
+  return (offset + bytes - 1) / granularity - offset / granularity + 1;
+}
+
+// Every rule of a pointer description but the wire's own; `fail` throws.
+template <class Fail>
+void check_pointer(const pointer_description& d, std::uint64_t granularity, Fail&& fail) {
+  if (d.resource_id == 0) fail("resource id 0");
+  if (d.segment >= max_segments) fail(fmt::format("segment {} is out of range (at most {})", d.segment, max_segments - 1));
+  if (d.segment_size == 0 || d.segment_size % granularity != 0)
+    fail(fmt::format("segment size {} is not a non-zero multiple of the granularity {}", d.segment_size,
+                     granularity));
+  if (d.bytes == 0) fail("a pointer of 0 bytes");
+  if (d.offset >= d.segment_size || d.bytes > d.segment_size - d.offset)
+    fail(fmt::format("offset {} + {} bytes runs past the end of the segment ({} bytes)", d.offset, d.bytes,
+                     d.segment_size));
+  const std::uint64_t pages = pages_touched(d.offset, d.bytes, granularity);
+  if (pages > max_manifest_chunks) fail(fmt::format("{} pages: more than {}", pages, max_manifest_chunks));
+  if (d.page_ids.size() != pages)
+    fail(fmt::format("{} page ids for a pointer that touches {} pages", d.page_ids.size(), pages));
+  for (std::size_t i = 0; i < d.page_ids.size(); ++i)
+    if (d.page_ids[i] == 0) fail(fmt::format("page {} has id 0", i));
+}
+
+// Whether `pages` is the manifest of pointer `d`'s pages (see the file comment of
+// resource_sharing.hpp); bad_manifest naming the first difference otherwise.
+void check_pages(const pointer_description& d, const manifest& pages, std::uint64_t granularity,
+                 std::size_t fds) {
+  const auto fail = [&](const std::string& what) {
+    throw bad_manifest(fmt::format("pointer at segment {} offset {}: its manifest {}", d.segment, d.offset, what));
+  };
+  validate(pages);
+  if (pages.kind != manifest_kind::whole) fail("is a growth manifest");
+  if (pages.buffer_id != d.resource_id)
+    fail(fmt::format("names buffer {:#x}, not the resource {:#x}", pages.buffer_id, d.resource_id));
+  if (pages.granularity != granularity)
+    fail(fmt::format("has granularity {}, the resource {}", pages.granularity, granularity));
+  if (pages.max_size != d.segment_size)
+    fail(fmt::format("has max size {}, the segment {} bytes", pages.max_size, d.segment_size));
+  const std::uint64_t first_page_offset = d.offset / granularity * granularity;
+  if (pages.base_offset != first_page_offset)
+    fail(fmt::format("starts at {} in the segment, the pointer's first page at {}", pages.base_offset,
+                     first_page_offset));
+  if (pages.chunks.size() != d.page_ids.size())
+    fail(fmt::format("lists {} chunks for {} pages", pages.chunks.size(), d.page_ids.size()));
+  for (std::size_t i = 0; i < pages.chunks.size(); ++i)
+    if (pages.chunks[i].size != granularity)
+      fail(fmt::format("lists chunk {} of {} bytes, not one page of {}", i, pages.chunks[i].size, granularity));
+  if (fds != pages.fd_count())
+    throw invalid_argument(fmt::format("imported_resource: {} fds for a manifest of {} posix-fd pages", fds,
+                                       pages.fd_count()));
+}
+
+std::uint64_t fresh_resource_id() {
+  static std::atomic<std::uint64_t> counter{0};
+  static const std::uint64_t nonce = [] {
+    std::random_device device;
+    return (std::uint64_t{device()} << 32) ^ device() ^ (static_cast<std::uint64_t>(::getpid()) << 17);
+  }();
+  std::uint64_t x = nonce + 0x9e3779b97f4a7c15ull * (counter.fetch_add(1) + 1);  // splitmix64
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x == 0 ? 1 : x;
+}
+
+}  // namespace
+
+// ---- the wire ----------------------------------------------------------------------------
+
+std::vector<std::byte> serialize(const resource_description& d) {
+  if (d.resource_id == 0) throw invalid_argument("resource message: resource id 0");
+  if (!valid_granularity(d.granularity))
+    throw invalid_argument(fmt::format("resource message: granularity {} is not a power of two >= 4096",
+                                       d.granularity));
+  if (d.where.id < 0 || (d.where.kind == memory_kind::os_host && d.where.id != 0))
+    throw invalid_argument(fmt::format("resource message: location {} has a bad id", to_string(d.where)));
+  std::vector<std::byte> bytes(resource_message_bytes);
+  store<std::uint32_t>(bytes, resource_field::magic, resource_message_magic);
+  store<std::uint16_t>(bytes, resource_field::version, resource_sharing_version);
+  store<std::uint8_t>(bytes, resource_field::grant, grant_code(d.grant));
+  store<std::uint8_t>(bytes, resource_field::location_kind, static_cast<std::uint8_t>(d.where.kind));
+  store<std::uint32_t>(bytes, resource_field::location_id, static_cast<std::uint32_t>(d.where.id));
+  store<std::uint64_t>(bytes, resource_field::resource_id, d.resource_id);
+  store<std::uint64_t>(bytes, resource_field::granularity, d.granularity);
+  return bytes;
+}
+
+resource_description parse_resource_description(std::span<const std::byte> bytes) {
+  const auto fail = [](const std::string& what) { refuse("resource message: " + what); };
+  if (bytes.size() < 6)
+    fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), resource_message_bytes));
+  if (const auto magic = load<std::uint32_t>(bytes, resource_field::magic); magic != resource_message_magic)
+    fail(fmt::format("bad magic {:#010x} (expected {:#010x})", magic, resource_message_magic));
+  if (const auto version = load<std::uint16_t>(bytes, resource_field::version); version != resource_sharing_version)
+    fail(fmt::format("version {} is not supported (this library reads version {})", version,
+                     resource_sharing_version));
+  if (bytes.size() != resource_message_bytes)
+    fail(fmt::format("{} bytes where {} are due", bytes.size(), resource_message_bytes));
+  resource_description d;
+  switch (load<std::uint8_t>(bytes, resource_field::grant)) {
+    case grant_read_only:
+      d.grant = access_mode::read_only;
+      break;
+    case grant_read_write:
+      d.grant = access_mode::read_write;
+      break;
+    default:
+      fail(fmt::format("unknown grant {}", load<std::uint8_t>(bytes, resource_field::grant)));
+  }
+  const auto kind = load<std::uint8_t>(bytes, resource_field::location_kind);
+  if (kind > static_cast<std::uint8_t>(memory_kind::os_host)) fail(fmt::format("unknown location kind {}", kind));
+  const auto id = load<std::uint32_t>(bytes, resource_field::location_id);
+  if (id > static_cast<std::uint32_t>(std::numeric_limits<int>::max()))
+    fail(fmt::format("location id {} is negative", static_cast<std::int32_t>(id)));
+  d.where = location{static_cast<memory_kind>(kind), static_cast<int>(id)};
+  if (d.where.kind == memory_kind::os_host && d.where.id != 0)
+    fail(fmt::format("os host memory has no location id {}", d.where.id));
+  if (load<std::uint32_t>(bytes, resource_field::reserved) != 0) fail("reserved bytes are not 0");
+  d.resource_id = load<std::uint64_t>(bytes, resource_field::resource_id);
+  if (d.resource_id == 0) fail("resource id 0");
+  d.granularity = load<std::uint64_t>(bytes, resource_field::granularity);
+  if (!valid_granularity(d.granularity))
+    fail(fmt::format("granularity {} is not a power of two >= 4096", d.granularity));
+  return d;
+}
+
+std::vector<std::byte> serialize(const pointer_description& d, std::uint64_t granularity) {
+  if (!valid_granularity(granularity))
+    throw invalid_argument(fmt::format("pointer message: granularity {} is not a power of two >= 4096",
+                                       granularity));
+  check_pointer(d, granularity, [](const std::string& what) { throw invalid_argument("pointer message: " + what); });
+  std::vector<std::byte> bytes(pointer_header_bytes + 8 * d.page_ids.size());
+  store<std::uint32_t>(bytes, pointer_field::magic, pointer_message_magic);
+  store<std::uint16_t>(bytes, pointer_field::version, resource_sharing_version);
+  store<std::uint64_t>(bytes, pointer_field::resource_id, d.resource_id);
+  store<std::uint32_t>(bytes, pointer_field::segment, d.segment);
+  store<std::uint32_t>(bytes, pointer_field::page_count, static_cast<std::uint32_t>(d.page_ids.size()));
+  store<std::uint64_t>(bytes, pointer_field::segment_size, d.segment_size);
+  store<std::uint64_t>(bytes, pointer_field::offset, d.offset);
+  store<std::uint64_t>(bytes, pointer_field::bytes, d.bytes);
+  for (std::size_t i = 0; i < d.page_ids.size(); ++i)
+    store<std::uint64_t>(bytes, pointer_header_bytes + 8 * i, d.page_ids[i]);
+  return bytes;
+}
+
+pointer_description parse_pointer_description(std::span<const std::byte> bytes, std::uint64_t granularity) {
+  const auto fail = [](const std::string& what) { refuse("pointer message: " + what); };
+  if (!valid_granularity(granularity))
+    throw invalid_argument(fmt::format("pointer message: granularity {} is not a power of two >= 4096",
+                                       granularity));
+  if (bytes.size() < 6)
+    fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), pointer_header_bytes));
+  if (const auto magic = load<std::uint32_t>(bytes, pointer_field::magic); magic != pointer_message_magic)
+    fail(fmt::format("bad magic {:#010x} (expected {:#010x})", magic, pointer_message_magic));
+  if (const auto version = load<std::uint16_t>(bytes, pointer_field::version); version != resource_sharing_version)
+    fail(fmt::format("version {} is not supported (this library reads version {})", version,
+                     resource_sharing_version));
+  if (bytes.size() < pointer_header_bytes)
+    fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), pointer_header_bytes));
+  if (load<std::uint16_t>(bytes, pointer_field::reserved) != 0) fail("reserved bytes are not 0");
+  const std::uint64_t page_count = load<std::uint32_t>(bytes, pointer_field::page_count);
+  if (page_count > max_manifest_chunks) fail(fmt::format("{} pages: more than {}", page_count, max_manifest_chunks));
+  if (bytes.size() != pointer_header_bytes + 8 * page_count)
+    fail(fmt::format("{} bytes, but {} page ids call for {}", bytes.size(), page_count,
+                     pointer_header_bytes + 8 * page_count));
+  pointer_description d;
+  d.resource_id = load<std::uint64_t>(bytes, pointer_field::resource_id);
+  d.segment = load<std::uint32_t>(bytes, pointer_field::segment);
+  d.segment_size = load<std::uint64_t>(bytes, pointer_field::segment_size);
+  d.offset = load<std::uint64_t>(bytes, pointer_field::offset);
+  d.bytes = load<std::uint64_t>(bytes, pointer_field::bytes);
+  d.page_ids.resize(page_count);
+  for (std::size_t i = 0; i < page_count; ++i) d.page_ids[i] = load<std::uint64_t>(bytes, pointer_header_bytes + 8 * i);
+  check_pointer(d, granularity, fail);
+  return d;
+}
+
+void send_resource(int socket_fd, const resource_description& description, std::chrono::milliseconds timeout) {
+  send_message(socket_fd, serialize(description), {}, timeout);
+}
+
+resource_description receive_resource(int socket_fd, std::chrono::milliseconds timeout) {
+  const message received = receive_message(socket_fd, 0, timeout);
+  return parse_resource_description(received.payload);
+}
+
+void send_pointer(int socket_fd, const exported_pointer& exported, std::chrono::milliseconds timeout) {
+  if (exported.pages.fds.size() != exported.pages.description.fd_count())
+    throw invalid_argument(fmt::format("send_pointer: {} fds for a manifest of {} posix-fd pages",
+                                       exported.pages.fds.size(), exported.pages.description.fd_count()));
+  const detail::deadline until(timeout);
+  detail::send_message(socket_fd, exported.bytes, {}, until);
+  const int left = until.poll_timeout();
+  send_manifest(socket_fd, exported.pages, left < 0 ? no_timeout : std::chrono::milliseconds(left));
+}
+
+received_pointer receive_pointer(int socket_fd, std::uint64_t granularity, std::chrono::milliseconds timeout) {
+  const detail::deadline until(timeout);
+  const message header = detail::receive_message(socket_fd, 0, until);
+  received_pointer result;
+  result.description = parse_pointer_description(header.payload, granularity);
+  const int left = until.poll_timeout();
+  result.pages = receive_manifest(socket_fd, left < 0 ? no_timeout : std::chrono::milliseconds(left));
+  check_pages(result.description, result.pages.description, granularity, result.pages.fds.size());
+  return result;
+}
+
+// ---- the exporter ------------------------------------------------------------------------
+
+resource_exporter::resource_exporter(memory_resource& resource, resource_export_options options)
+    : resource_(resource) {
+  const provider_capabilities& offered = resource.provider()->capabilities();
+  const handle_kind kind = resource.properties().handle_type;
+  if (offered.export_kind == handle_kind::none)
+    throw invalid_argument(fmt::format("resource_exporter: {} memory cannot be exported: it has no shareable "
+                                       "handle",
+                                       to_string(offered.where)));
+  if (kind == handle_kind::none)
+    throw invalid_argument(fmt::format(
+        "resource_exporter: the resource ({} memory) was made with handle_type none; make it with "
+        "memory_resource_properties::handle_type = posix_fd (or {}, its provider's export kind) to share it",
+        to_string(offered.where), to_string(offered.export_kind)));
+  description_.resource_id = fresh_resource_id();
+  description_.where = offered.where;
+  description_.granularity = resource.provider()->granularity();
+  description_.grant = options.grant;
+  (void)grant_code(options.grant);  // read-only or read-write
+}
+
+resource_exporter::~resource_exporter() = default;
+
+void resource_exporter::purge_ids_locked() {
+  std::erase_if(page_ids_, [](const auto& entry) { return entry.first.expired(); });
+}
+
+exported_pointer resource_exporter::export_pointer(const void* ptr, std::size_t bytes) {
+  const memory_resource::allocation_pages pages = resource_.pages_of(ptr, bytes);
+  exported_pointer result;
+  pointer_description& d = result.description;
+  d.resource_id = description_.resource_id;
+  d.segment = static_cast<std::uint32_t>(pages.arena);
+  d.segment_size = pages.arena_size;
+  d.offset = reinterpret_cast<std::uintptr_t>(ptr) - pages.arena_base;
+  d.bytes = bytes;
+  {
+    std::lock_guard lock(mutex_);
+    purge_ids_locked();
+    d.page_ids.reserve(pages.pages.size());
+    for (const shared_chunk& page : pages.pages) {
+      const auto [entry, added] = page_ids_.try_emplace(page_key(page), next_page_id_);
+      if (added) ++next_page_id_;
+      d.page_ids.push_back(entry->second);
+    }
+  }
+  result.pages = exporter_.export_chunks(
+      pages.pages, {.grant = description_.grant, .handle = resource_.properties().handle_type});
+  manifest& m = result.pages.description;
+  m.buffer_id = description_.resource_id;
+  m.base_offset = pages.first_page * pages.page_size;
+  m.max_size = pages.arena_size;
+  result.pages.bytes = serialize(m);
+  result.bytes = serialize(d, description_.granularity);
+  return result;
+}
+
+void resource_exporter::purge() {
+  exporter_.purge();
+  std::lock_guard lock(mutex_);
+  purge_ids_locked();
+}
+
+export_statistics resource_exporter::statistics() const { return exporter_.statistics(); }
+
+// ---- the importer ------------------------------------------------------------------------
+
+namespace detail {
+
+class imported_resource_state : public std::enable_shared_from_this<imported_resource_state> {
+ public:
+  imported_resource_state(const resource_description& description, resource_import_options options);
+  imported_resource_state(const imported_resource_state&) = delete;
+  imported_resource_state& operator=(const imported_resource_state&) = delete;
+
+  imported_pointer import(received_pointer received, stream_ref stream);
+  void release(const imported_pointer& pointer) noexcept;
+  imported_resource_statistics statistics() const;
+
+  const resource_description description;
+  const std::shared_ptr<memory_provider> provider;
+  const access_mode access;
+  const stream_ref stream;
+  const std::chrono::milliseconds timeout;
+
+ private:
+  struct page_slot {
+    std::uint64_t id = 0;
+    std::size_t users = 0;
+    physical_allocation memory;
+    mapping mapped;  // declared after the memory: unmapped first
+    // Points on the streams of pointers that let go of the page while others kept it.
+    std::vector<stream_event> released_on;
+  };
+  // Pages no pointer uses any more, waiting for their streams in the retirement list.
+  // Destroyed in reverse order: unmapped, then the handles, then the range (when this was
+  // the last holder of a dropped mirror's range).
+  struct retired_pages {
+    std::shared_ptr<address_range> range;
+    std::vector<std::size_t> pages;
+    std::vector<physical_allocation> memory;
+    std::vector<mapping> mappings;
+  };
+  struct mirror {
+    std::shared_ptr<address_range> range;
+    std::map<std::size_t, page_slot> pages;
+    std::vector<std::weak_ptr<retired_pages>> retiring;
+  };
+
+  // Waits for the retirements of `m` that still map a page of `wanted`.
+  static void wait_for_retired(mirror& m, const std::map<std::size_t, page_slot>& wanted);
+
+  const std::size_t limit_;
+  std::vector<access_grant> grants_;
+  mutable std::mutex mutex_;
+  std::map<std::uint32_t, mirror> mirrors_;
+  imported_resource_statistics statistics_;
+};
+
+imported_resource_state::imported_resource_state(const resource_description& d, resource_import_options options)
+    : description(d),
+      provider(options.provider != nullptr ? std::move(options.provider) : provider_for(d.where)),
+      access(options.access),
+      stream(options.stream),
+      timeout(options.timeout),
+      limit_(options.max_size_limit != 0 ? options.max_size_limit
+                                         : 4 * provider->capabilities().physical_memory_size) {
+  if (provider->where() != d.where)
+    throw invalid_argument(fmt::format("imported_resource: the resource is {} memory, the provider given serves "
+                                       "{} memory",
+                                       to_string(d.where), to_string(provider->where())));
+  if (provider->granularity() != d.granularity)
+    throw invalid_argument(fmt::format("imported_resource: the exporter's granularity is {}, but {} memory here "
+                                       "has {}",
+                                       d.granularity, to_string(d.where), provider->granularity()));
+  if (access != access_mode::read_only && access != access_mode::read_write)
+    throw invalid_argument(fmt::format("imported_resource: access {} asked for; import read-only or read-write",
+                                       to_string(access)));
+  if (access == access_mode::read_write && d.grant == access_mode::read_only)
+    throw invalid_argument("imported_resource: read-write access asked for, but the exporter granted read-only "
+                           "access");
+  for (const accessor& who : provider->capabilities().default_accessors) grants_.push_back({who, access});
+}
+
+void imported_resource_state::wait_for_retired(mirror& m, const std::map<std::size_t, page_slot>& wanted) {
+  std::erase_if(m.retiring, [](const std::weak_ptr<retired_pages>& r) { return r.expired(); });
+  for (const std::weak_ptr<retired_pages>& retiring : m.retiring) {
+    bool collides = false;
+    if (const std::shared_ptr<retired_pages> held = retiring.lock())
+      collides = std::any_of(held->pages.begin(), held->pages.end(),
+                             [&](std::size_t page) { return wanted.count(page) != 0; });
+    // Another thread's collect_retired() may be destroying it: it expires shortly.
+    while (collides && !retiring.expired()) {
+      vmm::detail::collect_retirement(retiring);
+      if (!retiring.expired()) std::this_thread::yield();
+    }
+  }
+}
+
+imported_pointer imported_resource_state::import(received_pointer received, stream_ref use_stream) {
+  const pointer_description& d = received.description;
+  const manifest& pages = received.pages.description;
+  const std::uint64_t g = description.granularity;
+  check_pointer(d, g, [](const std::string& what) { refuse("imported_resource: pointer " + what); });
+  check_pages(d, pages, g, received.pages.fds.size());
+  if (d.resource_id != description.resource_id)
+    refuse(fmt::format("imported_resource: a pointer of resource {:#x}, but this is resource {:#x}", d.resource_id,
+                       description.resource_id));
+  if (pages.where != description.where)
+    refuse(fmt::format("imported_resource: a pointer to {} memory in a resource of {} memory",
+                       to_string(pages.where), to_string(description.where)));
+  for (std::size_t i = 0; i < pages.chunks.size(); ++i)
+    if (pages.chunks[i].where != description.where)
+      refuse(fmt::format("imported_resource: page {} of the pointer is {} memory in a resource of {} memory", i,
+                         to_string(pages.chunks[i].where), to_string(description.where)));
+  if (pages.grant != description.grant)
+    refuse(fmt::format("imported_resource: a pointer granted {} access in a resource granted {}",
+                       to_string(pages.grant), to_string(description.grant)));
+  if (d.segment_size > limit_)
+    throw invalid_argument(fmt::format(
+        "imported_resource: segment {} asks to reserve {} bytes of addresses, more than the limit of {} "
+        "(resource_import_options::max_size_limit; by default four times the memory size of {})",
+        d.segment, d.segment_size, limit_, to_string(description.where)));
+  const std::size_t first = static_cast<std::size_t>(d.offset / g);
+  const std::size_t count = d.page_ids.size();
+
+  std::lock_guard lock(mutex_);
+  const auto found = mirrors_.find(d.segment);
+  mirror* m = found == mirrors_.end() ? nullptr : &found->second;
+  if (m != nullptr && m->range->size() != d.segment_size)
+    refuse(fmt::format("imported_resource: segment {} is {} bytes here, the pointer says {}", d.segment,
+                       m->range->size(), d.segment_size));
+  // Which pages are mapped already: the same physical page (the same id), or a refusal.
+  std::vector<bool> mapped_already(count, false);
+  if (m != nullptr)
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto slot = m->pages.find(first + i);
+      if (slot == m->pages.end()) continue;
+      if (slot->second.id != d.page_ids[i])
+        refuse(fmt::format(
+            "imported_resource: page {} of segment {} is mapped here with the exporter's page {} and in use by "
+            "an imported pointer, but the exporter now has page {} there: it freed an allocation this "
+            "process had not let go of (let go of imported pointers before the exporter frees them)",
+            first + i, d.segment, slot->second.id, d.page_ids[i]));
+      mapped_already[i] = true;
+    }
+
+  // Declared before the pages it will hold, so that a failure unmaps them before the range goes.
+  std::map<std::uint32_t, mirror> new_mirror;
+  // Every handle is imported before anything is mapped; each fd is closed once used.
+  std::map<std::size_t, page_slot> added;
+  std::size_t next_fd = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const manifest_chunk& chunk = pages.chunks[i];
+    unique_fd fd;
+    if (chunk.handle == handle_kind::posix_fd) fd = std::move(received.pages.fds[next_fd++]);
+    if (mapped_already[i]) continue;  // the duplicate's fd closes here
+    page_slot slot;
+    slot.id = d.page_ids[i];
+    slot.users = 1;
+    slot.memory = chunk.handle == handle_kind::posix_fd ? physical_allocation::import_fd(provider, fd.get(), g)
+                                                        : import_fabric(provider, chunk.fabric, g);
+    added.emplace(first + i, std::move(slot));
+  }
+  if (m == nullptr) {
+    m = &new_mirror.emplace(d.segment, mirror{std::make_shared<address_range>(provider, d.segment_size), {}, {}})
+             .first->second;
+  }
+  wait_for_retired(*m, added);
+  const std::uintptr_t base = m->range->address();
+  for (auto& [page, slot] : added) slot.mapped = mapping(slot.memory, base + page * g, std::span<const access_grant>{});
+  for (auto run = added.begin(); run != added.end();) {  // one access call per run of new pages
+    auto end = std::next(run);
+    std::size_t length = 1;
+    while (end != added.end() && end->first == run->first + length) ++end, ++length;
+    provider->set_access(base + run->first * g, length * g, grants_);
+    run = end;
+  }
+
+  // Nothing below throws.
+  imported_pointer result;
+  result.state_ = shared_from_this();
+  const std::size_t fresh = added.size();
+  for (std::size_t i = 0; i < count; ++i)
+    if (mapped_already[i]) ++m->pages.find(first + i)->second.users;
+  m->pages.merge(added);
+  mirrors_.merge(new_mirror);
+  ++statistics_.pointers;
+  statistics_.pages_imported += fresh;
+  statistics_.pages_shared += count - fresh;
+  result.data_ = reinterpret_cast<void*>(base + d.offset);
+  result.bytes_ = static_cast<std::size_t>(d.bytes);
+  result.segment_ = d.segment;
+  result.offset_ = d.offset;
+  result.stream_ = use_stream;
+  return result;
+}
+
+void imported_resource_state::release(const imported_pointer& pointer) noexcept {
+  const std::uint64_t g = description.granularity;
+  const std::size_t first = static_cast<std::size_t>(pointer.offset_ / g);
+  const std::size_t count = static_cast<std::size_t>(pages_touched(pointer.offset_, pointer.bytes_, g));
+  stream_executor& executor = provider->executor();
+  std::lock_guard lock(mutex_);
+  const auto found = mirrors_.find(pointer.segment_);
+  if (found == mirrors_.end()) return;  // cannot be: the pointer's pages are counted
+  mirror& m = found->second;
+  const auto slot_of = [&](std::size_t page) -> page_slot& { return m.pages.find(page)->second; };
+
+  // Everything that can fail comes first: the points on the pointer's stream and room for
+  // what moves to the retirement list.
+  std::shared_ptr<retired_pages> retired;
+  std::vector<stream_event> points;
+  std::vector<std::pair<std::size_t, stream_event>> kept_points;  // for pages that stay
+  bool prepared = false;
+  vmm::detail::cleanup("imported_resource: letting go of a pointer", [&] {
+    std::size_t going = 0;
+    std::size_t waits = 1;
+    for (std::size_t page = first; page < first + count; ++page) {
+      page_slot& slot = slot_of(page);
+      if (slot.users > 1) {
+        std::erase_if(slot.released_on, [](const stream_event& e) { return e.done(); });
+        slot.released_on.reserve(slot.released_on.size() + 1);
+        kept_points.emplace_back(page, stream_event(executor, pointer.stream_));
+      } else {
+        ++going;
+        waits += slot.released_on.size();
+      }
+    }
+    if (going != 0) {
+      retired = std::make_shared<retired_pages>();
+      retired->pages.reserve(going);
+      retired->memory.reserve(going);
+      retired->mappings.reserve(going);
+      points.reserve(waits);
+      points.emplace_back(executor, pointer.stream_);
+      m.retiring.reserve(m.retiring.size() + 1);
+    }
+    prepared = true;
+  });
+  if (!prepared) {
+    // No room or no point: wait for the stream here, then unmap at once.
+    vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { executor.synchronize(pointer.stream_); });
+    retired.reset();
+    points.clear();
+    kept_points.clear();
+  }
+
+  std::size_t kept = 0;
+  for (std::size_t page = first; page < first + count; ++page) {
+    const auto slot = m.pages.find(page);
+    if (slot->second.users > 1) {
+      --slot->second.users;
+      if (prepared) slot->second.released_on.push_back(std::move(kept_points[kept++].second));
+      continue;
+    }
+    if (retired != nullptr) {
+      retired->pages.push_back(page);
+      retired->memory.push_back(std::move(slot->second.memory));
+      retired->mappings.push_back(std::move(slot->second.mapped));
+      for (stream_event& point : slot->second.released_on) points.push_back(std::move(point));
+    } else {
+      for (const stream_event& point : slot->second.released_on)
+        vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { point.synchronize(); });
+    }
+    m.pages.erase(slot);  // unmaps now what did not move to `retired`
+    ++statistics_.pages_released;
+  }
+  --statistics_.pointers;
+  if (retired != nullptr) {
+    retired->range = m.range;
+    m.retiring.push_back(retired);
+  }
+  if (m.pages.empty()) mirrors_.erase(found);  // the range goes with its last retirement
+  if (retired != nullptr) vmm::detail::retire(std::move(points), std::move(retired));
+}
+
+imported_resource_statistics imported_resource_state::statistics() const {
+  std::lock_guard lock(mutex_);
+  imported_resource_statistics s = statistics_;
+  s.segments = mirrors_.size();
+  s.pages_mapped = 0;
+  for (const auto& [segment, m] : mirrors_) s.pages_mapped += m.pages.size();
+  return s;
+}
+
+}  // namespace detail
+
+// ---- imported_pointer, imported_resource --------------------------------------------------
+
+imported_pointer::imported_pointer(imported_pointer&& other) noexcept
+    : state_(std::move(other.state_)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      segment_(std::exchange(other.segment_, 0)),
+      offset_(std::exchange(other.offset_, 0)),
+      stream_(std::exchange(other.stream_, stream_ref())) {}
+
+imported_pointer& imported_pointer::operator=(imported_pointer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    state_ = std::move(other.state_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    segment_ = std::exchange(other.segment_, 0);
+    offset_ = std::exchange(other.offset_, 0);
+    stream_ = std::exchange(other.stream_, stream_ref());
+  }
+  return *this;
+}
+
+imported_pointer::~imported_pointer() { reset(); }
+
+void imported_pointer::reset() noexcept {
+  if (state_ == nullptr) return;
+  state_->release(*this);
+  state_.reset();  // the state may go with it, outside its lock
+  data_ = nullptr;
+  bytes_ = 0;
+  segment_ = 0;
+  offset_ = 0;
+}
+
+imported_resource::imported_resource(const resource_description& description, resource_import_options options)
+    : state_(std::make_shared<detail::imported_resource_state>(description, std::move(options))) {}
+
+imported_resource imported_resource::receive(int socket_fd, resource_import_options options) {
+  const resource_description description = receive_resource(socket_fd, options.timeout);
+  return imported_resource(description, std::move(options));
+}
+
+imported_resource::imported_resource(imported_resource&&) noexcept = default;
+imported_resource& imported_resource::operator=(imported_resource&&) noexcept = default;
+imported_resource::~imported_resource() = default;
+
+imported_pointer imported_resource::import_pointer(received_pointer received, stream_ref stream) {
+  return state_->import(std::move(received), stream);
+}
+
+imported_pointer imported_resource::import_pointer(received_pointer received) {
+  return state_->import(std::move(received), state_->stream);
+}
+
+imported_pointer imported_resource::receive_pointer(int socket_fd, stream_ref stream) {
+  return import_pointer(ipc::receive_pointer(socket_fd, state_->description.granularity, state_->timeout), stream);
+}
+
+imported_pointer imported_resource::receive_pointer(int socket_fd) { return receive_pointer(socket_fd, state_->stream); }
+
+void* imported_resource::allocate(stream_ref, std::size_t bytes, std::size_t) {
+  throw invalid_argument(fmt::format(
+      "imported_resource: {} bytes asked for, but a process cannot allocate from an imported resource: it maps "
+      "memory that resource {:#x} of another process allocated (allocate there and share the pointer)",
+      bytes, state_->description.resource_id));
+}
+
+void* imported_resource::allocate_sync(std::size_t bytes, std::size_t alignment) {
+  return allocate(stream_ref(), bytes, alignment);
+}
+
+const resource_description& imported_resource::description() const noexcept { return state_->description; }
+access_mode imported_resource::access() const noexcept { return state_->access; }
+const std::shared_ptr<memory_provider>& imported_resource::provider() const noexcept { return state_->provider; }
+imported_resource_statistics imported_resource::statistics() const { return state_->statistics(); }
+
+}  // namespace vmm::ipc
