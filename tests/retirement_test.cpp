@@ -23,6 +23,7 @@ class manual_executor final : public stream_executor {
   void copy(void*, const void*, std::size_t, stream_ref) override {}
   void fill(void*, std::uint8_t, std::size_t, stream_ref) override {}
   void synchronize(stream_ref) override {}
+  void synchronize_device() override {}
   event_handle create_event() override { return next_.fetch_add(1); }
   void destroy_event(event_handle) noexcept override {}
   void record(event_handle, stream_ref) override {}
