@@ -157,7 +157,8 @@ int run_parent() {
       all_match = all_match && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     }
   }
-  provider->executor().synchronize(stream.get());
+  // Every free has passed once the device is idle: then everything can go back.
+  resource.synchronize();
   const vmm::memory_resource_statistics before = resource.statistics();
   resource.trim_to(0);
   resource.pool()->trim_to(0);

@@ -16,12 +16,15 @@ if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVMM_BUILD_BE
 fi
 echo "build: $(( $(date +%s) - start )) s"
 "$build/vmm/vmm-info" | tee "$out/vmm-info.txt"
-ctest --test-dir "$build" -j 6 --timeout 300 --output-on-failure >"$out/ctest.log" 2>&1
+# CTEST_REGEX limits the tests (ctest -R); CTEST_REGEX=none runs none.
+if [ "${CTEST_REGEX:-}" != none ]; then
+  ctest --test-dir "$build" -j 6 --timeout 300 --output-on-failure ${CTEST_REGEX:+-R "$CTEST_REGEX"} >"$out/ctest.log" 2>&1
+fi
 echo "tests: $(( $(date +%s) - start )) s"
 for command in "$@"; do
   echo "=== $command"
   bash -c "$command" 2>&1 | tee -a "$out/programs.log" | tail -60
 done
 echo "=== ctest"
-grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|Not Run|Exception' "$out/ctest.log" | head -60
+[ -f "$out/ctest.log" ] && grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|Not Run|Exception' "$out/ctest.log" | head -60
 echo "total: $(( $(date +%s) - start )) s"

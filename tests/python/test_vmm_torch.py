@@ -336,7 +336,7 @@ def test_torch_and_cupy_share_one_resource_in_one_process():
         assert float(total) == float(sum(range(1 << 20)) + (1 << 20))
         back = cupy.asarray(t)  # and the other way
         assert back.data.ptr == t.data_ptr()
-        del shared, back
+        del shared, back, total
         del c
         gc.collect()
         torch.cuda.synchronize()
