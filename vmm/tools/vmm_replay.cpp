@@ -185,6 +185,18 @@ int main(int argc, char** argv) try {
     double allocate_ns = 0;
   };
   std::vector<live_allocation> live(events.size());
+  const auto free_live = [&] {
+    for (live_allocation& slot : live)
+      if (slot.pointer != nullptr) {
+        resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+        slot.pointer = nullptr;
+      }
+  };
+  // A replay that fails (the trace needs more than the device has) gives its live set back.
+  struct on_exit {
+    const decltype(free_live)& run;
+    ~on_exit() { run(); }
+  } release_live{free_live};
   std::vector<double> allocate_ns;
   std::vector<double> deallocate_ns;
   std::vector<double> pair_ns;
@@ -217,13 +229,10 @@ int main(int argc, char** argv) try {
         slot.pointer = nullptr;
       }
     }
-    if (!last_pass)  // the next pass starts from nothing live
-      for (live_allocation& slot : live)
-        if (slot.pointer != nullptr) {
-          resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
-          live_bytes -= slot.bytes;
-          slot.pointer = nullptr;
-        }
+    if (!last_pass) {  // the next pass starts from nothing live
+      free_live();
+      live_bytes = 0;
+    }
   }
   const double seconds = std::chrono::duration<double>(clock::now() - started).count();
   const vmm::memory_resource_statistics after = resource.statistics();
@@ -243,8 +252,7 @@ int main(int argc, char** argv) try {
     }
   }
   const std::uint64_t largest_after = low * granularity;
-  for (live_allocation& slot : live)
-    if (slot.pointer != nullptr) resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+  free_live();
 
   const percentiles a = of(allocate_ns);
   const percentiles d = of(deallocate_ns);

@@ -110,9 +110,14 @@ class resource_state {
   void* slow_allocate_locked(stream_entry& entry, std::size_t kind, std::uint64_t size,
                              std::uint64_t alignment, bool sync, std::size_t requested);
   void map_pages(arena& a, std::uint64_t offset, std::uint64_t size);
-  // A page for `target`'s pages [first, first + count): spare, stitched or created (fresh).
-  shared_chunk take_page(const arena& target, std::size_t first, std::size_t count, bool& fresh);
-  shared_chunk steal_idle_page(const arena& target, std::size_t first, std::size_t count);
+  // `wanted` pages for `target`'s pages [first, first + count): spare, stitched or created
+  // (each with whether it was created for this request). Nothing changes if it throws.
+  std::vector<std::pair<shared_chunk, bool>> take_pages(const arena& target, std::size_t first, std::size_t count,
+                                                        std::size_t wanted);
+  // Up to `wanted` idle pages, unmapped from where they are (not `target`'s pages [first,
+  // first + count)), the pages of the smallest free blocks first.
+  std::vector<shared_chunk> steal_idle_pages(const arena& target, std::size_t first, std::size_t count,
+                                             std::size_t wanted);
   // Under all_locked: notes the points that have passed (waiting for them with `wait`) and
   // makes what was freed before them free for every stream. A point is recorded only on
   // `caller`'s stream: vmm records on a stream only while a call names it (the stream is
@@ -144,9 +149,12 @@ class resource_state {
   std::size_t mapped_pages_ = 0;
   std::size_t reserved_high_ = 0;
   std::size_t pages_stitched_ = 0;
+  // Every page stitched lets the resource hold one page more before it stitches again (up
+  // to 1/8 of the most ever in use): a workload whose layout keeps moving pages learns the
+  // room it needs, one that never moves any keeps to the most it used and 1/256.
+  std::uint64_t learned_headroom_ = 0;
   std::size_t pages_created_ = 0;
   std::size_t pages_released_ = 0;
-  std::size_t scan_arena_ = 0;  // where the search for an idle page goes on
 
   std::atomic<std::size_t> used_{0};
   std::atomic<std::size_t> used_high_{0};
@@ -365,53 +373,76 @@ std::uint64_t resource_state::stitch_limit() const noexcept {
   // in use, and 1/256 more for the pages shared at the edges of runs of blocks.
   const std::uint64_t high =
       std::max<std::uint64_t>(used_high_.load(std::memory_order_relaxed), used_.load() + request_);
-  return high + high / 256 + 2 * page_;
+  return high + high / 256 + 2 * page_ + std::min<std::uint64_t>(learned_headroom_, high / 8);
 }
 
-shared_chunk resource_state::steal_idle_page(const arena& target, std::size_t first, std::size_t count) {
+std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, std::size_t first,
+                                                           std::size_t count, std::size_t wanted) {
+  // An idle page lies inside one released free block (adjacent released blocks merge, and
+  // an allocated or pending neighbour would hold the page). The pages of the smallest free
+  // blocks go first: a hole too small for most requests will not get its pages used where
+  // it is, while the pages of a large free run are where the next large request lands.
+  std::vector<shared_chunk> stolen;
   const std::size_t arenas = arena_count_.load();
-  for (std::size_t step = 0; step < arenas; ++step) {
-    arena& a = *arenas_[(scan_arena_ + step) % arenas].load();
+  for (std::size_t i = 0; i < arenas && stolen.size() < wanted; ++i) {
+    arena& a = *arenas_[i].load();
     std::vector<page>& pages = a.pages();
-    // From the top: the pages of the highest addresses are the least likely to be reused.
-    for (std::size_t p = pages.size(); p-- > 0;) {
-      page& candidate = pages[p];
-      if (candidate.chunk == nullptr || candidate.held != 0) continue;
-      if (&a == &target && p >= first && p < first + count) continue;
-      if (!candidate.mapped.reset()) continue;  // could not be unmapped: leave it (reported)
-      scan_arena_ = (scan_arena_ + step) % arenas;
-      ++pages_stitched_;
-      --mapped_pages_;
-      return std::move(candidate.chunk);
-    }
+    a.released().candidates(0, [&](block* b) {
+      const auto [start, n] = a.page_span(b->offset, b->size);
+      for (std::size_t p = start; p < start + n && p < pages.size() && stolen.size() < wanted; ++p) {
+        page& candidate = pages[p];
+        if (candidate.chunk == nullptr || candidate.held != 0) continue;
+        if (&a == &target && p >= first && p < first + count) continue;
+        if (!candidate.mapped.reset()) continue;  // could not be unmapped: leave it (reported)
+        ++pages_stitched_;
+        --mapped_pages_;
+        learned_headroom_ += page_;
+        stolen.push_back(std::move(candidate.chunk));
+      }
+      return stolen.size() >= wanted;
+    });
   }
-  return nullptr;
+  return stolen;
 }
 
-shared_chunk resource_state::take_page(const arena& target, std::size_t first, std::size_t count,
-                                       bool& fresh) {
-  fresh = false;
-  if (!spare_.empty()) {
-    shared_chunk chunk = std::move(spare_.back());
+std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const arena& target, std::size_t first,
+                                                                        std::size_t count, std::size_t wanted) {
+  // Spare pages first, then pages stitched from idle places (once the resource holds as
+  // much as it ever needed, or at its maximum), then fresh ones from the pool; a full
+  // device lets idle pages be stitched after all.
+  std::vector<std::pair<shared_chunk, bool>> taken;  // (page, created for this request)
+  while (taken.size() < wanted && !spare_.empty()) {
+    taken.emplace_back(std::move(spare_.back()), false);
     spare_.pop_back();
-    return chunk;
   }
-  const std::size_t reserved = (mapped_pages_ + spare_.size()) * page_;
-  const bool over_limit = reserved + page_ > stitch_limit();
-  const bool at_max = reserved + page_ > properties_.max_size;
-  if (over_limit || at_max)
-    if (shared_chunk stolen = steal_idle_page(target, first, count)) return stolen;
-  if (at_max)
-    throw out_of_memory(fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
+  const auto reserved = [&] { return (mapped_pages_ + spare_.size() + taken.size()) * page_; };
+  const auto steal = [&](std::size_t n) {
+    for (shared_chunk& chunk : steal_idle_pages(target, first, count, n)) taken.emplace_back(std::move(chunk), false);
+  };
+  const std::size_t growth_room =
+      stitch_limit() > reserved() ? (stitch_limit() - reserved()) / page_ : 0;
+  const std::size_t max_room =
+      properties_.max_size > reserved() ? (properties_.max_size - reserved()) / page_ : 0;
+  if (taken.size() < wanted && wanted - taken.size() > std::min(growth_room, max_room))
+    steal(wanted - taken.size() - std::min(growth_room, max_room));
   try {
-    shared_chunk created = std::make_shared<const pooled_chunk>(pool_->acquire(page_));
-    fresh = true;
-    return created;
-  } catch (const out_of_memory&) {
-    // The device is full: an idle page of ours is better than failing.
-    if (shared_chunk stolen = steal_idle_page(target, first, count)) return stolen;
+    while (taken.size() < wanted) {
+      if (reserved() + page_ > properties_.max_size)
+        throw out_of_memory(fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
+      try {
+        taken.emplace_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)), true);
+      } catch (const out_of_memory&) {
+        const std::size_t before = taken.size();
+        steal(wanted - taken.size());  // the device is full: idle pages of ours instead
+        if (taken.size() == before) throw;
+      }
+    }
+  } catch (...) {
+    for (auto& [chunk, fresh] : taken)
+      if (!fresh) spare_.push_back(std::move(chunk));
     throw;
   }
+  return taken;
 }
 
 void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t size) {
@@ -421,14 +452,15 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
   // created ones back to the pool and keeps the others spare, so that the reserved memory
   // is what it was.
   std::vector<std::size_t> mapped_now;
-  std::vector<std::pair<shared_chunk, bool>> taken;
+  std::vector<std::size_t> missing;
+  for (std::size_t p = first; p < first + count; ++p)
+    if (pages[p].chunk == nullptr) missing.push_back(p);
+  std::vector<std::pair<shared_chunk, bool>> taken = take_pages(a, first, count, missing.size());
   try {
-    for (std::size_t p = first; p < first + count; ++p) {
-      if (pages[p].chunk != nullptr) continue;
-      bool fresh = false;
-      taken.emplace_back(take_page(a, first, count, fresh), fresh);
-      pages[p].mapped = mapping(taken.back().first->memory(), a.base() + p * page_, std::span<const access_grant>{});
-      pages[p].chunk = taken.back().first;
+    for (std::size_t i = 0; i < missing.size(); ++i) {
+      const std::size_t p = missing[i];
+      pages[p].mapped = mapping(taken[i].first->memory(), a.base() + p * page_, std::span<const access_grant>{});
+      pages[p].chunk = taken[i].first;
       ++mapped_pages_;
       mapped_now.push_back(p);
     }
