@@ -107,6 +107,8 @@ class growable_buffer {
   ///         policy, a null spill pool, a spill pool of another kind of memory or of another
   ///         address space).
   /// @throws vmm::out_of_memory no address range of that size is left.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused the range for
+  ///         another reason.
   explicit growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buffer_options options = {});
   /// A buffer on the default pool of `where`.
   explicit growable_buffer(location where, growable_buffer_options options = {});

@@ -51,6 +51,8 @@ class mapped_range {
   /// nothing mapped.
   /// @throws vmm::invalid_argument size is 0, the provider is null, or the alignment is bad.
   /// @throws vmm::out_of_memory no address range of that size is left.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused the range for
+  ///         another reason.
   mapped_range(std::shared_ptr<memory_provider> provider, std::size_t size, std::size_t alignment = 0);
   mapped_range(mapped_range&& other) noexcept;
   mapped_range& operator=(mapped_range&& other) noexcept;
