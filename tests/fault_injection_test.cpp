@@ -32,6 +32,8 @@
 #include "vmm/ipc/exporter.hpp"
 #include "vmm/ipc/handoff.hpp"
 #include "vmm/ipc/importer.hpp"
+#include "vmm/mapped_range.hpp"
+#include "vmm/retirement.hpp"
 #include "vmm/ring_buffer.hpp"
 #include "vmm/striped_buffer.hpp"
 
@@ -490,6 +492,43 @@ class follow_path : public sweep_path {
   import_state before_;
 };
 
+// ---- teardown: destroying a view, an import and a buffer --------------------------------------
+//
+// Destructors never throw, so every run succeeds; what a failed unmap or free leaves behind
+// must still be gone once the fault is disarmed and collect_retired(true) has run (the
+// retirement list tries again; a later destruction in the same run may already have).
+
+class teardown_path : public sweep_path {
+ public:
+  explicit teardown_path(const sweep_context& context)
+      : provider_(context.provider), g_(context.granularity()) {
+    buffer_.emplace(shared_source(context, 3, 11));
+    view_.emplace(alias(*buffer_, g_, 2 * g_));
+    ipc::exporter exporter;
+    const auto sockets = ipc::make_socket_pair();
+    ipc::send_manifest(sockets.first.get(), exporter.export_buffer(*buffer_));
+    imported_.emplace(ipc::imported_buffer::receive(sockets.second.get(), {.provider = provider_}));
+  }
+
+  void operator()() {
+    during("~chunk_view", 0);
+    view_.reset();
+    during("~imported_buffer", 0);
+    imported_.reset();
+    during("~growable_buffer", 0);
+    buffer_.reset();
+  }
+
+  void check(const outcome& result) { EXPECT_TRUE(result.succeeded()) << "a destructor threw: " << result.what; }
+
+ private:
+  std::shared_ptr<memory_provider> provider_;
+  std::size_t g_;
+  std::optional<growable_buffer> buffer_;
+  std::optional<chunk_view> view_;
+  std::optional<ipc::imported_buffer> imported_;
+};
+
 // ---- hand-off: producer and consumer on one thread, in non-blocking order --------------------
 
 constexpr unsigned handoff_send_errors = fails_os_error | fails_driver_error;
@@ -616,6 +655,53 @@ TEST_F(os_fault_sweep, import_by_receive) { EXPECT_GT(run<import_path>("import")
 
 TEST_F(os_fault_sweep, follow_growth) { EXPECT_GT(run<follow_path>("follow-growth").total_points(), 0u); }
 
+TEST_F(os_fault_sweep, teardown_of_a_view_an_import_and_a_buffer) {
+  const sweep_report report = run<teardown_path>("teardown");
+  EXPECT_GT(report.total_points(), 0u);
+  EXPECT_GT(report.cleanup_reports, 0u) << "no unmap or free failed: the retry never ran";
+}
+
+// What the teardown sweep relies on, step by step: an unmap or a free that fails is kept on
+// the retirement list, its chunks out of the pool, and done at the next collection.
+TEST_F(os_fault_sweep, an_unmap_or_free_that_failed_is_tried_again_at_the_next_collection) {
+  const counting_cleanup_reports counting;
+  const std::size_t g = granularity;
+  const auto pool = chunk_pool::create(provider_);
+  const held_resources before = resources_of(*provider_);
+  {
+    growable_buffer buffer(pool, {.max_size = 4 * g, .policy = chunk_policy::fixed(g)});
+    buffer.resize(2 * g);
+    std::optional<chunk_view> view(alias(buffer, 0, 2 * g));
+    {
+      armed_fault failing(fault::mmap, 1, ENOMEM);  // the view's unmap of its last chunk
+      view.reset();
+    }
+    EXPECT_EQ(retired_count(), 1u) << "the view that could not be unmapped waits on the list";
+    EXPECT_EQ(provider_->address_space().usage().ranges, before.usage.ranges + 2);
+    buffer.resize(0);
+    EXPECT_EQ(pool->statistics().used_current, 2 * g) << "chunks still mapped by the view went back to the pool";
+    collect_retired();
+    EXPECT_EQ(retired_count(), 0u);
+    EXPECT_EQ(pool->statistics().used_current, 0u);
+    EXPECT_EQ(provider_->address_space().usage().ranges, before.usage.ranges + 1);
+  }
+  {
+    std::optional<mapped_range> run(std::in_place, provider_, 2 * g);
+    run->push_back(std::make_shared<const pooled_chunk>(pool->acquire(g)));
+    {
+      armed_fault failing(fault::munmap, 1, ENOMEM);  // freeing the range, once it is unmapped
+      run.reset();                                    // at once, not retired
+    }
+    EXPECT_EQ(retired_count(), 1u) << "the range that could not be freed waits on the list";
+    EXPECT_EQ(pool->statistics().used_current, 0u) << "its chunk was unmapped and given back";
+    collect_retired();
+    EXPECT_EQ(retired_count(), 0u);
+  }
+  pool->trim_to(0);
+  expect_same_resources(before, resources_of(*provider_));
+  EXPECT_GT(cleanup_reports.load(), 0u) << "the failures were reported";
+}
+
 TEST_F(os_fault_sweep, handoff_on_one_thread) { EXPECT_GT(run<handoff_path>("hand-off").total_points(), 0u); }
 
 // ---- the driver: every driver call, CUDA_ERROR_OUT_OF_MEMORY / CUDA_ERROR_UNKNOWN --------------
@@ -677,6 +763,12 @@ TYPED_TEST(driver_fault_sweep, follow_growth) {
   if (this->provider_->capabilities().export_kind != handle_kind::posix_fd)
     GTEST_SKIP() << "the GPU's memory is not exported as a POSIX fd here";
   EXPECT_GT(this->template run<follow_path>("follow-growth").total_points(), 0u);
+}
+
+TYPED_TEST(driver_fault_sweep, teardown_of_a_view_an_import_and_a_buffer) {
+  if (this->provider_->capabilities().export_kind != handle_kind::posix_fd)
+    GTEST_SKIP() << "the GPU's memory is not exported as a POSIX fd here";
+  EXPECT_GT(this->template run<teardown_path>("teardown").total_points(), 0u);
 }
 
 TYPED_TEST(driver_fault_sweep, handoff_producer_side) {
