@@ -174,6 +174,10 @@ class growable_buffer {
   };
   void grow_mapping(std::size_t required, stream_ref stream);
   void retire_beyond(std::size_t bytes, stream_ref stream);
+  // collect_retired(false) after a resize has taken effect: never throws, so that a stream
+  // that cannot be queried (reported) keeps its chunks retired instead of failing a resize
+  // that succeeded.
+  void collect_passed() noexcept;
   [[nodiscard]] std::size_t active_chunks() const noexcept;
   [[nodiscard]] std::vector<access_grant> grants() const;
   [[nodiscard]] chunk_pool& pool_at(std::size_t index) const;
