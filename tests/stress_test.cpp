@@ -1,10 +1,13 @@
-// Stress: what holds when many things happen at once.
+// Stress: what holds when many things happen at once, or many times over.
 //  - Four threads share one capped chunk_pool (with a release threshold) and one
 //    ipc::exporter, each resizing its own buffers at random, making views of them, and
 //    exporting them and importing them back through its own socket pair, while a fifth
 //    thread reads the pool's statistics and checks their invariants. Bounded both in time
 //    (2 s) and in operations, so that it ends quickly under ThreadSanitizer too, which this
 //    test is also built for (VMM_TSAN).
+//  - 10^4 export / import cycles between this process and a peer process, with a resize
+//    every 1000 cycles so that chunks die and the export cache drops them: the descriptor
+//    count of each process is the same at the end as at the start.
 
 #include <gtest/gtest.h>
 
@@ -22,7 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "helpers/ipc_peer_protocol.hpp"
+#include "memory_io.hpp"
 #include "process_resources.hpp"
+#include "provider_kinds.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/chunk_view.hpp"
 #include "vmm/error.hpp"
@@ -232,6 +238,93 @@ TEST(stress, threads_share_one_capped_pool_and_one_exporter) {
   EXPECT_EQ(retired_count(), 0u);
   EXPECT_TRUE(provider->address_space().usage() == usage_before) << "address space usage differs from the start";
   EXPECT_EQ(open_fd_count(), fds_before);
+}
+
+// ---- 10^4 export / import cycles across two processes --------------------------------------
+
+constexpr unsigned long cycle_count = 10000;
+constexpr unsigned long cycles_per_resize = 1000;
+constexpr std::size_t cycle_chunks = 4;
+
+template <class Kind>
+class export_import_cycles : public provider_test<Kind> {
+ protected:
+  void SetUp() override {
+    provider_test<Kind>::SetUp();
+    if (this->IsSkipped()) return;
+    // OS memory in 4 KiB chunks, so that the peer reads every byte it checks quickly; the
+    // GPU's in its own granularity, sampled (cycle_sample_bytes of each chunk).
+    if (Kind::where().kind == memory_kind::os_host) {
+      peer_granularity_ = 4096;
+      this->provider_ =
+          make_os_host_provider({.granularity = peer_granularity_, .commit_budget = std::size_t{64} << 20});
+      this->granularity_ = peer_granularity_;
+    }
+  }
+
+  std::size_t peer_granularity_ = 0;  // 0: the peer's default provider for the kind
+};
+using cycle_kinds = ::testing::Types<os_host_memory, device_memory>;
+TYPED_TEST_SUITE(export_import_cycles, cycle_kinds, memory_kind_names);
+
+TYPED_TEST(export_import_cycles, ten_thousand_cycles_keep_the_fd_count_of_both_processes) {
+  if (this->provider_->capabilities().export_kind != handle_kind::posix_fd)
+    GTEST_SKIP() << "this memory is not exported as a POSIX fd here";
+  const std::size_t g = this->granularity_;
+  memory_provider& provider = *this->provider_;
+  const auto pool = chunk_pool::create(this->provider_);
+  growable_buffer buffer(pool, {.max_size = 2 * cycle_chunks * g, .policy = chunk_policy::fixed(g)});
+  std::uint32_t seed = 1;
+  const auto fill = [&] {
+    buffer.resize(cycle_chunks * g - 100);
+    write_bytes(provider, reinterpret_cast<std::uintptr_t>(buffer.data()), pattern(cycle_chunks * g, seed));
+    return sampled_checksum(provider, reinterpret_cast<std::uintptr_t>(buffer.data()), buffer.size(), g,
+                            cycle_sample_bytes);
+  };
+  std::uint64_t expected = fill();
+
+  ipc::exporter exporter;
+  peer_process peer({VMM_IPC_PEER_PATH, TypeParam::name, std::to_string(this->peer_granularity_), "cycles",
+                     std::to_string(cycle_count)});
+  const auto started = std::chrono::steady_clock::now();
+  std::size_t fds_at_start = 0;
+  for (unsigned long cycle = 1; cycle <= cycle_count; ++cycle) {
+    {
+      const ipc::exported_manifest exported = exporter.export_buffer(buffer);
+      ipc::send_manifest(peer.socket(), exported);
+    }
+    const peer_report report = receive_report(peer.socket());
+    ASSERT_EQ(report.checksum, expected) << "cycle " << cycle << ": the peer sees other bytes";
+    ASSERT_EQ(report.size, buffer.size()) << "cycle " << cycle;
+    // The start: the exporter's cache holds one fd per chunk from the first cycle on.
+    if (cycle == 1) fds_at_start = open_fd_count();
+    if (cycle % cycles_per_resize == 0 && cycle != cycle_count) {
+      // The chunks die (back to the pool, lent again as new chunks): the cache drops them at
+      // the next export and exports their successors afresh.
+      buffer.resize(0);
+      buffer.collect_retired(true);  // on the GPU, once the stream has passed the shrink
+      ++seed;
+      expected = fill();
+    }
+  }
+  const peer_fd_report peer_fds = receive_fd_report(peer.socket());
+  EXPECT_TRUE(exited_cleanly(peer.wait()));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("%lu export/import cycles with a peer process in %.2f s (%.0f us each)\n", cycle_count, seconds,
+              1e6 * seconds / static_cast<double>(cycle_count));
+  ::testing::Test::RecordProperty("cycles_seconds", std::to_string(seconds));
+
+  EXPECT_EQ(open_fd_count(), fds_at_start) << "this process's descriptors after " << cycle_count << " cycles";
+  EXPECT_EQ(peer_fds.after_last, peer_fds.after_first) << "the peer's descriptors after " << cycle_count << " cycles";
+  if (TypeParam::where().kind == memory_kind::os_host) {
+    EXPECT_EQ(peer_fds.after_last, peer_fds.before_first) << "the peer's descriptors: an import left one open";
+  }
+  const ipc::export_statistics statistics = exporter.statistics();
+  const std::size_t generations = (cycle_count - 1) / cycles_per_resize + 1;
+  EXPECT_EQ(statistics.handles_exported, generations * cycle_chunks) << "each chunk exported once";
+  EXPECT_EQ(statistics.cache_hits, (cycle_count - generations) * cycle_chunks);
+  EXPECT_EQ(statistics.entries_dropped, (generations - 1) * cycle_chunks) << "dead chunks dropped from the cache";
+  EXPECT_EQ(statistics.cached_chunks, cycle_chunks);
 }
 
 }  // namespace
