@@ -14,6 +14,7 @@
 // as the peer's fault is caught.
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -426,6 +427,49 @@ class import_path : public sweep_path {
   std::optional<ipc::imported_buffer> imported_;
 };
 
+// ---- a manifest of more chunks than one message carries fds: send, then receive --------------
+//
+// max_fds_per_message + 1 chunks: the manifest travels in two messages, and the importer
+// has imported the first message's handles when the continuation arrives. Swept at the
+// socket's sites only (poll, sendmsg, recvmsg): the per-chunk calls are the import path's.
+
+class continuation_path : public sweep_path {
+ public:
+  static constexpr std::size_t chunks = ipc::max_fds_per_message + 1;
+
+  explicit continuation_path(const sweep_context& context)
+      : provider_(context.provider),
+        source_(context.pool, {.max_size = chunks * context.granularity(),
+                               .policy = chunk_policy::fixed(context.granularity())}) {
+    source_.resize(chunks * context.granularity());
+    std::memset(source_.data(), 0x5a, source_.size());
+  }
+
+  void operator()() {
+    {
+      during("exporter::export_buffer", export_errors);
+      const ipc::exported_manifest exported = exporter_.export_buffer(source_);
+      during("send_manifest", fails_os_error);
+      ipc::send_manifest(sockets_.first.get(), exported);
+    }
+    during("imported_buffer::receive", import_errors);
+    imported_.emplace(ipc::imported_buffer::receive(sockets_.second.get(), {.provider = provider_}));
+  }
+
+  void check(const outcome& result) {
+    if (!result.succeeded()) return;
+    EXPECT_EQ(imported_->chunk_count(), chunks);
+    EXPECT_EQ(std::memcmp(imported_->data(), source_.data(), source_.size()), 0);
+  }
+
+ private:
+  std::shared_ptr<memory_provider> provider_;
+  growable_buffer source_;
+  ipc::exporter exporter_;
+  std::pair<unique_fd, unique_fd> sockets_ = ipc::make_socket_pair();
+  std::optional<ipc::imported_buffer> imported_;
+};
+
 // ---- follow-growth: export_growth, send_manifest, receive_growth ----------------------------
 
 class follow_path : public sweep_path {
@@ -652,6 +696,25 @@ TEST_F(os_fault_sweep, ring_buffer_construction) { EXPECT_GT(run<ring_path>("rin
 TEST_F(os_fault_sweep, export_and_send_manifest) { EXPECT_GT(run<export_path>("export").total_points(), 0u); }
 
 TEST_F(os_fault_sweep, import_by_receive) { EXPECT_GT(run<import_path>("import").total_points(), 0u); }
+
+TEST_F(os_fault_sweep, import_of_a_manifest_with_a_continuation_message) {
+  // The source's memfds, the exporter's cache, a message's fds and the imported handles:
+  // about four descriptors a chunk at once, past the common soft limit of 1024.
+  rlimit limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  const rlim_t wanted = 8 * continuation_path::chunks;
+  if (limit.rlim_cur < wanted) {
+    if (limit.rlim_max < wanted) GTEST_SKIP() << "RLIMIT_NOFILE's hard limit is below " << wanted;
+    limit.rlim_cur = wanted;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limit), 0);
+  }
+  // Page-sized chunks: hundreds of them per run cost little.
+  const auto small_chunks = make_os_host_provider({.granularity = 4096, .commit_budget = std::size_t{64} << 20});
+  const sweep_report report =
+      sweep<continuation_path>("continuation", small_chunks, fault::poll | fault::sendmsg | fault::recvmsg,
+                               {ENOMEM, EINVAL, EINTR});
+  EXPECT_GT(report.total_points(), 0u);
+}
 
 TEST_F(os_fault_sweep, follow_growth) { EXPECT_GT(run<follow_path>("follow-growth").total_points(), 0u); }
 
