@@ -255,23 +255,6 @@ inline std::string to_string(const address_space_usage& usage) {
                      usage.range_bytes, usage.handles, usage.handle_bytes, usage.mappings, usage.mapped_bytes);
 }
 
-// Whether every line of /proc/self/maps belongs to the program: AddressSanitizer's and
-// ThreadSanitizer's allocators map memory of their own as the process runs (the quarantine
-// of freed blocks, shadow for new mappings), so under them only the memfd lines count. So
-// does the CUDA driver (staging buffers for copies), so on GPU memory the address space's
-// book and the descriptors are what count.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool maps_lines_are_the_programs = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool maps_lines_are_the_programs = false;
-#else
-inline constexpr bool maps_lines_are_the_programs = true;
-#endif
-#else
-inline constexpr bool maps_lines_are_the_programs = true;
-#endif
-
 // `all_maps_lines`: compare every line of /proc/self/maps, not only the memfds' (see
 // maps_lines_are_the_programs).
 inline void expect_same_resources(const held_resources& before, const held_resources& after,

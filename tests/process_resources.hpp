@@ -16,6 +16,23 @@ inline std::size_t open_fd_count() {
   return count;
 }
 
+// Whether every line of /proc/self/maps belongs to the program: AddressSanitizer's and
+// ThreadSanitizer's allocators map memory of their own as the process runs (the quarantine
+// of freed blocks, shadow for new mappings, more of them in a fresh process), so under them
+// only the memfd lines count. The CUDA driver maps memory of its own too (staging buffers
+// for copies): on GPU memory the address space's book and the descriptors are what count.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool maps_lines_are_the_programs = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool maps_lines_are_the_programs = false;
+#else
+inline constexpr bool maps_lines_are_the_programs = true;
+#endif
+#else
+inline constexpr bool maps_lines_are_the_programs = true;
+#endif
+
 struct maps_lines {
   std::size_t all = 0;
   std::size_t memfd = 0;  // mappings of the OS provider's memfds
