@@ -1,6 +1,7 @@
 #pragma once
 // Reading and writing any provider's memory from a test, through the provider itself.
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -38,6 +39,18 @@ inline std::uint64_t checksum(const std::uint8_t* data, std::size_t n) {
   std::uint64_t hash = 14695981039346656037ull;
   for (std::size_t i = 0; i < n; ++i) hash = (hash ^ data[i]) * 1099511628211ull;
   return hash;
+}
+
+// FNV-1a of the first `sample` bytes of every `block` bytes of [address, address + n): a
+// checksum of large memory that reads a little of every chunk.
+inline std::uint64_t sampled_checksum(memory_provider& provider, std::uintptr_t address, std::size_t n,
+                                      std::size_t block, std::size_t sample) {
+  std::vector<std::uint8_t> bytes;
+  for (std::size_t at = 0; at < n; at += block) {
+    const std::vector<std::uint8_t> part = read_bytes(provider, address + at, std::min(sample, n - at));
+    bytes.insert(bytes.end(), part.begin(), part.end());
+  }
+  return checksum(bytes.data(), bytes.size());
 }
 
 }  // namespace vmm::testing

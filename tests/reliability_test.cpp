@@ -7,15 +7,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "fault_injection.hpp"
 #include "memory_io.hpp"
+#include "process_resources.hpp"
 #include "provider_kinds.hpp"
 #include "vmm/device_vector.hpp"
 #include "vmm/error.hpp"
@@ -29,48 +26,6 @@ namespace vmm::testing {
 namespace {
 
 constexpr std::size_t mib = std::size_t{1} << 20;
-
-// The address ranges of the process (/proc/self/maps), to find reservations a failure left
-// behind. Counting lines is not enough: the heap, or a sanitizer's allocator carving its own
-// reservations, changes them at any time.
-struct address_interval {
-  std::uintptr_t start;
-  std::uintptr_t end;
-  bool inaccessible;  // PROT_NONE: how a reservation (or its padding) is mapped
-};
-
-std::vector<address_interval> process_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  std::vector<address_interval> ranges;
-  for (std::string line; std::getline(maps, line);) {
-    address_interval range{};
-    char dash = 0;
-    std::istringstream fields(line);
-    std::string permissions;
-    fields >> std::hex >> range.start >> dash >> range.end >> permissions;
-    range.inaccessible = permissions.starts_with("---");
-    ranges.push_back(range);
-  }
-  return ranges;
-}
-
-// Bytes reserved now (mapped without access) that nothing in `before` covered. The heap
-// growing, or a sanitizer mapping its own memory, is no reservation.
-std::size_t bytes_reserved_since(const std::vector<address_interval>& before) {
-  std::size_t fresh = 0;
-  for (const address_interval& now : process_mappings()) {
-    if (!now.inaccessible) continue;
-    std::uintptr_t at = now.start;
-    for (const address_interval& old : before) {  // both lists are sorted by address
-      if (old.end <= at || old.start >= now.end) continue;
-      if (old.start > at) fresh += old.start - at;
-      at = std::max(at, old.end);
-      if (at >= now.end) break;
-    }
-    if (at < now.end) fresh += now.end - at;
-  }
-  return fresh;
-}
 
 template <class Error, class Fn>
 std::string message_of(Fn&& fn) {

@@ -14,6 +14,9 @@
 //   die               import and report; then kill itself with SIGKILL
 //   consume <rounds>  import; then per round, as a vmm::ipc::handoff_consumer: acquire,
 //                     read, release, report
+//   cycles <n>        n times: import, report the sampled checksum of [0, size) (the first
+//                     cycle_sample_bytes of every granularity block), destroy the import;
+//                     then report its own descriptor counts (peer_fd_report)
 //   export <seed> <chunks> <none|truncate|extra_fd|missing_fd|wrong_size>
 //                     the other way round: export a buffer of <chunks> chunks holding
 //                     pattern(seed) (corrupting the manifest as asked), wait for "go" or for
@@ -31,11 +34,13 @@
 #include <string>
 
 #include "../memory_io.hpp"
+#include "../process_resources.hpp"
 #include "ipc_peer_protocol.hpp"
 #include "vmm/growable_buffer.hpp"
 #include "vmm/ipc/exporter.hpp"
 #include "vmm/ipc/handoff.hpp"
 #include "vmm/ipc/importer.hpp"
+#include "vmm/retirement.hpp"
 
 namespace {
 
@@ -131,6 +136,33 @@ int run_export(const std::shared_ptr<vmm::memory_provider>& provider, int socket
   return 0;
 }
 
+int run_cycles(const std::shared_ptr<vmm::memory_provider>& provider, int socket, unsigned long cycles) {
+  vmm::testing::peer_fd_report fds;
+  fds.before_first = vmm::testing::open_fd_count();
+  for (unsigned long cycle = 1; cycle <= cycles; ++cycle) {
+    peer_report report;
+    {
+      const vmm::ipc::imported_buffer imported =
+          vmm::ipc::imported_buffer::receive(socket, {.access = vmm::access_mode::read_only, .provider = provider});
+      report.checksum = vmm::testing::sampled_checksum(*provider, reinterpret_cast<std::uintptr_t>(imported.data()),
+                                                       imported.size(), provider->granularity(),
+                                                       vmm::testing::cycle_sample_bytes);
+      report.size = imported.size();
+      report.capacity = imported.capacity();
+      report.address = reinterpret_cast<std::uintptr_t>(imported.data());
+    }
+    if (cycle == 1) {
+      vmm::collect_retired(true);
+      fds.after_first = vmm::testing::open_fd_count();
+    }
+    send_report(socket, report);
+  }
+  vmm::collect_retired(true);
+  fds.after_last = vmm::testing::open_fd_count();
+  vmm::testing::send_fd_report(socket, fds);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const auto arg = [&](int i) -> std::string {
     if (i >= argc) throw vmm::invalid_argument("too few arguments for this mode");
@@ -141,6 +173,7 @@ int run(int argc, char** argv) {
   const std::string mode = arg(3);
   const auto provider = granularity == 0 ? vmm::provider_for(where) : vmm::make_os_host_provider({.granularity = granularity});
   const int socket = vmm::testing::peer_socket_fd;
+  if (mode == "cycles") return run_cycles(provider, socket, std::stoul(arg(4)));
   if (mode == "export")
     return run_export(provider, socket, static_cast<std::uint32_t>(std::stoul(arg(4))), std::stoul(arg(5)),
                       arg(6));

@@ -55,6 +55,30 @@ inline peer_report receive_report(int socket_fd) {
   return report;
 }
 
+// The peer's own descriptor counts in mode "cycles": before the first import, after the
+// first cycle (whatever the driver opens on its first import is open by then) and after
+// the last.
+struct peer_fd_report {
+  std::uint64_t before_first = 0;
+  std::uint64_t after_first = 0;
+  std::uint64_t after_last = 0;
+};
+
+inline void send_fd_report(int socket_fd, const peer_fd_report& report) {
+  ipc::send_message(socket_fd, std::as_bytes(std::span(&report, 1)));
+}
+
+inline peer_fd_report receive_fd_report(int socket_fd) {
+  const ipc::message received = ipc::receive_message(socket_fd, 0);
+  peer_fd_report report;
+  if (received.payload.size() != sizeof report) throw ipc::protocol_error("peer fd report of the wrong size");
+  std::memcpy(&report, received.payload.data(), sizeof report);
+  return report;
+}
+
+// How much of each chunk "cycles" reads for its checksum (sampled_checksum).
+inline constexpr std::size_t cycle_sample_bytes = 4096;
+
 // What the GPU consumer (tests/helpers/ipc_kernel_peer.cu) saw: the smallest and largest
 // int in the import, as its kernel read them.
 struct kernel_peer_report {

@@ -29,7 +29,7 @@ address_range::address_range(address_range&& other) noexcept
 
 address_range& address_range::operator=(address_range&& other) noexcept {
   if (this != &other) {
-    reset();
+    if (!reset()) release();  // given up: the failure was reported
     provider_ = std::move(other.provider_);
     address_ = std::exchange(other.address_, 0);
     size_ = std::exchange(other.size_, 0);
@@ -37,7 +37,9 @@ address_range& address_range::operator=(address_range&& other) noexcept {
   return *this;
 }
 
-address_range::~address_range() { reset(); }
+address_range::~address_range() {
+  if (!reset()) release();  // given up: the failure was reported
+}
 
 std::uintptr_t address_range::release() noexcept {
   provider_.reset();
@@ -45,13 +47,19 @@ std::uintptr_t address_range::release() noexcept {
   return std::exchange(address_, 0);
 }
 
-void address_range::reset() noexcept {
+bool address_range::reset() noexcept {
   if (address_ != 0) {
-    detail::cleanup("address_range: free", [&] { provider_->free_range(address_, size_); });
+    bool freed = false;
+    detail::cleanup("address_range: free", [&] {
+      provider_->free_range(address_, size_);
+      freed = true;
+    });
+    if (!freed) return false;  // still ours: a later reset() tries again
   }
   provider_.reset();
   address_ = 0;
   size_ = 0;
+  return true;
 }
 
 }  // namespace vmm

@@ -128,7 +128,7 @@ void growable_buffer::resize(std::size_t bytes, stream_ref stream) {
     retire_beyond(bytes, stream);  // changes nothing when it throws
   }
   size_ = bytes;
-  collect_retired(false);
+  collect_passed();
 }
 
 void growable_buffer::reserve(std::size_t bytes, stream_ref stream) {
@@ -139,7 +139,7 @@ void growable_buffer::reserve(std::size_t bytes, stream_ref stream) {
 void growable_buffer::shrink_to_fit(stream_ref stream) {
   if (run_.data() == nullptr) return;
   retire_beyond(size_, stream);
-  collect_retired(false);
+  collect_passed();
 }
 
 void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
@@ -229,6 +229,10 @@ void growable_buffer::retire_beyond(std::size_t bytes, stream_ref stream) {
   retirements_.reserve(retirements_.size() + 1);
   retirements_.insert(retirements_.begin(), retirement{first, std::move(passed)});
   capacity_ = end_of_first;
+}
+
+void growable_buffer::collect_passed() noexcept {
+  detail::cleanup("growable_buffer: collecting retired chunks", [&] { collect_retired(false); });
 }
 
 void growable_buffer::collect_retired(bool wait) {

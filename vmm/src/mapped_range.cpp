@@ -9,6 +9,20 @@
 #include "vmm/error.hpp"
 
 namespace vmm {
+namespace detail {
+
+// A range on the retirement list.
+class retired_range final : public retirable {
+ public:
+  explicit retired_range(mapped_range&& range) noexcept : range_(std::move(range)) {}
+  bool release() noexcept override { return range_.release_all(); }
+  void abandon() noexcept override { range_.abandon(); }
+
+ private:
+  mapped_range range_;
+};
+
+}  // namespace detail
 
 mapped_range::mapped_range(std::shared_ptr<memory_provider> provider, std::size_t size,
                            std::size_t alignment)
@@ -37,9 +51,32 @@ mapped_range& mapped_range::operator=(mapped_range&& other) noexcept {
 }
 
 mapped_range::~mapped_range() {
-  for (std::size_t i = mappings_.size(); i-- > 0;)
-    if (!mappings_[i].reset()) chunks_[i]->discard();  // still mapped: never lent again
-  // A range that still holds a mapping cannot be freed: address_range reports that.
+  if (range_.address() == 0 || release_all()) return;
+  // An unmap or the free failed (and was reported): the retirement list tries again.
+  std::shared_ptr<detail::retirable> rest;
+  try {
+    rest = std::make_shared<detail::retired_range>(std::move(*this));
+  } catch (...) {
+    abandon();
+    return;
+  }
+  detail::retry_later(std::move(rest));
+}
+
+bool mapped_range::release_all() noexcept {
+  if (unmap_from(0) != 0) return false;
+  return range_.reset();
+}
+
+void mapped_range::abandon() noexcept {
+  for (std::size_t i = mappings_.size(); i-- > 0;) {
+    chunks_[i]->discard();  // still mapped: never lent again
+    (void)mappings_[i].release();
+  }
+  mappings_.clear();
+  chunks_.clear();
+  mapped_ = 0;
+  (void)range_.release();
 }
 
 void mapped_range::push_back(shared_chunk chunk) {
@@ -110,9 +147,9 @@ std::size_t mapped_range::unmap_from(std::size_t first) noexcept {
 
 void mapped_range::retire(std::vector<stream_event> passed) && noexcept {
   if (range_.address() == 0) return;
-  std::shared_ptr<void> held;
+  std::shared_ptr<detail::retirable> held;
   try {
-    held = std::make_shared<mapped_range>(std::move(*this));
+    held = std::make_shared<detail::retired_range>(std::move(*this));
   } catch (...) {
     // No memory for the list's entry: wait here instead, then unmap.
     for (const stream_event& point : passed)

@@ -11,6 +11,7 @@ namespace {
 struct retired {
   std::vector<stream_event> passed;
   std::shared_ptr<void> held;
+  detail::retirable* releasable = nullptr;  // `held` as a retirable, or null: destroying it is the release
 
   [[nodiscard]] bool done() const {
     return std::all_of(passed.begin(), passed.end(), [](const stream_event& e) { return e.done(); });
@@ -56,11 +57,31 @@ std::vector<retired> take_done(bool wait) {
   return taken;
 }
 
+// Puts `entry` back on the list for a later collection; gives up what it holds when the
+// list cannot take it.
+void keep(retired entry) noexcept {
+  try {
+    std::lock_guard lock(list().mutex);
+    list().entries.push_back(std::move(entry));  // leaves `entry` as it was if it throws
+  } catch (...) {
+    if (entry.releasable != nullptr) entry.releasable->abandon();
+  }
+}
+
+// Releases what `entry` holds, or keeps it for a later collection to try again.
+void release(retired& entry) noexcept {
+  if (entry.releasable != nullptr && !entry.releasable->release()) {
+    keep(std::move(entry));
+    return;
+  }
+  entry.held.reset();
+}
+
 }  // namespace
 
 void collect_retired(bool wait) {
   std::vector<retired> done = take_done(wait);
-  done.clear();  // unmaps, frees and gives back, outside the list's lock
+  for (retired& entry : done) release(entry);  // outside the list's lock
 }
 
 std::size_t retired_count() {
@@ -70,8 +91,9 @@ std::size_t retired_count() {
 
 namespace detail {
 
-void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexcept {
-  retired entry{std::move(passed), std::move(held)};
+namespace {
+
+void retire_entry(retired entry) noexcept {
   bool done = true;  // as in take_done: a failed query means the work is over
   cleanup("retire: querying a stream", [&] { done = entry.done(); });
   if (!done) {
@@ -83,8 +105,24 @@ void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexce
       cleanup("retire: waiting for a stream", [&] { entry.synchronize(); });
     }
   }
-  entry.held.reset();
   cleanup("retire: collecting earlier retirements", [] { collect_retired(false); });
+  release(entry);
+}
+
+}  // namespace
+
+void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexcept {
+  retire_entry(retired{std::move(passed), std::move(held)});
+}
+
+void retire(std::vector<stream_event> passed, std::shared_ptr<retirable> held) noexcept {
+  retirable* const releasable = held.get();
+  retire_entry(retired{std::move(passed), std::move(held), releasable});
+}
+
+void retry_later(std::shared_ptr<retirable> held) noexcept {
+  retirable* const releasable = held.get();
+  keep(retired{{}, std::move(held), releasable});
 }
 
 void collect_retirement(const std::weak_ptr<void>& held) noexcept {
@@ -100,7 +138,7 @@ void collect_retirement(const std::weak_ptr<void>& held) noexcept {
     entries.erase(found);
   }
   cleanup("collect_retirement: waiting for a stream", [&] { taken.synchronize(); });
-  taken.held.reset();  // unmaps, frees and gives back, outside the list's lock
+  release(taken);  // outside the list's lock
 }
 
 }  // namespace detail

@@ -46,8 +46,10 @@ class address_range {
   /// Gives up ownership: the caller must free [address(), address() + size()) through the
   /// provider.
   std::uintptr_t release() noexcept;
-  /// Frees the range now (reporting, not throwing, on failure) and becomes empty.
-  void reset() noexcept;
+  /// Frees the range now and becomes empty. Returns false when the free failed (the
+  /// failure is reported, not thrown): the range then still owns the addresses, and a later
+  /// reset() tries again; the destructor tries once more and then gives up.
+  bool reset() noexcept;
 
  private:
   std::shared_ptr<memory_provider> provider_;

@@ -190,7 +190,9 @@ class device_vector {
   /// the vector is full.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
-  /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
+  /// @throws vmm::driver_error, vmm::os_error mapping memory failed (as in
+  ///         growable_buffer::reserve), or the copy could not be queued; the vector is as it
+  ///         was.
   void push_back(const T& value, stream_ref stream) {
     if (size_ == max_size()) throw_past_max_size(1);
     const size_type first = size_;
@@ -204,7 +206,9 @@ class device_vector {
   /// Appends the elements of a host range with one copy queued on `stream`.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
-  /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
+  /// @throws vmm::driver_error, vmm::os_error mapping memory failed (as in
+  ///         growable_buffer::reserve), or the copy could not be queued; the vector is as it
+  ///         was.
   void append(std::span<const T> values, stream_ref stream) {
     if (values.empty()) return;
     if (values.size() > max_size() - size_) throw_past_max_size(values.size());
@@ -220,7 +224,9 @@ class device_vector {
   /// other is first gathered into host memory. One copy queued on stream() either way.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
-  /// @throws vmm::driver_error the copy could not be queued; the vector is as it was.
+  /// @throws vmm::driver_error, vmm::os_error mapping memory failed (as in
+  ///         growable_buffer::reserve), or the copy could not be queued; the vector is as it
+  ///         was.
   template <std::input_iterator Iterator, std::sentinel_for<Iterator> Sentinel>
     requires std::convertible_to<std::iter_reference_t<Iterator>, T>
   void append(Iterator first, Sentinel last) {
@@ -239,7 +245,9 @@ class device_vector {
   /// element_init::uninitialized it writes nothing. Getting smaller keeps the capacity.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
-  /// @throws vmm::driver_error the fill could not be queued; the vector is as it was.
+  /// @throws vmm::driver_error, vmm::os_error mapping memory failed (as in
+  ///         growable_buffer::reserve), or the fill could not be queued; the vector is as it
+  ///         was.
   void resize(size_type count, element_init init, stream_ref stream) {
     if (count <= size_) {
       size_ = count;
@@ -259,6 +267,7 @@ class device_vector {
   /// capacity() makes no driver call.
   /// @throws vmm::out_of_memory past max_size(), the pool's cap, or the memory; the vector
   ///         is then exactly as it was.
+  /// @throws vmm::driver_error, vmm::os_error mapping memory failed; the vector is as it was.
   void reserve(size_type count, stream_ref stream) {
     if (count <= capacity()) return;
     if (count > max_size()) throw_past_max_size(count - size_);

@@ -107,6 +107,8 @@ class growable_buffer {
   ///         policy, a null spill pool, a spill pool of another kind of memory or of another
   ///         address space).
   /// @throws vmm::out_of_memory no address range of that size is left.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused the range for
+  ///         another reason.
   explicit growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buffer_options options = {});
   /// A buffer on the default pool of `where`.
   explicit growable_buffer(location where, growable_buffer_options options = {});
@@ -172,6 +174,10 @@ class growable_buffer {
   };
   void grow_mapping(std::size_t required, stream_ref stream);
   void retire_beyond(std::size_t bytes, stream_ref stream);
+  // collect_retired(false) after a resize has taken effect: never throws, so that a stream
+  // that cannot be queried (reported) keeps its chunks retired instead of failing a resize
+  // that succeeded.
+  void collect_passed() noexcept;
   [[nodiscard]] std::size_t active_chunks() const noexcept;
   [[nodiscard]] std::vector<access_grant> grants() const;
   [[nodiscard]] chunk_pool& pool_at(std::size_t index) const;

@@ -20,8 +20,11 @@
 /// only when no queued work uses the memory; retire() hands the range to the process's
 /// retirement list instead (vmm/retirement.hpp), which unmaps once the given stream points
 /// have passed. A chunk that cannot be unmapped (the driver or the OS refused) stays mapped:
-/// unmap_from() keeps it (and everything below it), and the destructor marks it discarded,
-/// so that its pool never lends memory that is still mapped here.
+/// unmap_from() keeps it (and everything below it); the destructor and the retirement list
+/// keep it, with the range, on the retirement list, which tries again at each collection
+/// and gives the chunks back once they are unmapped. Only if the list cannot take them are
+/// they given up: they stay mapped, and are marked discarded, so that their pool never lends
+/// memory that is still mapped here.
 
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +38,10 @@
 #include "vmm/stream_executor.hpp"
 
 namespace vmm {
+
+namespace detail {
+class retired_range;
+}  // namespace detail
 
 /// A stream whose queued work may use memory, with the executor of its device.
 struct stream_use {
@@ -51,12 +58,15 @@ class mapped_range {
   /// nothing mapped.
   /// @throws vmm::invalid_argument size is 0, the provider is null, or the alignment is bad.
   /// @throws vmm::out_of_memory no address range of that size is left.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused the range for
+  ///         another reason.
   mapped_range(std::shared_ptr<memory_provider> provider, std::size_t size, std::size_t alignment = 0);
   mapped_range(mapped_range&& other) noexcept;
   mapped_range& operator=(mapped_range&& other) noexcept;
   mapped_range(const mapped_range&) = delete;
   mapped_range& operator=(const mapped_range&) = delete;
-  /// Unmaps every chunk now (see the file comment), then frees the range.
+  /// Unmaps every chunk now, then frees the range; what cannot be unmapped or freed goes to
+  /// the retirement list (see the file comment).
   ~mapped_range();
 
   /// The first byte (nullptr when empty).
@@ -103,6 +113,14 @@ class mapped_range {
   void retire_after(std::span<const stream_use> uses, std::vector<stream_event> also = {}) && noexcept;
 
  private:
+  friend class detail::retired_range;
+  // Unmaps every chunk (the last first), then frees the range. Returns whether all of it was
+  // let go; what was not stays here, for a later call.
+  bool release_all() noexcept;
+  // Forgets what release_all() left: the mappings stay mapped and the range allocated for the
+  // rest of the process, and their chunks are discarded.
+  void abandon() noexcept;
+
   // Declaration order is destruction order reversed: the mappings go before the range, and
   // the range before the chunks.
   std::vector<shared_chunk> chunks_;

@@ -36,6 +36,7 @@ class physical_allocation {
   /// Imports `size` bytes of physical memory from an fd made by export_fd(), possibly in
   /// another process. The caller keeps `fd`.
   /// @throws vmm::invalid_argument the fd is not such memory, or the size does not match.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the import failed.
   [[nodiscard]] static physical_allocation import_fd(std::shared_ptr<memory_provider> provider,
                                                      int fd, std::size_t size);
   /// Takes ownership of a handle of `size` bytes obtained outside the provider (vmm::ipc
@@ -59,6 +60,7 @@ class physical_allocation {
   explicit operator bool() const noexcept { return provider_ != nullptr; }
   /// Exports the memory as a new file descriptor (send it to another process).
   /// @throws vmm::invalid_argument the memory cannot be exported, or this is empty.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the export failed.
   [[nodiscard]] unique_fd export_fd() const;
   /// Gives up ownership of the handle: the caller must destroy it through the provider.
   physical_handle release() noexcept;

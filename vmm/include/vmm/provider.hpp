@@ -26,6 +26,9 @@
 ///  - free_range() takes exactly an allocated range with nothing mapped in it;
 ///  - a physical allocation may be destroyed while mapped: its memory lives until the last
 ///    mapping of it goes.
+/// Besides the argument errors each function lists, a call that reaches the driver or the
+/// OS throws what they report: vmm::out_of_memory for CUDA_ERROR_OUT_OF_MEMORY, ENOMEM and
+/// ENOSPC, vmm::driver_error or vmm::os_error for any other refusal.
 /// Stream work on the memory (copies, fills, events) goes through executor()
 /// (vmm/stream_executor.hpp); sharing with other processes is vmm::ipc's. All member
 /// functions are thread-safe.
@@ -139,11 +142,13 @@ class memory_provider {
   /// Exports a handle as a new file descriptor, owned by the caller.
   /// @throws vmm::invalid_argument the memory cannot be exported (export_kind none), or
   ///         the handle is not live.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the export failed.
   [[nodiscard]] unique_fd export_fd(physical_handle handle);
   /// Imports physical memory of `size` bytes from a file descriptor made by export_fd(),
   /// possibly of another process. The caller keeps `fd`.
   /// @throws vmm::invalid_argument the fd is not such memory or holds another size (where
   ///         the driver cannot tell the size at import, the first map() says so instead).
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the import failed.
   [[nodiscard]] physical_handle import_fd(int fd, std::size_t size);
   /// Takes into the book a handle of `size` bytes obtained outside this class (vmm::ipc
   /// imports fabric handles through the driver), so that it can be mapped and destroyed.

@@ -17,6 +17,12 @@
 /// collect_retired(), whenever a chunk pool is about to create fresh memory, and (waiting)
 /// before a chunk pool reports out of memory. Host memory's events are always done, so on
 /// the OS provider all of this happens at once, before the destructor returns.
+///
+/// An unmap or a free that the driver or the OS refuses (ENOMEM from an munmap that would
+/// split a mapping past vm.max_map_count, say) is reported and tried again at every later
+/// collection: until it succeeds the memory stays mapped, the range stays allocated and
+/// the chunks stay out of their pools, and then they go as if nothing had happened. The same
+/// holds for a range unmapped at once (vmm/mapped_range.hpp) whose unmap fails.
 
 #include <cstddef>
 
@@ -26,7 +32,7 @@ namespace vmm {
 /// first blocks until every retirement's streams have passed. Thread-safe.
 void collect_retired(bool wait = false);
 
-/// Retirements still waiting for their streams.
+/// Retirements still waiting for their streams, or to be unmapped or freed again.
 [[nodiscard]] std::size_t retired_count();
 
 }  // namespace vmm

@@ -54,6 +54,8 @@ class ring_buffer {
   /// @throws vmm::invalid_argument the pool is null, capacity is 0 or "capacity N is not a
   ///         multiple of the granularity G", or an access grant is not grantable.
   /// @throws vmm::out_of_memory the pool's cap or the memory is exhausted.
+  /// @throws vmm::driver_error, vmm::os_error creating, mapping or setting access to the
+  ///         memory, or zeroing the counters, failed; nothing is left mapped.
   ring_buffer(std::shared_ptr<chunk_pool> pool, std::size_t capacity, ring_buffer_options options = {});
   /// A ring on the default pool of `where`.
   ring_buffer(location where, std::size_t capacity, ring_buffer_options options = {});

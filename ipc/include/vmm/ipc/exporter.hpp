@@ -97,20 +97,24 @@ class exporter {
   /// nothing mapped gives a manifest with no chunks.
   /// @throws vmm::invalid_argument a chunk's memory cannot be exported (pinned host memory),
   ///         or the requested handle kind is not available (the message says why).
-  /// @throws vmm::driver_error, vmm::os_error the export itself failed.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the export itself failed
+  ///         (ENOMEM and CUDA_ERROR_OUT_OF_MEMORY are vmm::out_of_memory).
   [[nodiscard]] exported_manifest export_buffer(const growable_buffer& buffer, export_options options = {});
   /// The chunks behind [offset, offset + length) of `buffer` (on chunk boundaries), as a
   /// whole manifest of exactly that length; base_offset says where it lies in the buffer.
   /// @throws vmm::invalid_argument as export_buffer, or the range is empty, past the
   ///         capacity or not on chunk boundaries.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as export_buffer.
   [[nodiscard]] exported_manifest export_range(const growable_buffer& buffer, std::size_t offset,
                                                std::size_t length, export_options options = {});
   /// The chunks a view maps, in its order (an alias, a re-layout, a splice).
   /// @throws vmm::invalid_argument as export_buffer, or the view is empty.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as export_buffer.
   [[nodiscard]] exported_manifest export_view(const chunk_view& view, export_options options = {});
   /// Any list of chunks of one kind of memory, back to back (a striped buffer's chunks()).
   /// @throws vmm::invalid_argument as export_buffer, or the list is empty, holds a null
   ///         chunk, or mixes kinds of memory.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as export_buffer.
   [[nodiscard]] exported_manifest export_chunks(std::span<const shared_chunk> chunks,
                                                 export_options options = {});
   /// The chunks of `buffer` past last.end, for an importer whose last manifest from this
@@ -121,6 +125,8 @@ class exporter {
   ///         this buffer, last.end is not a chunk boundary or lies past the capacity, or the
   ///         buffer no longer maps a chunk the generation exported (it shrank and grew
   ///         again: the importer must import it again).
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error exporting a new chunk
+  ///         failed, as in export_buffer.
   [[nodiscard]] exported_manifest export_growth(const growable_buffer& buffer, const manifest& last,
                                                 export_options options = {});
 

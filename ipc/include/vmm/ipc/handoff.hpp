@@ -80,6 +80,9 @@ class handoff_producer {
   /// @throws vmm::ipc::timeout_error no "done" within the timeout.
   /// @throws vmm::ipc::peer_closed the consumer went away.
   /// @throws vmm::os_error receiving failed.
+  /// @throws vmm::driver_error `stream` could not be made to wait (cuStreamWaitEvent). The
+  ///         round counts as consumed: order later work after the consumer's some other way
+  ///         (the consumer's finish() has been received) before reusing the memory.
   void wait_consumed(stream_ref stream);
   /// The rounds published so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
@@ -117,6 +120,9 @@ class handoff_consumer {
   /// @throws vmm::ipc::timeout_error no "ready" within the timeout.
   /// @throws vmm::ipc::peer_closed the producer went away.
   /// @throws vmm::os_error receiving failed.
+  /// @throws vmm::driver_error `stream` could not be made to wait (cuStreamWaitEvent). The
+  ///         round counts as acquired: order the reads after the producer's writes some
+  ///         other way before they start.
   void acquire(stream_ref stream);
   /// Marks the end of the work queued on `stream` so far as the producer's to wait for,
   /// and tells the producer that this round is finished.
