@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -65,6 +66,26 @@ TEST(reliability, an_os_host_vector_grown_to_its_max_size_stays_within_the_commi
   EXPECT_GT(os->capabilities().physical_memory_size, 0u);
   device_vector<char> by_default(location::os_host());
   EXPECT_LE(by_default.max_size(), os->capabilities().physical_memory_size);
+}
+
+// For simulations (vmm-replay of a trace larger than the machine): pages come at first
+// touch, and the budget is still kept to as bookkeeping.
+TEST(reliability, an_os_host_provider_without_commit_on_create_keeps_its_budget_and_commits_at_touch) {
+  const std::size_t budget = std::size_t{1} << 40;  // 1 TiB: more than the machine has
+  auto provider = make_os_host_provider({.granularity = 2 * mib, .commit_budget = budget, .commit_on_create = false});
+  physical_allocation large(provider, budget / 2);
+  const unique_fd fd = large.export_fd();
+  struct stat status {};
+  ASSERT_EQ(::fstat(fd.get(), &status), 0);
+  EXPECT_EQ(static_cast<std::size_t>(status.st_size), budget / 2);
+  EXPECT_LT(static_cast<std::size_t>(status.st_blocks) * 512, 4 * mib);  // nothing committed yet
+  physical_allocation small(provider, 2 * mib);
+  address_range range(provider, 2 * mib);
+  mapping mapped(small, range.address(), access_mode::read_write);
+  write_bytes(*provider, range.address(), pattern(2 * mib, 3));
+  EXPECT_EQ(read_bytes(*provider, range.address(), 2 * mib), pattern(2 * mib, 3));
+  const std::string message = message_of<out_of_memory>([&] { physical_allocation more(provider, budget / 2); });
+  EXPECT_NE(message.find("commit budget"), std::string::npos) << message;
 }
 
 // 3. A peer could truncate a memfd after sending it, and the importer died of SIGBUS at its

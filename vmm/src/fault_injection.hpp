@@ -16,7 +16,7 @@ namespace vmm::detail::fault {
 // The places a failure can be injected. A mask of them says which calls count.
 enum site : std::uint32_t {
   memfd_create = 1u << 0,
-  fallocate = 1u << 1,
+  fallocate = 1u << 1,  // sizing a memfd: fallocate, or ftruncate where pages come at first touch
   mmap = 1u << 2,
   munmap = 1u << 3,
   mprotect = 1u << 4,

@@ -1,7 +1,8 @@
 // vmm-replay: replays an allocation trace through vmm::memory_resource and reports what
 // the resource reserved against what was in use, and what each call cost the host.
 //
-//   vmm-replay TRACE [--location gpu0|os_host] [--json FILE] [--repeat N]
+//   vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--json FILE] [--repeat N]
+//              [--max-ratio R]
 //
 // TRACE is a text file, gzip-compressed or not, one event a line ('#' starts a comment):
 //   a <id> <bytes> <stream>   allocate <bytes> on stream number <stream> (0, 1, ...)
@@ -15,8 +16,17 @@
 // time of each allocate and deallocate (median and 99th percentile) and of an
 // allocate + deallocate pair. --repeat replays the trace N times in one resource (the
 // steady state of a training loop); the figures cover every pass.
+//
+// --simulate BYTES (OS host only; a number with an optional KiB/MiB/GiB suffix): the OS
+// provider's commit budget is BYTES and its pages come at first touch, so that a trace
+// larger than this machine's memory replays (nothing is written to the memory: the
+// figures are the resource's bookkeeping, the same as with every page committed). The
+// provider holds a descriptor per 2 MiB page: a budget needing more than `ulimit -n`
+// allows is refused with exit status 4.
+// --max-ratio R: exit status 3 when peak reserved / peak live passes R (a check for CI).
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -29,11 +39,14 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "vmm/capabilities.hpp"
 #include "vmm/memory_resource.hpp"
+#include "vmm/provider.hpp"
 
 namespace {
 
@@ -63,6 +76,17 @@ std::string read_all(const std::string& path) {
   return text;
 }
 
+// At most 80 bytes of a line for a message, bytes outside printable ASCII as \xNN.
+std::string quoted(std::string_view line) {
+  std::string text;
+  for (const char c : line.substr(0, 80)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) text += c;
+    else text += fmt::format("\\x{:02x}", byte);
+  }
+  return text;
+}
+
 // Parses and checks every line; ids are renumbered densely.
 std::vector<event> parse(const std::string& path, std::uint32_t& streams) {
   std::istringstream in(read_all(path));
@@ -77,7 +101,7 @@ std::vector<event> parse(const std::string& path, std::uint32_t& streams) {
     std::string kind;
     fields >> kind;
     const auto fail = [&](const std::string& why) {
-      throw trace_error(fmt::format("{}:{}: {}: \"{}\"", path, number, why, line.substr(0, 80)));
+      throw trace_error(fmt::format("{}:{}: {}: \"{}\"", path, number, why, quoted(line)));
     };
     std::string extra;
     if (kind == "a") {
@@ -132,8 +156,57 @@ vmm::location parse_location(const std::string& text) {
   throw std::invalid_argument(fmt::format("--location {}: expected os_host or gpu<N>", text));
 }
 
+// "80GiB", "512MiB", "4096": bytes, at most 2^48.
+std::size_t parse_bytes(const std::string& text) {
+  static constexpr std::pair<std::string_view, std::size_t> suffixes[] = {
+      {"GiB", std::size_t{1} << 30}, {"MiB", std::size_t{1} << 20}, {"KiB", std::size_t{1} << 10}, {"", 1}};
+  for (const auto& [suffix, unit] : suffixes) {
+    if (text.size() <= suffix.size() || !text.ends_with(suffix)) continue;
+    const std::string number = text.substr(0, text.size() - suffix.size());
+    if (number.size() > 15 || number.find_first_not_of("0123456789") != std::string::npos) break;
+    const std::size_t value = std::stoull(number);
+    if (value == 0 || value > (std::size_t{1} << 48) / unit) break;
+    return value * unit;
+  }
+  throw std::invalid_argument(fmt::format("--simulate {}: expected bytes from 1 to 2^48, as 4096, 512MiB or 80GiB", text));
+}
+
+double parse_ratio(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(value >= 1.0 && value < 1000.0))
+    throw std::invalid_argument(fmt::format("--max-ratio {}: expected a number from 1 to 1000", text));
+  return value;
+}
+
+// The OS provider holds a descriptor per page: raise the soft limit to the hard one, and
+// refuse (exit status 4) a budget that needs more than that.
+bool descriptors_suffice(std::size_t pages) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return false;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &limit);
+    (void)::getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  constexpr std::size_t spare = 256;  // the program's own descriptors
+  if (limit.rlim_cur == RLIM_INFINITY || pages + spare <= limit.rlim_cur) return true;
+  std::fprintf(stderr,
+               "vmm-replay: --simulate needs %zu descriptors (one per page), and this process may open %zu "
+               "(ulimit -n): give a smaller budget or raise the limit\n",
+               pages + spare, static_cast<std::size_t>(limit.rlim_cur));
+  return false;
+}
+
 int usage() {
-  std::fprintf(stderr, "usage: vmm-replay TRACE [--location gpu0|os_host] [--json FILE] [--repeat N]\n");
+  std::fprintf(stderr,
+               "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--json FILE] [--repeat N] "
+               "[--max-ratio R]\n");
   return 2;
 }
 
@@ -144,6 +217,8 @@ int main(int argc, char** argv) try {
   std::string json_path;
   std::optional<vmm::location> where;
   int repeat = 1;
+  std::size_t simulate_bytes = 0;
+  double max_ratio = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto value = [&]() -> std::string {
@@ -152,6 +227,8 @@ int main(int argc, char** argv) try {
     };
     if (arg == "--location") where = parse_location(value());
     else if (arg == "--json") json_path = value();
+    else if (arg == "--simulate") simulate_bytes = parse_bytes(value());
+    else if (arg == "--max-ratio") max_ratio = parse_ratio(value());
     else if (arg == "--repeat") {
       const std::string n = value();
       if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1)
@@ -163,12 +240,20 @@ int main(int argc, char** argv) try {
   }
   if (trace_path.empty()) return usage();
   if (!where) where = vmm::gpu_available() ? vmm::location::device(0) : vmm::location::os_host();
+  if (simulate_bytes != 0 && where->kind != vmm::memory_kind::os_host)
+    throw std::invalid_argument("--simulate is for --location os_host only");
+
+  const std::size_t simulated_granularity = vmm::os_host_options{}.granularity;
+  if (simulate_bytes != 0 && !descriptors_suffice(simulate_bytes / simulated_granularity)) return 4;
 
   std::uint32_t stream_count = 0;
   const std::vector<event> events = parse(trace_path, stream_count);
 
   // A pool of the resource's own, so that its figures are the resource's alone.
-  auto pool = vmm::chunk_pool::create(vmm::provider_for(*where));
+  auto pool = vmm::chunk_pool::create(
+      simulate_bytes != 0
+          ? vmm::make_os_host_provider({.commit_budget = simulate_bytes, .commit_on_create = false})
+          : vmm::provider_for(*where));
   vmm::memory_resource resource(pool);
   vmm::stream_executor& executor = pool->provider()->executor();
   std::vector<vmm::owned_stream> owned;
@@ -259,8 +344,9 @@ int main(int argc, char** argv) try {
   const percentiles p = of(pair_ns);
   const double ratio = static_cast<double>(after.reserved_high) / static_cast<double>(peak_live);
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  fmt::print("trace        {} ({} events, {} stream(s), {} pass(es)) on {}\n", trace_path, events.size(),
-             stream_count, repeat, vmm::to_string(*where));
+  fmt::print("trace        {} ({} events, {} stream(s), {} pass(es)) on {}{}\n", trace_path, events.size(),
+             stream_count, repeat, vmm::to_string(*where),
+             simulate_bytes != 0 ? fmt::format(" (simulated: {} bytes, pages at first touch)", simulate_bytes) : "");
   fmt::print("peak live      {:.3f} GiB ({} bytes)\n", static_cast<double>(peak_live) / gib, peak_live);
   fmt::print("peak reserved  {:.3f} GiB ({} bytes)\n", static_cast<double>(after.reserved_high) / gib,
              after.reserved_high);
@@ -277,15 +363,19 @@ int main(int argc, char** argv) try {
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << fmt::format(
-        "{{\"trace\": \"{}\", \"location\": \"{}\", \"events\": {}, \"passes\": {}, \"peak_live_bytes\": {}, "
+        "{{\"trace\": \"{}\", \"location\": \"{}\", \"simulated\": {}, \"events\": {}, \"passes\": {}, \"peak_live_bytes\": {}, "
         "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"pages_created\": {}, "
         "\"pages_stitched\": {}, \"segments\": {}}}\n",
-        trace_path, vmm::to_string(*where), events.size(), repeat, peak_live, after.reserved_high, ratio,
+        trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live, after.reserved_high, ratio,
         largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99, after.pages_created,
         after.pages_stitched, after.segments);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
+  }
+  if (max_ratio != 0 && ratio > max_ratio) {
+    std::fprintf(stderr, "vmm-replay: reserved/live %.4f is past --max-ratio %.4f\n", ratio, max_ratio);
+    return 3;
   }
   return 0;
 } catch (const std::exception& error) {

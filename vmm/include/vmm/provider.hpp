@@ -197,6 +197,12 @@ struct os_host_options {
   /// vmm::out_of_memory naming the budget. 0: the memory that can be committed safely when
   /// the provider is made (MemAvailable and the memory cgroup's limit, less headroom).
   std::size_t commit_budget = 0;
+  /// true: create() commits every page (fallocate), so that running out is out_of_memory
+  /// there. false: pages come at first touch, and the kernel may end the process with
+  /// SIGBUS on a touch it cannot back; the budget is still kept to, as bookkeeping. Only for
+  /// simulations that touch little of what they create, such as vmm-replay measuring an
+  /// allocator's footprint on a trace larger than this machine's memory.
+  bool commit_on_create = true;
 };
 
 /// A new OS host-memory provider with an address space of its own.

@@ -31,6 +31,11 @@ int fallocate(int fd, int mode, off_t offset, off_t length) noexcept {
   return ::fallocate(fd, mode, offset, length);
 }
 
+int ftruncate(int fd, off_t length) noexcept {
+  if (injected(detail::fault::fallocate)) return -1;
+  return ::ftruncate(fd, length);
+}
+
 void* mmap(void* address, std::size_t length, int protection, int flags, int fd, off_t offset) noexcept {
   if (injected(detail::fault::mmap)) return MAP_FAILED;
   return ::mmap(address, length, protection, flags, fd, offset);

@@ -16,6 +16,7 @@ namespace vmm::os {
 
 int memfd_create(const char* name, unsigned int flags) noexcept;
 int fallocate(int fd, int mode, off_t offset, off_t length) noexcept;
+int ftruncate(int fd, off_t length) noexcept;  // counted as the fallocate site
 void* mmap(void* address, std::size_t length, int protection, int flags, int fd, off_t offset) noexcept;
 int munmap(void* address, std::size_t length) noexcept;
 int mprotect(void* address, std::size_t length, int protection) noexcept;

@@ -118,7 +118,8 @@ provider_capabilities os_capabilities(const os_host_options& options) {
 
 os_host_provider::os_host_provider(os_host_options options)
     : memory_provider(os_capabilities(options), std::make_shared<vmm::address_space>(provider_name),
-                      host_executor()) {}
+                      host_executor()),
+      commit_on_create_(options.commit_on_create) {}
 
 namespace {
 
@@ -131,7 +132,8 @@ provider_capabilities asynchronous(provider_capabilities capabilities) {
 
 os_host_provider::os_host_provider(os_host_options options, stream_executor& executor)
     : memory_provider(asynchronous(os_capabilities(options)),
-                      std::make_shared<vmm::address_space>(provider_name), executor) {}
+                      std::make_shared<vmm::address_space>(provider_name), executor),
+      commit_on_create_(options.commit_on_create) {}
 
 std::uintptr_t os_host_provider::do_allocate_range(std::size_t size, std::size_t alignment) {
   // Over-allocate by the alignment, then give back the unaligned head and the tail. mmap
@@ -177,12 +179,14 @@ physical_handle os_host_provider::do_create(std::size_t size) {
   unique_fd fd(os::memfd_create("vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno(errno, "os host: memfd_create");
   // fallocate commits the pages now, so that running out is an error here, not a SIGBUS on
-  // first touch.
+  // first touch; ftruncate only sizes the file (os_host_options::commit_on_create false).
   int result = 0;
   do {
-    result = os::fallocate(fd.get(), 0, 0, static_cast<off_t>(size));
+    result = commit_on_create_ ? os::fallocate(fd.get(), 0, 0, static_cast<off_t>(size))
+                               : os::ftruncate(fd.get(), static_cast<off_t>(size));
   } while (result != 0 && errno == EINTR);
-  if (result != 0) throw_errno(errno, fmt::format("os host: fallocate of {} bytes", size));
+  if (result != 0)
+    throw_errno(errno, fmt::format("os host: {} of {} bytes", commit_on_create_ ? "fallocate" : "ftruncate", size));
   if (os::fcntl(fd.get(), F_ADD_SEALS, required_seals) != 0)
     throw_errno(errno, "os host: sealing the memfd (F_ADD_SEALS shrink, grow, seal)");
   created_.emplace(static_cast<physical_handle>(fd.get()), size);

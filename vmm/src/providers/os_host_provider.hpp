@@ -47,6 +47,7 @@ class os_host_provider final : public memory_provider {
   int do_export_fd(physical_handle handle) override;
   physical_handle do_import_fd(int fd, std::size_t size) override;
 
+  bool commit_on_create_ = true;
   std::atomic<std::size_t> committed_{0};
   std::unordered_map<physical_handle, std::size_t> created_;  // ours (not imported): budgeted
 };

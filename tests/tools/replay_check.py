@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""vmm-replay's checks, run by ctest on the OS provider (no GPU needed).
+
+    replay_check.py VMM_REPLAY shared      TRACE   # the shared trace, simulated: ratio <= 1.04
+    replay_check.py VMM_REPLAY bad-input           # malformed traces and arguments are refused
+
+`shared`: replays the trace with --simulate (pages at first touch, so a 16 GiB trace runs
+on a small machine) and --max-ratio 1.04, the figure PyTorch's expandable segments reach on
+it; checks the JSON. Exit 77 (ctest's skip) when the process may not open a descriptor per
+page, with vmm-replay's reason.
+
+`bad-input`: every malformed trace (bad lines, reused or unknown ids, sizes and streams out
+of range, a damaged gzip, no events) and every bad argument ends with exit status 1 or 2
+and a message naming the problem (and the line), never a crash; --max-ratio fails a replay
+that passes it with exit status 3.
+"""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+
+
+def run(replay, *args):
+    return subprocess.run([replay, *args], capture_output=True, text=True, errors="replace", timeout=600)
+
+
+def shared(replay, trace):
+    with tempfile.TemporaryDirectory() as directory:
+        out = os.path.join(directory, "replay.json")
+        result = run(replay, trace, "--location", "os_host", "--simulate", "24GiB", "--max-ratio", "1.04",
+                     "--json", out)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if result.returncode == 4:
+            print("skipped: the process may not open a descriptor per page (see above)")
+            return SKIP
+        if result.returncode != 0:
+            print(f"FAILED: vmm-replay exited with {result.returncode}")
+            return 1
+        with open(out) as f:
+            report = json.load(f)
+    failures = []
+    if not report["simulated"]:
+        failures.append("the JSON does not say the run was simulated")
+    if report["events"] != 129539:
+        failures.append(f"{report['events']} events, the shared trace has 129539")
+    if report["peak_live_bytes"] != 17538178248:
+        failures.append(f"peak live {report['peak_live_bytes']}, the trace's is 17538178248 (16.334 GiB)")
+    if not 1.0 <= report["reserved_over_live"] <= 1.04:
+        failures.append(f"reserved/live {report['reserved_over_live']} outside [1, 1.04]")
+    if report["peak_reserved_bytes"] < report["peak_live_bytes"]:
+        failures.append("peak reserved below peak live")
+    for failure in failures:
+        print("FAILED:", failure)
+    return 1 if failures else 0
+
+
+# (name, trace text or bytes, words the message must hold)
+BAD_TRACES = [
+    ("unknown kind", "a 1 4096 0\nx 1\n", ["2:", "must start with 'a' or 'f'"]),
+    ("missing size", "a 1\n", ["1:", "an allocation needs an id, a size and a stream number"]),
+    ("extra field", "a 1 4096 0 7\n", ["1:", "extra fields"]),
+    ("huge size", "a 1 281474976710657 0\n", ["1:", "past 2^48"]),
+    ("negative size", "a 1 -1 0\n", ["1:", "past 2^48"]),
+    ("stream past 1023", "a 1 4096 1024\n", ["1:", "stream number past 1023"]),
+    ("reused id", "# c\na 1 4096 0\na 1 4096 0\n", ["3:", "allocation id 1 is live already"]),
+    ("free of unknown id", "a 1 4096 0\nf 2\n", ["2:", "free of id 2, which is not live"]),
+    ("double free", "a 1 4096 0\nf 1\nf 1\n", ["3:", "free of id 1, which is not live"]),
+    ("free without id", "a 1 4096 0\nf\n", ["2:", "a free needs an id"]),
+    ("no events", "# only a comment\n\n", ["no events"]),
+    ("binary junk", b"\x00\xff\xfe garbage\n", ["must start with 'a' or 'f'", "\\x00\\xff\\xfe garbage"]),
+]
+
+BAD_ARGUMENTS = [
+    (["--repeat", "0"], "--repeat 0"),
+    (["--repeat", "x"], "--repeat x"),
+    (["--simulate", "0"], "--simulate 0"),
+    (["--simulate", "12XB"], "--simulate 12XB"),
+    (["--simulate", "99999999999GiB"], "--simulate 99999999999GiB"),
+    (["--max-ratio", "0.5"], "--max-ratio 0.5"),
+    (["--max-ratio", "nan"], "--max-ratio nan"),
+    (["--location", "gpu-1"], "--location gpu-1"),
+    (["--location", "tpu0"], "--location tpu0"),
+    (["--json"], "--json needs a value"),
+]
+
+
+def bad_input(replay):
+    failures = []
+    with tempfile.TemporaryDirectory() as directory:
+        good = os.path.join(directory, "good.trace")
+        with open(good, "w") as f:
+            f.write("# one small allocation\na 1 4096 0\na 2 0 0\nf 1\n")
+        for name, text, words in BAD_TRACES:
+            path = os.path.join(directory, "bad.trace")
+            with open(path, "wb") as f:
+                f.write(text if isinstance(text, bytes) else text.encode())
+            result = run(replay, path, "--location", "os_host")
+            missing = [w for w in words if w not in result.stderr]
+            if result.returncode != 1 or missing:
+                failures.append(f"{name}: exit {result.returncode}, stderr {result.stderr!r}, missing {missing}")
+        # A gzip file cut short.
+        damaged = os.path.join(directory, "damaged.trace.gz")
+        with open(damaged, "wb") as f:
+            f.write(gzip.compress(b"a 1 4096 0\n" * 10000)[:200])
+        result = run(replay, damaged, "--location", "os_host")
+        if result.returncode != 1 or "damaged.trace.gz" not in result.stderr:
+            failures.append(f"damaged gzip: exit {result.returncode}, stderr {result.stderr!r}")
+        missing_file = os.path.join(directory, "absent.trace")
+        result = run(replay, missing_file)
+        if result.returncode != 1 or "cannot open" not in result.stderr:
+            failures.append(f"absent file: exit {result.returncode}, stderr {result.stderr!r}")
+        for arguments, words in BAD_ARGUMENTS:
+            result = run(replay, good, *arguments)
+            if result.returncode not in (1, 2) or words not in result.stderr:
+                failures.append(f"{arguments}: exit {result.returncode}, stderr {result.stderr!r}")
+        result = run(replay, good, "--location", "gpu0", "--simulate", "1GiB")
+        if result.returncode != 1 or "--simulate is for --location os_host only" not in result.stderr:
+            failures.append(f"--simulate on a GPU: exit {result.returncode}, stderr {result.stderr!r}")
+        # The good trace replays (simulated: the search for the largest allocation at the end
+        # would commit the whole budget); a page held for 4096 bytes is far past a ratio of 1.5.
+        result = run(replay, good, "--location", "os_host", "--simulate", "1GiB")
+        if result.returncode != 0 or "reserved/live" not in result.stdout:
+            failures.append(f"good trace: exit {result.returncode}, stderr {result.stderr!r}")
+        result = run(replay, good, "--location", "os_host", "--simulate", "1GiB", "--max-ratio", "1.5")
+        if result.returncode != 3 or "past --max-ratio" not in result.stderr:
+            failures.append(f"--max-ratio: exit {result.returncode}, stderr {result.stderr!r}")
+    for failure in failures:
+        print("FAILED:", failure)
+    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 1} bad arguments, 2 good runs checked")
+    return 1 if failures else 0
+
+
+def main():
+    if len(sys.argv) == 4 and sys.argv[2] == "shared":
+        return shared(sys.argv[1], sys.argv[3])
+    if len(sys.argv) == 3 and sys.argv[2] == "bad-input":
+        return bad_input(sys.argv[1])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
