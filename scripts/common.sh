@@ -24,13 +24,21 @@ vmm_install_missing() {
 }
 
 vmm_prepare() {
+  vmm_install_missing || return 1
+  vmm_configure_and_build "$@"
+}
+
+# Configures with Ninja and builds, installing nothing: for machines that have every tool
+# already (the lent GPU image has cmake and ninja from pip, not dpkg, and no network).
+# VMM_JOBS sets the build's parallelism (default: every core).
+# Usage: vmm_configure_and_build BUILD_DIR [extra cmake arguments...]
+vmm_configure_and_build() {
   local build_dir=$1
   shift
-  vmm_install_missing || return 1
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCUDAToolkit_ROOT=/usr/local/cuda "$@" >"$build_dir.configure.log" 2>&1 ||
     { cat "$build_dir.configure.log"; return 1; }
-  cmake --build "$build_dir" -j "$(nproc)"
+  cmake --build "$build_dir" -j "${VMM_JOBS:-$(nproc)}"
 }
 
 # clang and its libFuzzer runtime, for the fuzz build (scripts/fuzz.sh).

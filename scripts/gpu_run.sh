@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine (its image has cmake, ninja, nvcc, gtest, benchmark, fmt):
 # configure with Ninja, build, print vmm-info, run the tests (and with --bench, the
 # benchmarks). Full logs go to $OUT/gpu-logs.tar.gz; a summary is printed last.
-#   bash scripts/gpu_run.sh [--bench [benchmark filter]]
+#   bash scripts/gpu_run.sh [--bench [--quick]]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # $OUT takes back a few files only: logs are written to a folder, packed at the end.
@@ -30,12 +30,11 @@ for program in "$build"/tests/vmm_*tests "$build"/tests/cuda/vmm_*tests; do
   [ -x "$program" ] && "$program" >"$out/gtest-$(basename "$program").log" 2>&1
 done
 if [ "$bench" = ON ]; then
-  for program in "$build"/bench/vmm_bench_*; do
-    "$program" --benchmark_filter="${2:-.}" --benchmark_counters_tabular=true \
-      --benchmark_out="$out/$(basename "$program").json" --benchmark_out_format=json \
-      >>"$out/bench.log" 2>&1
-  done
-  python3 scripts/bench_report.py "$out"/vmm_bench_grow.json >"$out/grow-report.md" 2>&1
+  # Every benchmark through the one command: $final/bench.json (made into docs/benchmarks.md
+  # with its plots by scripts/bench_report.py), raw outputs in $final/bench-logs.tar.gz.
+  bash scripts/bench.sh --no-build --build-dir "$build" --out "$final" ${2:+$2} >"$out/bench.log" 2>&1
+  tail -25 "$out/bench.log"
+  python3 scripts/bench_report.py "$final/bench.json" --no-plots >"$out/bench-report.md" 2>&1
 fi
 for log in "$out"/gtest-*.log; do
   echo "=== $(basename "$log" .log)"

@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# Every benchmark in one command, merged into one JSON file:
+#   bash scripts/bench.sh [--quick] [--out DIR] [--build-dir DIR] [--budget SECONDS] [--no-build]
+#
+# Builds (benchmarks on, tests and samples off) in --build-dir ($VMM_BENCH_BUILD, default
+# build-bench), then runs
+#   - every build/bench/vmm_bench_* program (found by that pattern, so new ones are run
+#     without being listed here) with --benchmark_out_format=json;
+#   - vmm-replay --json on each trace of bench/data: on GPU 0 where there is one, else on the
+#     OS provider when the trace's peak live bytes fit its commit budget (else it says why not);
+#   - bench/torch_allocators.py, where a Python with torch and a CUDA device is found
+#     ($VMM_BENCH_PYTHON, python3, /opt/torch/.venv/bin/python3);
+# and merges everything into DIR/bench.json (default DIR: bench-out): a "context" block
+# (machine, driver, CUDA, date, git commit, GPU or not and why) and one section per program.
+# Raw outputs and logs go to DIR/bench-logs.tar.gz. Then:
+#   python3 scripts/bench_report.py DIR/bench.json --out docs   # docs/benchmarks.md + plots
+#
+# Without a GPU the programs run what they can: vmm_bench_grow, vmm_bench_resource and
+# vmm_bench_resource_ipc have OS-provider rows, the others skip every row with the reason.
+#
+# --quick: --benchmark_min_time=0.05, vmm_bench_append on 256 Mi keys, torch_allocators.py
+#   --quick, and a time budget of 480 s for the whole script (build included): a program
+#   that would start past it is skipped, and each runs under a timeout of what is left
+#   (torch_allocators.py, about 150 s, is skipped when less than 200 s are left).
+#   Expected on an H100: build 1-2 min, the programs 2-3 min, torch_allocators.py 2.5 min.
+#   Without a GPU (2 cores): about 100 s once built. bench.json's context has the times.
+# Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
+#   (6-8 min on an H100 alone): expect 15-25 min; no budget unless --budget is given.
+# Nothing here enforces a target: the exit status is 0 when bench.json was written.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+repo=$PWD
+
+quick=0
+out=bench-out
+build=${VMM_BENCH_BUILD:-build-bench}
+budget=""
+do_build=1
+while (($#)); do
+  case $1 in
+    --quick) quick=1 ;;
+    --out) out=$2; shift ;;
+    --build-dir) build=$2; shift ;;
+    --budget) budget=$2; shift ;;
+    --no-build) do_build=0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -n "$budget" ] || { [ "$quick" = 1 ] && budget=480 || budget=0; }
+
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start )); }
+# Seconds left of the budget (a large number without one).
+left() { if [ "$budget" -gt 0 ]; then echo $(( budget - $(elapsed) )); else echo 100000; fi; }
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/programs" "$work/replay" "$work/torch"
+# Several GPUs: NCCL's NVLink multicast stays off on the lent machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+# ---- the machine ----------------------------------------------------------------------------
+gpu=0
+no_gpu_reason=""
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  no_gpu_reason="nvidia-smi not found"
+elif ! nvidia-smi -L >"$work/nvidia-smi-L.txt" 2>&1 || ! grep -q '^GPU ' "$work/nvidia-smi-L.txt"; then
+  no_gpu_reason="nvidia-smi lists no GPU: $(head -c 200 "$work/nvidia-smi-L.txt" | tr '\n' ' ')"
+else
+  gpu=1
+fi
+{
+  echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host=$(hostname 2>/dev/null)"
+  echo "git_commit=$(git rev-parse HEAD 2>/dev/null)"
+  echo "git_branch=$(git rev-parse --abbrev-ref HEAD 2>/dev/null)"
+  echo "git_dirty=$([ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && echo 1 || echo 0)"
+  echo "cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  echo "cpus=$(nproc)"
+  echo "memory_bytes=$(awk '/^MemTotal:/ {print $2 * 1024}' /proc/meminfo)"
+  echo "kernel=$(uname -r)"
+  echo "gpu=$gpu"
+  echo "no_gpu_reason=$no_gpu_reason"
+  echo "quick=$quick"
+  echo "build_dir=$build"
+  if [ "$gpu" = 1 ]; then
+    # One line a GPU: "name, memory, driver" -> gpu_name=, gpu_memory=, driver= lines.
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null |
+      sed 's/^ *\([^,]*\), *\([^,]*\), *\(.*\)$/gpu_name=\1\ngpu_memory=\2\ndriver=\3/' 
+    echo "cuda_driver_api=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -1)"
+  fi
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  [ -x "$nvcc" ] && echo "nvcc=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\), V\([0-9.]*\).*/\2/p')"
+} >"$work/context.txt"
+[ "$gpu" = 1 ] && nvidia-smi >"$work/nvidia-smi.txt" 2>&1
+if [ "$gpu" = 1 ]; then echo "bench.sh: $(grep -c '^GPU ' "$work/nvidia-smi-L.txt") GPU(s)"; else echo "bench.sh: no GPU ($no_gpu_reason): OS-provider rows only"; fi
+
+# ---- build ----------------------------------------------------------------------------------
+# shellcheck source=scripts/common.sh
+source scripts/common.sh
+if [ "$do_build" = 1 ]; then
+  # Install only where a tool is missing: the lent GPU image has every tool (cmake and ninja
+  # from pip, which dpkg does not know) and no network.
+  if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null || ! command -v c++ >/dev/null ||
+     { [ ! -f /usr/local/cuda/include/cuda.h ] && [ ! -f /usr/include/cuda.h ]; }; then
+    vmm_install_missing || echo "bench.sh: could not install every package; building with what is there" >&2
+  fi
+  echo "bench.sh: building in $build"
+  if ! vmm_configure_and_build "$build" -DCMAKE_BUILD_TYPE="${VMM_BENCH_BUILD_TYPE:-Release}" \
+      -DVMM_BUILD_BENCHMARKS=ON -DVMM_BUILD_TESTS=OFF -DVMM_BUILD_SAMPLES=OFF >"$work/build.log" 2>&1; then
+    grep -E -A5 'error|FAILED' "$work/build.log" | head -60
+    tail -20 "$work/build.log"
+    exit 1
+  fi
+  echo "bench.sh: built in $(elapsed) s"
+fi
+echo "build_seconds=$(elapsed)" >>"$work/context.txt"
+
+"$build/vmm/vmm-info" >"$work/vmm-info.txt" 2>&1
+
+# Runs one command under a timeout of what is left of the budget (capped at $1 seconds),
+# recording its exit status and time in $2.status; output goes to $2.log.
+run_timed() {
+  local cap=$1 base=$2
+  shift 2
+  local remaining
+  remaining=$(left)
+  if [ "$remaining" -lt 20 ]; then
+    printf 'skipped\t0\tthe time budget of %s s was spent\n' "$budget" >"$base.status"
+    echo "  skipped: the time budget of $budget s was spent"
+    return 0
+  fi
+  [ "$remaining" -lt "$cap" ] && cap=$remaining
+  local t0 rc
+  t0=$(date +%s.%N)
+  timeout --signal=TERM --kill-after=10 "$cap" "$@" >"$base.log" 2>&1
+  rc=$?
+  local seconds
+  seconds=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    printf 'timed_out\t%s\tkilled after %s s (rc %s)\n' "$seconds" "$cap" "$rc" >"$base.status"
+  else
+    printf 'exited\t%s\t%s\n' "$seconds" "$rc" >"$base.status"
+  fi
+  printf '%s\n' "$*" >"$base.command"
+  echo "  $(cut -f1 "$base.status") after $(printf '%.0f' "$seconds") s$( [ "$rc" = 0 ] || echo " (rc $rc)")"
+}
+
+# ---- the benchmark programs -----------------------------------------------------------------
+if [ "$quick" = 1 ]; then program_cap=150; else program_cap=1800; fi
+for program in "$build"/bench/vmm_bench_*; do
+  [ -x "$program" ] && [ -f "$program" ] || continue
+  name=$(basename "$program")
+  args=(--benchmark_out="$work/programs/$name.json" --benchmark_out_format=json)
+  if [ "$quick" = 1 ]; then
+    args+=(--benchmark_min_time=0.05)
+    case $name in
+      vmm_bench_append) args+=(--size=256M) ;;
+    esac
+  fi
+  echo "bench.sh: $name (${args[*]:2})"
+  run_timed "$program_cap" "$work/programs/$name" "$program" "${args[@]}"
+done
+
+# ---- traces through vmm-replay --------------------------------------------------------------
+# The peak of live bytes a trace asks for (each request as given).
+trace_peak_live() {
+  zcat -f "$1" | awk '$1 == "a" { size[$2] = $3; live += $3; if (live > peak) peak = live }
+                      $1 == "f" { live -= size[$2]; delete size[$2] } END { printf "%.0f\n", peak }'
+}
+# What the OS provider would let one process commit: MemAvailable (or the cgroup's room) less
+# max(1/8, 256 MiB), as vmm/src/providers/os_host_provider.cpp computes it.
+os_commit_budget() {
+  local room cgroup
+  room=$(awk '/^MemAvailable:/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
+  if [ -r /sys/fs/cgroup/memory.max ] && [ "$(cat /sys/fs/cgroup/memory.max)" != max ]; then
+    cgroup=$(( $(cat /sys/fs/cgroup/memory.max) - $(cat /sys/fs/cgroup/memory.current) ))
+    [ "$cgroup" -lt "$room" ] && room=$cgroup
+  fi
+  local headroom=$(( room / 8 ))
+  [ "$headroom" -lt $((256 << 20)) ] && headroom=$((256 << 20))
+  echo $(( room - headroom ))
+}
+for trace in bench/data/*.trace.gz; do
+  [ -f "$trace" ] || continue
+  name=$(basename "$trace" .trace.gz)
+  base="$work/replay/$name"
+  if [ "$gpu" = 1 ]; then
+    location=gpu0
+  else
+    location=os_host
+    peak=$(trace_peak_live "$trace")
+    commit=$(os_commit_budget)
+    # The resource holds more than the live bytes (pages, headroom): ask for 1/8 more.
+    if [ $(( peak + peak / 8 )) -gt "$commit" ]; then
+      awk -v p="$peak" -v c="$commit" 'BEGIN { printf "skipped\t0\tno GPU, and on the OS provider the trace needs %.2f GiB (peak live %.0f bytes + 1/8) of a commit budget of %.2f GiB (MemAvailable less max(1/8, 256 MiB))\n", p * 9 / 8 / 2^30, p, c / 2^30 }' >"$base.status"
+      echo "bench.sh: vmm-replay $name: skipped ($(cut -f3 "$base.status"))"
+      continue
+    fi
+  fi
+  echo "bench.sh: vmm-replay $name on $location"
+  run_timed 300 "$base" "$build/vmm/vmm-replay" "$trace" --location "$location" --json "$base.json"
+done
+
+# ---- PyTorch's allocators against vmm -------------------------------------------------------
+torch_python=""
+torch_why="no Python with torch and a CUDA device found (tried \$VMM_BENCH_PYTHON, python3, /opt/torch/.venv/bin/python3)"
+if [ "$gpu" = 1 ]; then
+  for candidate in "${VMM_BENCH_PYTHON:-}" python3 /opt/torch/.venv/bin/python3; do
+    [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 || continue
+    if "$candidate" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+      torch_python=$candidate
+      break
+    fi
+  done
+else
+  torch_why="no GPU ($no_gpu_reason)"
+fi
+library="$build/python/libvmm_torch_allocator.so"
+if [ -n "$torch_python" ] && [ ! -f "$library" ]; then
+  torch_python=""
+  torch_why="$library was not built"
+fi
+# Its JSON is written at the end only: a run cut short by the budget leaves nothing.
+if [ -n "$torch_python" ] && [ "$quick" = 1 ] && [ "$(left)" -lt 200 ]; then
+  torch_python=""
+  torch_why="--quick takes about 150 s and only $(left) s of the budget were left"
+fi
+if [ -n "$torch_python" ]; then
+  torch_args=(bench/torch_allocators.py --json "$work/torch/torch_allocators.json")
+  if [ "$quick" = 1 ]; then torch_args+=(--quick --timeout 240); fi
+  echo "bench.sh: torch_allocators.py with $torch_python (${torch_args[*]:3})"
+  VMM_TORCH_LIBRARY="$repo/$library" run_timed 3600 "$work/torch/torch_allocators" "$torch_python" "${torch_args[@]}"
+else
+  printf 'skipped\t0\t%s\n' "$torch_why" >"$work/torch/torch_allocators.status"
+  echo "bench.sh: torch_allocators.py skipped: $torch_why"
+fi
+
+# ---- one JSON -------------------------------------------------------------------------------
+echo "total_seconds=$(elapsed)" >>"$work/context.txt"
+tar czf "$out/bench-logs.tar.gz" -C "$work" . 2>/dev/null
+if ! python3 scripts/bench_report.py --merge "$work" "$out/bench.json"; then
+  echo "bench.sh: merging failed; the raw outputs are in $out/bench-logs.tar.gz" >&2
+  exit 1
+fi
+echo "bench.sh: $out/bench.json in $(elapsed) s (raw outputs and logs: $out/bench-logs.tar.gz)"
+# The report (scripts/bench_report.py) draws its plots with matplotlib, a Debian package that
+# only this script asks for; where it cannot be had the report has its tables alone. Last and
+# time-boxed: the lent GPU machines have no network.
+if ! python3 -c 'import matplotlib' 2>/dev/null && ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  if [ "$(left)" -gt 90 ]; then
+    timeout 60 bash -c 'source scripts/common.sh && vmm_apt_install_missing python3-matplotlib' >/dev/null 2>&1 ||
+      echo "bench.sh: python3-matplotlib could not be installed here: the report will have tables but no plots"
+  fi
+fi
+echo "bench.sh: report: python3 scripts/bench_report.py $out/bench.json --out docs"
