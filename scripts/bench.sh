@@ -7,7 +7,7 @@
 #   - every build/bench/vmm_bench_* program (found by that pattern, so new ones are run
 #     without being listed here) with --benchmark_out_format=json;
 #   - vmm-replay --json on each trace of bench/data: on GPU 0 where there is one, else on the
-#     OS provider when the trace's peak live bytes fit its commit budget (else it says why not);
+#     OS provider simulated (--simulate: the resource's bookkeeping, no memory written);
 #   - bench/torch_allocators.py, where a Python with torch and a CUDA device is found
 #     ($VMM_BENCH_PYTHON, python3, /opt/torch/.venv/bin/python3);
 # and merges everything into DIR/bench.json (default DIR: bench-out): a "context" block
@@ -172,38 +172,19 @@ trace_peak_live() {
   zcat -f "$1" | awk '$1 == "a" { size[$2] = $3; live += $3; if (live > peak) peak = live }
                       $1 == "f" { live -= size[$2]; delete size[$2] } END { printf "%.0f\n", peak }'
 }
-# What the OS provider would let one process commit: MemAvailable (or the cgroup's room) less
-# max(1/8, 256 MiB), as vmm/src/providers/os_host_provider.cpp computes it.
-os_commit_budget() {
-  local room cgroup
-  room=$(awk '/^MemAvailable:/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
-  if [ -r /sys/fs/cgroup/memory.max ] && [ "$(cat /sys/fs/cgroup/memory.max)" != max ]; then
-    cgroup=$(( $(cat /sys/fs/cgroup/memory.max) - $(cat /sys/fs/cgroup/memory.current) ))
-    [ "$cgroup" -lt "$room" ] && room=$cgroup
-  fi
-  local headroom=$(( room / 8 ))
-  [ "$headroom" -lt $((256 << 20)) ] && headroom=$((256 << 20))
-  echo $(( room - headroom ))
-}
 for trace in bench/data/*.trace.gz; do
   [ -f "$trace" ] || continue
   name=$(basename "$trace" .trace.gz)
   base="$work/replay/$name"
-  if [ "$gpu" = 1 ]; then
-    location=gpu0
-  else
-    location=os_host
+  location_args=(--location gpu0)
+  if [ "$gpu" = 0 ]; then
+    # No GPU: the OS provider, simulated (pages at first touch, nothing written), with a
+    # budget of twice the trace's peak live bytes in whole GiB.
     peak=$(trace_peak_live "$trace")
-    commit=$(os_commit_budget)
-    # The resource holds more than the live bytes (pages, headroom): ask for 1/8 more.
-    if [ $(( peak + peak / 8 )) -gt "$commit" ]; then
-      awk -v p="$peak" -v c="$commit" 'BEGIN { printf "skipped\t0\tno GPU, and on the OS provider the trace needs %.2f GiB (peak live %.0f bytes + 1/8) of a commit budget of %.2f GiB (MemAvailable less max(1/8, 256 MiB))\n", p * 9 / 8 / 2^30, p, c / 2^30 }' >"$base.status"
-      echo "bench.sh: vmm-replay $name: skipped ($(cut -f3 "$base.status"))"
-      continue
-    fi
+    location_args=(--location os_host --simulate "$(( (2 * peak >> 30) + 1 ))GiB")
   fi
-  echo "bench.sh: vmm-replay $name on $location"
-  run_timed 300 "$base" "$build/vmm/vmm-replay" "$trace" --location "$location" --json "$base.json"
+  echo "bench.sh: vmm-replay $name (${location_args[*]})"
+  run_timed 300 "$base" "$build/vmm/vmm-replay" "$trace" "${location_args[@]}" --json "$base.json"
 done
 
 # ---- PyTorch's allocators against vmm -------------------------------------------------------

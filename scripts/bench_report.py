@@ -1088,7 +1088,8 @@ def section_fragmentation(report):
         if t.get("status") == "ok" and r.get("reserved_over_live"):
             group = f"trace {name}"
             values[(group, "vmm")] = r["reserved_over_live"]
-            body.append([group, f"vmm (vmm-replay on {r.get('location', '?')}, this run)",
+            where = r.get("location", "?") + (", simulated" if r.get("simulated") else "")
+            body.append([group, f"vmm (vmm-replay on {where}, this run)",
                          f"{r['reserved_over_live']:.4f}", fmt_bytes(r.get("peak_live_bytes")),
                          fmt_bytes(r.get("peak_reserved_bytes"))])
         else:
