@@ -77,7 +77,7 @@ std::string read_all(const std::string& path) {
 }
 
 // At most 80 bytes of a line for a message, bytes outside printable ASCII as \xNN.
-std::string quoted(std::string_view line) {
+std::string printable(std::string_view line) {
   std::string text;
   for (const char c : line.substr(0, 80)) {
     const auto byte = static_cast<unsigned char>(c);
@@ -101,7 +101,7 @@ std::vector<event> parse(const std::string& path, std::uint32_t& streams) {
     std::string kind;
     fields >> kind;
     const auto fail = [&](const std::string& why) {
-      throw trace_error(fmt::format("{}:{}: {}: \"{}\"", path, number, why, quoted(line)));
+      throw trace_error(fmt::format("{}:{}: {}: \"{}\"", path, number, why, printable(line)));
     };
     std::string extra;
     if (kind == "a") {
