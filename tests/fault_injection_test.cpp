@@ -575,7 +575,9 @@ class teardown_path : public sweep_path {
 
 // ---- hand-off: producer and consumer on one thread, in non-blocking order --------------------
 
-constexpr unsigned handoff_send_errors = fails_os_error | fails_driver_error;
+// Any driver call may answer CUDA_ERROR_OUT_OF_MEMORY, which is vmm::out_of_memory.
+constexpr unsigned handoff_driver_errors = fails_driver_error | fails_out_of_memory;
+constexpr unsigned handoff_send_errors = fails_os_error | handoff_driver_errors;
 constexpr unsigned handoff_receive_errors = fails_os_error;
 
 class handoff_path : public sweep_path {
@@ -585,7 +587,7 @@ class handoff_path : public sweep_path {
   void operator()() {
     during("handoff_producer", handoff_send_errors);
     producer_.emplace(sockets_.first.get(), provider_);
-    during("handoff_consumer", handoff_receive_errors | fails_driver_error);
+    during("handoff_consumer", handoff_receive_errors | handoff_driver_errors);
     consumer_.emplace(sockets_.second.get(), provider_);
     for (int round = 0; round < 2; ++round) {
       during("handoff_producer::publish", handoff_send_errors);
@@ -630,7 +632,7 @@ class handoff_producer_path : public sweep_path {
         (void)ipc::receive_message(sockets_.second.get(), 0);  // "ready"
         ipc::send_message(sockets_.second.get(), done_message(round));
       });
-      during("handoff_producer::wait_consumed", handoff_receive_errors | fails_driver_error);
+      during("handoff_producer::wait_consumed", handoff_receive_errors | handoff_driver_errors);
       producer_->wait_consumed({});
     }
   }

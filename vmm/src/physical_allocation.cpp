@@ -1,12 +1,39 @@
 #include "vmm/physical_allocation.hpp"
 
+#include <memory>
+#include <new>
 #include <utility>
 
 #include "cleanup.hpp"
+#include "retirement.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm {
 namespace {
+
+// A handle whose destroy failed (the failure was reported): the retirement list tries
+// again at its next collection, so that a passing failure of the driver leaks nothing.
+class undestroyed_handle final : public detail::retirable {
+ public:
+  undestroyed_handle(std::shared_ptr<memory_provider> provider, physical_handle handle) noexcept
+      : provider_(std::move(provider)), handle_(handle) {}
+  bool release() noexcept override { return destroy(provider_, handle_); }
+  void abandon() noexcept override {}
+
+  // Destroys `handle`; false (reported) when the provider refused.
+  static bool destroy(const std::shared_ptr<memory_provider>& provider, physical_handle handle) noexcept {
+    bool destroyed = false;
+    detail::cleanup("physical_allocation: destroy", [&] {
+      provider->destroy(handle);
+      destroyed = true;
+    });
+    return destroyed;
+  }
+
+ private:
+  std::shared_ptr<memory_provider> provider_;
+  physical_handle handle_;
+};
 
 std::shared_ptr<memory_provider> require(std::shared_ptr<memory_provider> provider) {
   if (provider == nullptr) throw invalid_argument("physical_allocation: the provider is null");
@@ -69,8 +96,12 @@ physical_handle physical_allocation::release() noexcept {
 }
 
 void physical_allocation::reset() noexcept {
-  if (provider_ != nullptr) {
-    detail::cleanup("physical_allocation: destroy", [&] { provider_->destroy(handle_); });
+  if (provider_ != nullptr && !undestroyed_handle::destroy(provider_, handle_)) {
+    try {
+      detail::retry_later(std::make_shared<undestroyed_handle>(provider_, handle_));
+    } catch (const std::bad_alloc&) {
+      // No memory for the retry: the handle stays with the driver until the process ends.
+    }
   }
   provider_.reset();
   handle_ = 0;

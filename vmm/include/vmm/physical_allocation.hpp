@@ -49,6 +49,7 @@ class physical_allocation {
   physical_allocation& operator=(physical_allocation&& other) noexcept;
   physical_allocation(const physical_allocation&) = delete;
   physical_allocation& operator=(const physical_allocation&) = delete;
+  /// Destroys the handle, as reset() does.
   ~physical_allocation();
 
   /// The handle (0 when empty).
@@ -64,7 +65,8 @@ class physical_allocation {
   [[nodiscard]] unique_fd export_fd() const;
   /// Gives up ownership of the handle: the caller must destroy it through the provider.
   physical_handle release() noexcept;
-  /// Destroys the handle now (reporting, not throwing, on failure) and becomes empty.
+  /// Destroys the handle now and becomes empty. A destroy the provider refuses is reported
+  /// (never thrown) and tried again at the next collect_retired().
   void reset() noexcept;
 
  private:

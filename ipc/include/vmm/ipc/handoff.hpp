@@ -60,7 +60,7 @@ class handoff_producer {
   /// @param timeout how long each message of the conversation may wait for the consumer,
   ///        this one included (no_timeout: without end).
   /// @throws vmm::invalid_argument the provider is null.
-  /// @throws vmm::driver_error the events could not be created.
+  /// @throws vmm::out_of_memory, vmm::driver_error the events could not be created.
   /// @throws vmm::ipc::timeout_error, vmm::os_error sending failed.
   handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider,
                    std::chrono::milliseconds timeout = default_timeout);
@@ -70,7 +70,7 @@ class handoff_producer {
   /// Marks the end of the work queued on `stream` so far as the consumer's to wait for,
   /// and tells the consumer. Call once per round, after the writes are queued.
   /// @throws vmm::invalid_argument the previous round was not consumed yet.
-  /// @throws vmm::ipc::timeout_error, vmm::os_error, vmm::driver_error.
+  /// @throws vmm::ipc::timeout_error, vmm::os_error, vmm::out_of_memory, vmm::driver_error.
   void publish(stream_ref stream);
   /// Receives the consumer's "done" for the current round and makes work queued on
   /// `stream` from now on wait for the consumer's work. The host does not wait for the
@@ -80,7 +80,8 @@ class handoff_producer {
   /// @throws vmm::ipc::timeout_error no "done" within the timeout.
   /// @throws vmm::ipc::peer_closed the consumer went away.
   /// @throws vmm::os_error receiving failed.
-  /// @throws vmm::driver_error `stream` could not be made to wait (cuStreamWaitEvent). The
+  /// @throws vmm::out_of_memory, vmm::driver_error `stream` could not be made to wait
+  ///         (cuStreamWaitEvent; out_of_memory where the driver says so). The
   ///         round counts as consumed: order later work after the consumer's some other way
   ///         (the consumer's finish() has been received) before reusing the memory.
   void wait_consumed(stream_ref stream);
@@ -106,7 +107,7 @@ class handoff_consumer {
   /// @throws vmm::invalid_argument the provider is null.
   /// @throws vmm::ipc::protocol_error the message is not the producer's "events" message,
   ///         or its handles are not events this memory can open.
-  /// @throws vmm::driver_error the driver refused to open the events.
+  /// @throws vmm::out_of_memory, vmm::driver_error the driver refused to open the events.
   /// @throws vmm::ipc::timeout_error, vmm::ipc::peer_closed, vmm::os_error receiving failed.
   handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider,
                    std::chrono::milliseconds timeout = default_timeout);
@@ -120,14 +121,15 @@ class handoff_consumer {
   /// @throws vmm::ipc::timeout_error no "ready" within the timeout.
   /// @throws vmm::ipc::peer_closed the producer went away.
   /// @throws vmm::os_error receiving failed.
-  /// @throws vmm::driver_error `stream` could not be made to wait (cuStreamWaitEvent). The
+  /// @throws vmm::out_of_memory, vmm::driver_error `stream` could not be made to wait
+  ///         (cuStreamWaitEvent; out_of_memory where the driver says so). The
   ///         round counts as acquired: order the reads after the producer's writes some
   ///         other way before they start.
   void acquire(stream_ref stream);
   /// Marks the end of the work queued on `stream` so far as the producer's to wait for,
   /// and tells the producer that this round is finished.
   /// @throws vmm::invalid_argument nothing is acquired.
-  /// @throws vmm::ipc::timeout_error, vmm::os_error, vmm::driver_error.
+  /// @throws vmm::ipc::timeout_error, vmm::os_error, vmm::out_of_memory, vmm::driver_error.
   void finish(stream_ref stream);
   /// The rounds acquired so far.
   [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
