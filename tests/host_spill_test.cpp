@@ -134,12 +134,13 @@ class host_spill : public ::testing::Test {
     std::string why;
     if (!gpu_available(&why)) GTEST_SKIP() << "no GPU here: " << why;
     try {
-      device_ = chunk_pool::create(provider_for(location::device(0)), {.cap = 4 * granule});
+      const auto gpu = provider_for(location::device(0));
+      g_ = gpu->granularity();
+      device_ = chunk_pool::create(gpu, {.cap = 4 * g_});
       host_ = chunk_pool::create(provider_for(location::pinned_host(0)));
     } catch (const std::exception& error) {
       GTEST_SKIP() << "no pinned host memory through the driver here: " << error.what();
     }
-    g_ = device_->granularity();
   }
   std::shared_ptr<chunk_pool> device_;
   std::shared_ptr<chunk_pool> host_;
