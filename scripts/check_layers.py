@@ -74,7 +74,8 @@ LAYERS: list[tuple[str, int, list[str]]] = [
      concept("growable_buffer", "device_vector", "chunk_view", "ring_buffer", "ring_buffer_view",
              "striped_buffer", "stripe_layout", "host_device", "memory_resource", "append",
              "append_view", "cuda_mr")
-     + ["vmm/src/peer_access.hpp", "vmm/src/resource/"]),
+     + ["vmm/src/peer_access.hpp", "vmm/src/resource/", "vmm/src/growth_worker.hpp",
+        "vmm/src/growth_worker.cpp"]),
     # Sharing between processes.
     ("ipc", 6, ["ipc/"]),
     # Programs built beside the library (vmm-info).

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cleanup.hpp"
+#include "growth_worker.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm {
@@ -33,15 +34,38 @@ std::shared_ptr<chunk_pool> require(std::shared_ptr<chunk_pool> pool) {
   return pool;
 }
 
+bool is_host_grant(const access_grant& grant) noexcept {
+  return grant.who.kind == accessor::kind_type::host;
+}
+
 growable_buffer_options checked(growable_buffer_options options, const memory_provider& provider) {
   options.policy.check();
+  const memory_kind first = provider.where().kind;
+  if (options.spill_to_host) {
+    if (first != memory_kind::device)
+      throw invalid_argument(fmt::format(
+          "growable_buffer: spill_to_host continues GPU memory in pinned host memory, but the "
+          "buffer's memory is {} (a buffer of host memory has nowhere further to spill)",
+          to_string(provider.where())));
+    options.spill_to.push_back(default_pool(location::pinned_host(0)));
+    options.spill_to_host = false;
+  }
   std::size_t all_memory = provider.capabilities().physical_memory_size;
+  bool host_part = false;
   for (const auto& spill : options.spill_to) {
     if (spill == nullptr) throw invalid_argument("growable_buffer: a spill pool is null");
     const memory_provider& other = *spill->provider();
-    if (other.where().kind != provider.where().kind)
-      throw invalid_argument(fmt::format("growable_buffer: cannot spill from {} memory to {} memory",
-                                         to_string(provider.where()), to_string(other.where())));
+    const memory_kind kind = other.where().kind;
+    // GPU onto GPU (peer memory), or GPU onto pinned host memory, which then comes last.
+    if (first == memory_kind::device && kind == memory_kind::pinned_host) {
+      host_part = true;
+    } else if (kind != first || host_part) {
+      throw invalid_argument(fmt::format(
+          "growable_buffer: cannot spill from {} memory to {} memory (a buffer continues on "
+          "memory of its first pool's kind, or from GPU memory onto pinned host memory, which "
+          "then comes last)",
+          to_string(provider.where()), to_string(other.where())));
+    }
     if (&other.address_space() != &provider.address_space())
       throw invalid_argument(fmt::format(
           "growable_buffer: the spill pool's {} memory lives in another address space than the "
@@ -49,6 +73,11 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
           to_string(other.where())));
     all_memory += other.capabilities().physical_memory_size;
   }
+  if (host_part && !options.access.empty() &&
+      std::all_of(options.access.begin(), options.access.end(), is_host_grant))
+    throw invalid_argument(
+        "growable_buffer: the access list names only the host, but the buffer starts in GPU "
+        "memory, which the host cannot be given: name the GPUs that use it");
   if (options.max_size == 0) options.max_size = all_memory;
   options.max_size = round_up(options.max_size, provider.granularity());
   return options;
@@ -59,7 +88,14 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
 growable_buffer::growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buffer_options options)
     : pool_(require(std::move(pool))),
       options_(checked(std::move(options), *pool_->provider())),
-      run_(pool_->provider(), options_.max_size) {}
+      run_(pool_->provider(), options_.max_size),
+      host_part_(pool_->provider()->where().kind == memory_kind::device && !options_.spill_to.empty() &&
+                 options_.spill_to.back()->provider()->where().kind == memory_kind::pinned_host) {
+  if (options_.growth_ahead.bytes > 0 || options_.growth_ahead.learn) {
+    ahead_ = std::make_shared<detail::growth_slot>();
+    worker_ = detail::growth_worker::shared();
+  }
+}
 
 growable_buffer::growable_buffer(location where, growable_buffer_options options)
     : growable_buffer(default_pool(where), std::move(options)) {}
@@ -70,7 +106,13 @@ growable_buffer::growable_buffer(growable_buffer&& other) noexcept
       run_(std::move(other.run_)),
       retirements_(std::move(other.retirements_)),
       capacity_(std::exchange(other.capacity_, 0)),
-      size_(std::exchange(other.size_, 0)) {
+      size_(std::exchange(other.size_, 0)),
+      host_part_(other.host_part_),
+      ahead_(std::move(other.ahead_)),
+      worker_(std::move(other.worker_)),
+      recent_grows_(other.recent_grows_),
+      grow_count_(std::exchange(other.grow_count_, 0)),
+      asked_(std::exchange(other.asked_, 0)) {
   other.retirements_.clear();
 }
 
@@ -84,11 +126,21 @@ growable_buffer& growable_buffer::operator=(growable_buffer&& other) noexcept {
     other.retirements_.clear();
     capacity_ = std::exchange(other.capacity_, 0);
     size_ = std::exchange(other.size_, 0);
+    host_part_ = other.host_part_;
+    ahead_ = std::move(other.ahead_);
+    worker_ = std::move(other.worker_);
+    recent_grows_ = other.recent_grows_;
+    grow_count_ = std::exchange(other.grow_count_, 0);
+    asked_ = std::exchange(other.asked_, 0);
   }
   return *this;
 }
 
 growable_buffer::~growable_buffer() {
+  // Ready chunks were never used by any stream: back to their pool now. A preparation in
+  // flight delivers nothing; worker_ (released after this body) joins its thread if this
+  // was the last buffer that held it.
+  if (ahead_ != nullptr) (void)ahead_->abandon();
   if (run_.data() == nullptr) return;
   std::vector<stream_event> earlier;
   for (retirement& r : retirements_) earlier.push_back(std::move(r.passed));
@@ -110,13 +162,25 @@ std::size_t growable_buffer::pool_index_of(const shared_chunk& chunk) const noex
   return 0;
 }
 
-std::vector<access_grant> growable_buffer::grants() const {
-  if (!options_.access.empty()) return options_.access;
-  std::vector<access_grant> result;
-  for (std::size_t i = 0; i <= options_.spill_to.size(); ++i)
-    for (const accessor& who : pool_at(i).provider()->capabilities().default_accessors)
-      if (std::none_of(result.begin(), result.end(), [&](const access_grant& g) { return g.who == who; }))
-        result.push_back({who, access_mode::read_write});
+std::vector<access_grant> growable_buffer::grants(memory_kind kind) const {
+  const bool gpu_buffer = pool_->provider()->where().kind == memory_kind::device;
+  std::vector<access_grant> result = options_.access;
+  if (result.empty()) {
+    for (std::size_t i = 0; i <= options_.spill_to.size(); ++i) {
+      const memory_provider& provider = *pool_at(i).provider();
+      for (const accessor& who : provider.capabilities().default_accessors) {
+        // A host part of a GPU buffer adds the host, not every GPU its provider serves: the
+        // GPUs are those of the GPU part.
+        if (gpu_buffer && provider.where().kind == memory_kind::pinned_host && who != accessor::host())
+          continue;
+        if (std::none_of(result.begin(), result.end(), [&](const access_grant& g) { return g.who == who; }))
+          result.push_back({who, access_mode::read_write});
+      }
+    }
+  }
+  // The driver cannot give the host GPU memory: in a buffer with a host part, a host grant
+  // is for the host part only.
+  if (host_part_ && kind == memory_kind::device) std::erase_if(result, is_host_grant);
   return result;
 }
 
@@ -127,19 +191,81 @@ void growable_buffer::resize(std::size_t bytes, stream_ref stream) {
   } else if (bytes < capacity_) {
     retire_beyond(bytes, stream);  // changes nothing when it throws
   }
+  note_growth(bytes);
+  asked_ = bytes;
   size_ = bytes;
   collect_passed();
+  request_ahead();
 }
 
 void growable_buffer::reserve(std::size_t bytes, stream_ref stream) {
   if (run_.data() == nullptr) throw invalid_argument("growable_buffer: reserve of a moved-from buffer");
   if (bytes > capacity_) grow_mapping(bytes, stream);
+  // A container that reserves (device_vector) fills its capacity before it reserves again:
+  // its next grow starts from there.
+  note_growth(bytes);
+  asked_ = std::max(asked_, capacity_);
+  request_ahead();
+}
+
+void growable_buffer::note_growth(std::size_t bytes) noexcept {
+  if (bytes > asked_) recent_grows_[grow_count_++ % recent_grows_.size()] = bytes - asked_;
 }
 
 void growable_buffer::shrink_to_fit(stream_ref stream) {
   if (run_.data() == nullptr) return;
+  if (ahead_ != nullptr) (void)ahead_->abandon();  // the ready chunks go back to the pool
   retire_beyond(size_, stream);
   collect_passed();
+}
+
+void growable_buffer::wait_for_growth_ahead() const {
+  if (ahead_ != nullptr) ahead_->wait();
+}
+
+std::size_t growable_buffer::ready_ahead() const {
+  return ahead_ != nullptr ? ahead_->promised_bytes() : 0;
+}
+
+void growable_buffer::request_ahead() noexcept {
+  if (ahead_ == nullptr) return;
+  std::size_t ahead = options_.growth_ahead.bytes;
+  if (options_.growth_ahead.learn)
+    ahead = std::max(ahead, *std::max_element(recent_grows_.begin(), recent_grows_.end()));
+  const std::size_t from = std::max(size_, asked_);
+  const std::size_t want = from + std::min(ahead, run_.size() - from);
+  // Mapped (retired chunks included: a grow takes them back first) plus promised.
+  std::size_t have = run_.mapped();
+  try {
+    have += ahead_->promised_bytes();
+    if (have >= want) return;
+    const std::vector<shared_chunk>& chunks = run_.chunks();
+    chunk_pool& pool = pool_at(chunks.empty() ? 0 : pool_index_of(chunks.back()));
+    detail::growth_request request;
+    // The chunks the grows to `want` would map, as the policy picks them.
+    const std::size_t granularity = pool.granularity();
+    std::size_t bytes = 0;
+    for (std::size_t at = have; at < want && run_.size() - run_.mapped() > bytes;) {
+      const std::size_t size = std::min(options_.policy.next_chunk(at, want, granularity),
+                                        run_.size() - run_.mapped() - bytes);
+      request.sizes.push_back(size);
+      bytes += size;
+      at += size;
+    }
+    if (request.sizes.empty()) return;
+    const std::uint64_t generation = ahead_->open_request(bytes);
+    if (generation == 0) return;  // one in flight already, or the last one failed
+    request.pool = pool.shared_from_this();
+    request.grants = grants(pool.provider()->where().kind);
+    try {
+      worker_->submit(ahead_, generation, std::move(request));
+    } catch (...) {
+      ahead_->cancel_request(generation);
+      throw;
+    }
+  } catch (...) {
+    // No memory to ask with: the next grow does its work itself.
+  }
 }
 
 void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
@@ -172,14 +298,36 @@ void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
     return;
   }
 
-  // Fresh chunks go after every chunk mapped, the retired ones included.
+  // Fresh chunks go after every chunk mapped, the retired ones included: those prepared
+  // ahead first (mapped in the order they were made), then new ones from the pools.
   const std::size_t granularity = pool_->granularity();
   const std::size_t old_count = chunks.size();
   const std::size_t start = run_.mapped();
+  std::vector<shared_chunk> ready;
+  if (ahead_ != nullptr) ready = ahead_->take_ready(round_up(required - covered, granularity));
+  std::size_t next_ready = 0;
+  // Ready chunks this grow did not map stay ready, whatever happens below.
+  struct keep_unused {
+    detail::growth_slot* slot;
+    std::vector<shared_chunk>& ready;
+    std::size_t& next;
+    ~keep_unused() {
+      if (slot != nullptr && next < ready.size())
+        slot->put_back({std::make_move_iterator(ready.begin() + static_cast<std::ptrdiff_t>(next)),
+                        std::make_move_iterator(ready.end())});
+    }
+  } keep{ahead_.get(), ready, next_ready};
   std::size_t pool_index = chunks.empty() ? 0 : pool_index_of(chunks.back());
   std::size_t limit = std::numeric_limits<std::size_t>::max();  // lowered when memory runs short
   try {
     while (run_.mapped() - start + covered < required) {
+      if (next_ready < ready.size()) {
+        shared_chunk& chunk = ready[next_ready++];
+        if (chunk->size() > run_.size() - run_.mapped()) continue;  // goes back to its pool
+        pool_index = std::max(pool_index, pool_index_of(chunk));
+        run_.push_back(std::move(chunk));
+        continue;
+      }
       const std::size_t have = run_.mapped() - start + covered;
       const std::size_t needed = round_up(required - have, granularity);
       const std::size_t size = std::min({options_.policy.next_chunk(have, required, granularity), limit,
@@ -204,8 +352,7 @@ void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
       }
       run_.push_back(std::make_shared<const pooled_chunk>(std::move(chunk)));
     }
-    // One access call over the whole new range: the driver's cost is per call and handle.
-    run_.set_access(start, run_.mapped() - start, grants());
+    set_access_from(old_count);
   } catch (...) {
     // Nothing queued can use the fresh chunks yet: unmap them at once.
     run_.unmap_from(old_count);
@@ -214,6 +361,32 @@ void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
   covered += run_.mapped() - start;
   take_back = run_.chunks().size();
   commit_take_back();
+  // A grow that needed fresh memory succeeded: growth ahead may ask again after a failure.
+  if (ahead_ != nullptr) ahead_->clear_failure();
+}
+
+void growable_buffer::set_access_from(std::size_t first_chunk) {
+  // One access call over each run of one kind of memory: the driver's cost is per call and
+  // handle. Runs of different kinds (a GPU part and a host part) take different grants,
+  // through their own provider, which knows how to name the host for its memory.
+  const std::vector<shared_chunk>& chunks = run_.chunks();
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < first_chunk; ++i) offset += chunks[i]->size();
+  for (std::size_t i = first_chunk; i < chunks.size();) {
+    const std::shared_ptr<memory_provider>& provider = chunks[i]->memory().provider();
+    const memory_kind kind = provider->where().kind;
+    std::size_t length = 0;
+    std::size_t end = i;
+    for (; end < chunks.size() && chunks[end]->memory().provider()->where().kind == kind; ++end)
+      length += chunks[end]->size();
+    if (kind == run_.provider()->where().kind) {
+      run_.set_access(offset, length, grants(kind));
+    } else {
+      provider->set_access(run_.address() + offset, length, grants(kind));
+    }
+    offset += length;
+    i = end;
+  }
 }
 
 void growable_buffer::retire_beyond(std::size_t bytes, stream_ref stream) {

@@ -197,7 +197,7 @@ class device_vector {
     if (size_ == max_size()) throw_past_max_size(1);
     const size_type first = size_;
     grow_to(first + 1, stream, [&] {
-      provider()->executor().copy(data() + first, &value, sizeof(T), stream);
+      copy_in(data() + first, &value, sizeof(T), stream);
     });
   }
   /// push_back(value, stream()).
@@ -214,7 +214,7 @@ class device_vector {
     if (values.size() > max_size() - size_) throw_past_max_size(values.size());
     const size_type first = size_;
     grow_to(first + values.size(), stream, [&] {
-      provider()->executor().copy(data() + first, values.data(), values.size_bytes(), stream);
+      copy_in(data() + first, values.data(), values.size_bytes(), stream);
     });
   }
   /// append(values, stream()).
@@ -257,7 +257,7 @@ class device_vector {
     const size_type first = size_;
     grow_to(count, stream, [&] {
       if (init == element_init::zeroed)
-        provider()->executor().fill(data() + first, 0, (count - first) * sizeof(T), stream);
+        fill_zero(data() + first, (count - first) * sizeof(T), stream);
     });
   }
   /// resize(count, init, stream()).
@@ -293,8 +293,7 @@ class device_vector {
   /// @throws vmm::driver_error the copy could not be queued.
   void copy_from_host(size_type first, std::span<const T> values, stream_ref stream) {
     check_range(first, values.size(), "copy_from_host");
-    if (!values.empty())
-      provider()->executor().copy(data() + first, values.data(), values.size_bytes(), stream);
+    if (!values.empty()) copy_in(data() + first, values.data(), values.size_bytes(), stream);
   }
   /// copy_from_host(first, values, stream()).
   void copy_from_host(size_type first, std::span<const T> values) {
@@ -308,7 +307,11 @@ class device_vector {
   void copy_to_host(size_type first, std::span<T> destination, stream_ref stream) const {
     check_range(first, destination.size(), "copy_to_host");
     if (destination.empty()) return;
-    provider()->executor().copy(destination.data(), data() + first, destination.size_bytes(), stream);
+    const auto* from = reinterpret_cast<const std::uint8_t*>(data() + first);
+    auto* to = reinterpret_cast<std::uint8_t*>(destination.data());
+    for_each_piece(from, destination.size_bytes(), [&](std::size_t offset, std::size_t n) {
+      provider()->executor().copy(to + offset, from + offset, n, stream);
+    });
     provider()->executor().synchronize(stream);
   }
   /// copy_to_host(first, destination, stream()).
@@ -336,6 +339,33 @@ class device_vector {
     std::forward<Write>(write)();
     rollback.dismiss();
     size_ = count;
+  }
+
+  // Calls fn(offset, bytes) over [at, at + n) of this vector's memory: once, or, in a buffer
+  // with a host part, once per mapping (the driver refuses some operations over a range
+  // that spans two allocations, and the GPU and host parts are two kinds of memory).
+  template <class Fn>
+  void for_each_piece(const void* at, std::size_t n, Fn&& fn) const {
+    if (!buffer_.spills_to_host()) {
+      fn(std::size_t{0}, n);
+      return;
+    }
+    const auto start = reinterpret_cast<std::uintptr_t>(at);
+    for (const std::pair<std::uintptr_t, std::size_t>& piece : provider()->address_space().mapped_pieces(start, n))
+      fn(static_cast<std::size_t>(piece.first - start), piece.second);
+  }
+  void copy_in(T* destination, const T* source, std::size_t n, stream_ref stream) {
+    auto* to = reinterpret_cast<std::uint8_t*>(destination);
+    const auto* from = reinterpret_cast<const std::uint8_t*>(source);
+    for_each_piece(to, n, [&](std::size_t offset, std::size_t bytes) {
+      provider()->executor().copy(to + offset, from + offset, bytes, stream);
+    });
+  }
+  void fill_zero(T* destination, std::size_t n, stream_ref stream) {
+    auto* to = reinterpret_cast<std::uint8_t*>(destination);
+    for_each_piece(to, n, [&](std::size_t offset, std::size_t bytes) {
+      provider()->executor().fill(to + offset, 0, bytes, stream);
+    });
   }
 
   [[noreturn]] void throw_past_max_size(size_type added) const {

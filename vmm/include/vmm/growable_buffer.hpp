@@ -38,7 +38,56 @@
 ///  - nothing is unmapped while work queued on the stream of the shrink may still use it;
 ///  - a chunk that the driver or the OS refuses to unmap stays mapped and retired: the
 ///    buffer takes it back at its next grow, and its pool never lends it to anyone else.
+///
+/// Growth ahead (growable_buffer_options::growth_ahead). Fresh physical memory costs the
+/// driver most at its first access grant (~4 ms/GiB on an H200), and a grow on the caller's
+/// thread pays it while the GPU may sit idle. A buffer told how far ahead to keep memory
+/// ready (bytes, or learned from its last grows) asks a background thread, after each
+/// resize or reserve, for the chunks that its next grows will need: the thread takes them
+/// from the pool (creating them there) and touches each once, mapping it in a scratch range
+/// with the buffer's access, then unmapping it. The next grow maps these chunks first, so
+/// it costs what a grow from a warm pool costs (a cuMemMap and one access call) and creates
+/// nothing itself. The decisions, and why:
+///  - One thread for the process, not one per buffer: growth_worker is shared by every
+///    buffer that grows ahead, and ends (joined) when the last of them is destroyed, so its
+///    lifetime is that of the buffers that use it and no thread outlives them.
+///  - The thread never touches the buffer. It owns nothing of the buffer's range or books:
+///    it fills a per-buffer slot of ready chunks under the slot's own mutex, and only the
+///    buffer maps them, in resize() or reserve(), on the caller's thread. So the buffer
+///    stays single-threaded as before; capacity() and chunk_count() change only in calls
+///    the user makes. (Mapping ahead into the buffer's own range would save the map and
+///    the access call too, but would let another thread change the range under a buffer
+///    that is not thread-safe.)
+///  - A grow that needs fresh memory while a request is queued but not started cancels it
+///    and creates its memory itself; one that finds a request running waits for it (its
+///    chunk is what the grow would create, and waiting costs no more than creating it).
+///  - Failures on the thread are not the buffer's: its request was a guess (it may ask
+///    past a pool's cap where the real grow would fit). They are dropped, what was made is
+///    given back, no further request is made until a grow has created memory itself, and
+///    that grow reports its own errors with the strong guarantee as without growth ahead.
+///  - The strong guarantee holds as before: ready chunks that a failed grow mapped are
+///    unmapped and go back to the pool (ready chunks it did not need stay ready).
+///  - Ready chunks count as used in their pool (pool_statistics::used_current) and are
+///    not lent to other buffers. shrink_to_fit() and destruction give them back at once and
+///    make a request in flight deliver nothing (its chunks go back to the pool when it
+///    ends); neither waits for it. Only the destruction of the last buffer that grows
+///    ahead waits for a chunk in preparation (host work: the driver calls creating and
+///    touching one chunk, or, when memory ran out, the pool's wait for retired memory).
+///  - Chunks are asked for on the pool the buffer maps from now (no spilling ahead).
+///
+/// Beyond the GPU's memory (growable_buffer_options::spill_to_host, or a pool of
+/// location::pinned_host() in spill_to). A buffer of GPU memory may continue in pinned host
+/// memory (the driver's HOST_NUMA memory, mapped in the same CUDA address space) when its
+/// GPU pools are out of memory: one pointer throughout, and kernels read both parts (the
+/// host part over PCIe or C2C). Every GPU that has access to the GPU part is given access
+/// to the host part (cuMemSetAccess with the device location over HOST_NUMA memory), and
+/// the host gets access to the host part only (the driver cannot give it GPU memory).
+/// Spill pools continue on memory of the first pool's kind (GPU onto GPU: peer memory), or
+/// from GPU memory onto pinned host memory, which then comes last; any other combination is
+/// refused when the buffer is made. Copies and fills across the boundary run piece by piece
+/// (device_vector does this).
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,6 +100,11 @@
 #include "vmm/stream_ref.hpp"
 
 namespace vmm {
+
+namespace detail {
+class growth_slot;
+class growth_worker;
+}  // namespace detail
 
 /// How large the chunks a buffer maps are.
 class chunk_policy {
@@ -78,6 +132,20 @@ class chunk_policy {
   std::size_t parameter_;  // the chunk size, or the slack divisor
 };
 
+/// How much memory a buffer keeps ready past its size, prepared on a background thread (see
+/// the file comment of growable_buffer.hpp).
+///
+///     vmm::growable_buffer b(vmm::location::device(0), {.growth_ahead = {.bytes = 256 << 20}});
+struct growth_ahead_options {
+  /// Bytes past size() (past capacity() after a reserve, as device_vector grows) that a
+  /// grow should find ready: mapped capacity, retired chunks and chunks prepared ahead
+  /// together. 0 with learn false: no growth ahead.
+  std::size_t bytes = 0;
+  /// Also keep ready as much as the largest of the last four grows added (a resize past
+  /// the last size, a reserve past the last capacity).
+  bool learn = false;
+};
+
 /// Settings of a growable_buffer.
 struct growable_buffer_options {
   /// The most the buffer may ever hold (its address range). 0: the location's physical
@@ -92,10 +160,18 @@ struct growable_buffer_options {
   std::vector<access_grant> access;
   /// Pools to continue on, in order, once the ones before are out of memory: a buffer that
   /// fills one GPU and spills onto the next, one pointer throughout. Their memory must be
-  /// of the same kind as the first pool's and live in the same address space. With
-  /// max_size 0 the range holds all of them. Every accessor must be able to reach every
-  /// pool's memory (peer access between GPUs).
+  /// of the same kind as the first pool's, or pinned host memory after GPU memory (and then
+  /// last), and live in the same address space. With max_size 0 the range holds all of
+  /// them. Every accessor must be able to reach every pool's memory (peer access between
+  /// GPUs); a host accessor is given the host part only.
   std::vector<std::shared_ptr<chunk_pool>> spill_to;
+  /// After the pools of spill_to, continue on default_pool(location::pinned_host(0)) (for
+  /// another NUMA node, put a pool of location::pinned_host(node) last in spill_to instead).
+  /// Only for a buffer of GPU memory. With max_size 0 the range then also holds all of the
+  /// host's memory: give a max_size.
+  bool spill_to_host = false;
+  /// Memory kept ready past size() by a background thread; see the file comment.
+  growth_ahead_options growth_ahead;
 };
 
 /// See the file comment. Move-only. Not thread-safe: one thread at a time uses a buffer.
@@ -104,8 +180,11 @@ class growable_buffer {
   /// An empty buffer drawing chunks from `pool`, with an address range of
   /// options.max_size allocated now. Nothing is mapped yet.
   /// @throws vmm::invalid_argument the pool is null or an option is bad (a zero chunk
-  ///         policy, a null spill pool, a spill pool of another kind of memory or of another
-  ///         address space).
+  ///         policy, a null spill pool, a spill pool of another kind of memory other than
+  ///         pinned host memory after GPU memory, of another address space, spill_to_host
+  ///         for a buffer that is not GPU memory, an access list with no GPU for the GPU
+  ///         part).
+  /// @throws std::system_error growth ahead asked for and its thread could not start.
   /// @throws vmm::out_of_memory no address range of that size is left.
   /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused the range for
   ///         another reason.
@@ -134,6 +213,10 @@ class growable_buffer {
   void set_stream(stream_ref stream) noexcept { options_.stream = stream; }
   /// The pool chunks come from first (null for a moved-from buffer).
   [[nodiscard]] const std::shared_ptr<chunk_pool>& pool() const noexcept { return pool_; }
+  /// Whether the buffer may continue from GPU memory into pinned host memory (a pinned
+  /// host pool among its spill pools): then copies and fills across the boundary must run
+  /// piece by piece (provider()->address_space().mapped_pieces()).
+  [[nodiscard]] bool spills_to_host() const noexcept { return host_part_; }
   /// The provider of the first pool (null for a moved-from buffer).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
     return run_.provider();
@@ -159,6 +242,12 @@ class growable_buffer {
   /// Unmaps retired chunks and gives them back to the pool. With wait, blocks until the
   /// streams have passed their retirement; without, collects only those already passed.
   void collect_retired(bool wait = false);
+  /// Blocks until the chunks asked for ahead are ready, or their preparation ended in a
+  /// failure (dropped: see the file comment). Returns at once without growth ahead. Never
+  /// needed for correctness: for tests and benchmarks that want the thread's work done.
+  void wait_for_growth_ahead() const;
+  /// Bytes of chunks prepared ahead and not mapped yet (0 without growth ahead).
+  [[nodiscard]] std::size_t ready_ahead() const;
 
   /// The chunks that back [offset, offset + length), in address order, for mapping the same
   /// physical memory elsewhere (aliases, re-layout). The range must start and end on chunk
@@ -173,13 +262,20 @@ class growable_buffer {
     stream_event passed;
   };
   void grow_mapping(std::size_t required, stream_ref stream);
+  // Sets access over the chunks from `first_chunk` on, one call per run of one memory kind.
+  void set_access_from(std::size_t first_chunk);
+  // Asks the growth-ahead thread for what the next grows will need. Never throws: growth
+  // ahead is an optimization, and a failure to ask leaves the grow to the caller's thread.
+  void request_ahead() noexcept;
+  // Remembers how far a resize or reserve to `bytes` grew past the last one (for learn).
+  void note_growth(std::size_t bytes) noexcept;
   void retire_beyond(std::size_t bytes, stream_ref stream);
   // collect_retired(false) after a resize has taken effect: never throws, so that a stream
   // that cannot be queried (reported) keeps its chunks retired instead of failing a resize
   // that succeeded.
   void collect_passed() noexcept;
   [[nodiscard]] std::size_t active_chunks() const noexcept;
-  [[nodiscard]] std::vector<access_grant> grants() const;
+  [[nodiscard]] std::vector<access_grant> grants(memory_kind kind) const;
   [[nodiscard]] chunk_pool& pool_at(std::size_t index) const;
   [[nodiscard]] std::size_t pool_index_of(const shared_chunk& chunk) const noexcept;
 
@@ -189,6 +285,13 @@ class growable_buffer {
   std::vector<retirement> retirements_;  // ascending first_chunk; the tail of run_'s chunks
   std::size_t capacity_ = 0;             // bytes in active (not retired) chunks
   std::size_t size_ = 0;
+  bool host_part_ = false;  // GPU memory first, pinned host memory last in spill_to
+  // Growth ahead (null without): the slot the thread fills, the thread, the last grows.
+  std::shared_ptr<detail::growth_slot> ahead_;
+  std::shared_ptr<detail::growth_worker> worker_;
+  std::array<std::size_t, 4> recent_grows_{};
+  std::size_t grow_count_ = 0;
+  std::size_t asked_ = 0;  // the last size asked for; after a reserve, the capacity
 };
 
 }  // namespace vmm
