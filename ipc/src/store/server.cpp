@@ -396,7 +396,12 @@ class server::dispatch {
     }
     const std::size_t g = pool->provider()->granularity();
     const std::size_t largest = pool->provider()->capabilities().physical_memory_size / g * g;
-    std::size_t max = r.max_size != 0 ? r.max_size : largest;
+    // By default a buffer may grow to half its location's memory, or to a cap if lower:
+    // every holder reserves that much address space, and an importer refuses more than
+    // its location's memory size (measured in its own process, so a little differently).
+    const std::size_t default_max =
+        std::max(std::min({largest / 2, d_.options_.cap, d_.options_.client_cap}) / g * g, (r.size + g - 1) / g * g);
+    std::size_t max = r.max_size != 0 ? r.max_size : default_max;
     if (r.max_size != 0 && (max > largest || max % g != 0))
       throw refusal{status::invalid, fmt::format("vmm-store: max size {} is not a multiple of the granularity {} "
                                                  "up to the location's {} bytes",

@@ -84,8 +84,9 @@ struct client_options {
 
 /// How to create.
 struct create_options {
-  /// The most the buffer may grow to (address space every holder reserves); 0: the
-  /// location's physical memory size.
+  /// The most the buffer may grow to (address space every holder reserves), a multiple of
+  /// the granularity; 0: half the location's physical memory size, or the daemon's cap or
+  /// per-client cap where lower (and at least the size).
   std::size_t max_size = 0;
 };
 
