@@ -139,8 +139,10 @@ void server::run() {
 }
 
 std::shared_ptr<chunk_pool> server::pool_for(const location& where) {
-  auto& pool = pools_[where];
-  if (!pool) pool = chunk_pool::create(provider_for(where), {.cap = options_.cap});
+  if (const auto found = pools_.find(where); found != pools_.end()) return found->second;
+  // Made before it is entered: a location without a provider here (no GPU) leaves no entry.
+  auto pool = chunk_pool::create(provider_for(where), {.cap = options_.cap});
+  pools_.emplace(where, pool);
   return pool;
 }
 
