@@ -187,7 +187,6 @@ void store_get(benchmark::State& state, bool repeated) {
     vmm::store::buffer got = store->get(buffer_name(bytes));
     benchmark::DoNotOptimize(got.data());
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
 }
 
 void BM_store_get_first(benchmark::State& state) { store_get(state, false); }
