@@ -1,0 +1,181 @@
+#pragma once
+/// @file
+/// The client of a vmm-store daemon: named buffers shared between processes.
+///
+///     vmm::store::client store;                          // the default socket
+///     vmm::store::buffer out = store.create("frames", 64 << 20, vmm::location::device(0));
+///     fill<<<grid, block, 0, s>>>(static_cast<float*>(out.data()), n);   // writable
+///     store.seal("frames");                              // nobody writes any more
+///     // in another process:
+///     vmm::store::buffer in = store.get("frames");       // read-only, enforced by the mapping
+///
+/// A vmm::store::buffer is a hold on a named buffer, mapped in this process at an address
+/// that never changes. Holding it keeps the daemon's buffer alive (remove() frees only the
+/// name); dropping the last handle releases the hold. Read-only handles map the memory with
+/// PROT_READ (OS provider) or CU_MEM_ACCESS_FLAGS_PROT_READ (GPUs): a write faults.
+///
+/// Growth. grow(name, size) grows the daemon's buffer in place; every holder sees it by
+/// calling refresh() on its handle (or by get() again), which maps the new chunks after
+/// the ones it maps, at the same address: nothing is copied and nothing already mapped
+/// moves (vmm::ipc's export generations, importer.hpp).
+///
+/// Repeated gets are cheap. The client keeps each import it made (per name and access),
+/// also after its handles are gone (up to client_options::cached_imports unheld ones). A
+/// later get() tells the daemon which buffer, generation and extent it maps already; the
+/// daemon takes a hold and answers "current" (no descriptors travel, nothing is mapped), or
+/// sends only the growth since. A cached import that the daemon no longer names, or names
+/// for another buffer, is dropped.
+///
+/// Errors. The daemon's refusals are vmm::store::store_error with the daemon's status and
+/// message (a cap refusal names the cap). A daemon that went away is store_error with
+/// status daemon_gone; mappings made before stay readable. A reply or manifest that breaks
+/// the protocol is vmm::ipc::protocol_error, and the client is unusable after it.
+///
+/// Thread safety: one client may be used from several threads (one request at a time);
+/// handles may be destroyed on any thread.
+
+#include <vmm/ipc/importer.hpp>
+#include <vmm/location.hpp>
+#include <vmm/store/protocol.hpp>
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vmm::store {
+
+/// A refusal of the daemon, or the daemon gone.
+class store_error : public std::runtime_error {
+ public:
+  /// No reply: the daemon closed the connection or could not be reached.
+  static constexpr int daemon_gone = -1;
+  store_error(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  /// A vmm::store::status as an int, or daemon_gone.
+  [[nodiscard]] int code() const noexcept { return code_; }
+  [[nodiscard]] bool is(status s) const noexcept { return code_ == static_cast<int>(s); }
+
+ private:
+  int code_;
+};
+
+/// The socket a daemon listens at by default: $XDG_RUNTIME_DIR/vmm-store/socket, or
+/// /tmp/vmm-store-<uid>/socket without XDG_RUNTIME_DIR.
+[[nodiscard]] std::string default_socket_path();
+/// Creates the default socket's directory with mode 0700 if missing.
+/// @throws vmm::invalid_argument it exists, but is not a directory of this uid with mode 0700.
+/// @throws vmm::os_error mkdir failed.
+void prepare_socket_directory(const std::string& socket_path);
+
+/// How a client connects.
+struct client_options {
+  std::string socket_path = default_socket_path();
+  /// Imports kept after their last handle went (the cache of repeated gets).
+  std::size_t cached_imports = 16;
+  /// How long a reply may take.
+  std::chrono::milliseconds timeout = std::chrono::milliseconds(30'000);
+};
+
+/// How to create.
+struct create_options {
+  /// The most the buffer may grow to (address space every holder reserves), a multiple of
+  /// the granularity; 0: half the location's physical memory size, or the daemon's cap or
+  /// per-client cap where lower (and at least the size).
+  std::size_t max_size = 0;
+};
+
+namespace detail {
+struct client_state;
+struct cached_import;
+}  // namespace detail
+
+/// A hold on a named buffer, mapped here. Move-only. See the file comment.
+class buffer {
+ public:
+  buffer() noexcept;
+  buffer(buffer&&) noexcept;
+  buffer& operator=(buffer&&) noexcept;
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  /// Releases the hold (never throws; a daemon gone is nothing to release).
+  ~buffer();
+
+  /// The first byte; never changes (nullptr when empty or moved from).
+  [[nodiscard]] void* data() const noexcept;
+  /// Bytes in use as of the last get() or refresh().
+  [[nodiscard]] std::size_t size() const noexcept;
+  /// Bytes mapped here.
+  [[nodiscard]] std::size_t capacity() const noexcept;
+  [[nodiscard]] std::size_t max_size() const noexcept;
+  [[nodiscard]] access_mode access() const noexcept;
+  [[nodiscard]] const std::string& name() const noexcept;
+  [[nodiscard]] location where() const noexcept;
+  /// The daemon's id of the buffer (a new one per create).
+  [[nodiscard]] std::uint64_t entry() const noexcept;
+  /// The provider the memory is mapped through (for copies: provider()->executor()).
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
+  /// Maps what the buffer grew by since this client last looked; the address stays.
+  /// @throws store_error the daemon refused or is gone; vmm::ipc::protocol_error as get().
+  void refresh();
+  /// Releases the hold now; the handle is empty afterwards.
+  void release() noexcept;
+
+ private:
+  friend class client;
+  std::shared_ptr<detail::client_state> state_;
+  std::shared_ptr<detail::cached_import> import_;
+};
+
+/// A connection to a vmm-store daemon. See the file comment.
+class client {
+ public:
+  /// Connects and says hello.
+  /// @throws store_error nothing listens at the path (daemon_gone), or the daemon refuses
+  ///         this uid (status denied) or this protocol version.
+  explicit client(client_options options = {});
+  ~client();
+  client(client&&) noexcept;
+  client& operator=(client&&) noexcept;
+
+  /// Who the daemon is (a new instance id whenever it restarted).
+  [[nodiscard]] const daemon_info& daemon() const noexcept;
+
+  /// Creates `name` with `size` bytes at `where`; a writable handle. The creation is
+  /// uncommitted until seal(): if this client's connection closes first, the name goes.
+  /// @throws store_error exists, cap_exceeded (naming the cap), unavailable (no such
+  ///         memory at the daemon), invalid, out_of_memory; daemon_gone.
+  [[nodiscard]] buffer create(std::string_view name, std::size_t size, location where, create_options options = {});
+  /// No writer any more: writable gets and growth are refused from now on; the buffer
+  /// stays until remove(), whoever holds it.
+  void seal(std::string_view name);
+  /// A hold on `name`, mapped with `access`. Read-write only while unsealed and only for
+  /// the creator's process or a pid it granted.
+  /// @throws store_error not_found, sealed, denied; daemon_gone.
+  /// @throws vmm::ipc::protocol_error the daemon sent something malformed.
+  [[nodiscard]] buffer get(std::string_view name, access_mode access = access_mode::read_only);
+  /// Grows `name` to `size` bytes (creator or granted writers, unsealed). Holders see it
+  /// after refresh().
+  /// @throws store_error not_found, sealed, denied, cap_exceeded, invalid; daemon_gone.
+  buffer_info grow(std::string_view name, std::size_t size);
+  /// Lets process `pid` get `name` writable while it is unsealed (creator only).
+  void grant(std::string_view name, pid_t pid);
+  [[nodiscard]] std::vector<buffer_info> list();
+  [[nodiscard]] buffer_info stat(std::string_view name);
+  /// Frees the name at once; the memory goes when the last holder lets go.
+  void remove(std::string_view name);
+  /// The daemon's counters (a debug request: leak checks compare them).
+  [[nodiscard]] daemon_statistics statistics();
+  /// Drops the cached imports no handle holds.
+  void drop_cache();
+
+ private:
+  std::shared_ptr<detail::client_state> state_;
+};
+
+}  // namespace vmm::store

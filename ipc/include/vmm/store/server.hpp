@@ -1,0 +1,139 @@
+#pragma once
+/// @file
+/// The vmm-store daemon's engine: named growable buffers kept for the clients of a Unix
+/// socket. The `vmm-store serve` tool (ipc/tools/vmm_store.cpp) is a thin main around it.
+///
+///     vmm::store::server daemon({.socket_path = "/run/user/1000/vmm-store/socket",
+///                                .cap = 64ull << 30, .client_cap = 16ull << 30});
+///     std::jthread loop([&] { daemon.run(); });     // until daemon.stop()
+///
+/// What it keeps. A buffer ("entry") is a vmm::growable_buffer drawn from the daemon's chunk
+/// pool for its location, exported once through one vmm::ipc::exporter (each chunk's fd is
+/// made once and cached, so serving it again costs a dup in the kernel), with its name, its
+/// creator, the pids granted write access, and whether it is sealed. The daemon keeps the
+/// last whole manifest of every entry per grant (read-only, read-write), so a get sends a
+/// manifest it already has; growth replaces them.
+///
+/// Lifetimes, per connection. Each connection counts the holds it took on each entry
+/// (create and get take one, release drops one). An entry is reachable by its name until it
+/// is removed; it is destroyed, its chunks given back to the pool, once it is unnamed and
+/// nobody holds it. An entry whose creator's connection closes before it was sealed is an
+/// uncommitted creation: it loses its name then. A connection that closes, whatever the
+/// reason (exit, crash, SIGKILL), drops every hold it had. The memory a client mapped stays
+/// valid in the client whatever the daemon does (the import keeps it alive); what the
+/// daemon frees is only its own mapping and its pool's claim.
+///
+/// Order of events. Each turn of the loop first closes the connections whose peer hung up
+/// (their unread requests are dropped: every request that changes something but release
+/// gets a reply, so a client that saw its reply knows it was done), then serves one request
+/// from each readable connection. So a client that saw another process die (waitpid) and
+/// then asks for statistics sees that process's holds gone.
+///
+/// Trust. Connections are accepted only from the uids allowed (SO_PEERCRED; by default the
+/// daemon's own uid); others get a denied reply and are closed. A request is one frame of at
+/// most max_request_bytes, checked whole before anything happens (decode_request); a frame
+/// that claims more, carries descriptors, or does not arrive within request_timeout closes
+/// the connection, and so does a request that breaks the protocol (after a bad_request
+/// reply). One connection's misbehaviour never changes another's state. The daemon is one
+/// thread: a client that stops reading its replies for reply_timeout is closed.
+///
+/// Caps. `cap` bounds the capacity of every live entry together (removed but held ones
+/// included), `client_cap` what one connection's live creations hold; each is checked
+/// before any memory is taken, and a refusal names the cap, its value and the need.
+
+#include <vmm/chunk_pool.hpp>
+#include <vmm/growable_buffer.hpp>
+#include <vmm/ipc/exporter.hpp>
+#include <vmm/store/protocol.hpp>
+#include <vmm/unique_fd.hpp>
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace vmm::store {
+
+/// How a server runs.
+struct server_options {
+  /// Where to listen; empty: no listening socket (connections come only through
+  /// add_connection, for tests and fuzzing). A stale socket file there (nothing listening)
+  /// is replaced; a live one is an error.
+  std::string socket_path;
+  /// The most bytes (capacity) every buffer together may hold.
+  std::size_t cap = std::numeric_limits<std::size_t>::max();
+  /// The most bytes one connection's live creations may hold.
+  std::size_t client_cap = std::numeric_limits<std::size_t>::max();
+  /// The uids that may connect; empty: only the daemon's own.
+  std::vector<uid_t> allowed_uids;
+  /// How long a request frame may take to arrive once its first byte has.
+  std::chrono::milliseconds request_timeout{1000};
+  /// How long a reply may wait for the client to read.
+  std::chrono::milliseconds reply_timeout{5000};
+  /// Connections beyond this are refused.
+  std::size_t max_connections = 4096;
+};
+
+/// The daemon. See the file comment. Not thread-safe, except stop().
+class server {
+ public:
+  /// Makes the listening socket (mode 0600) when socket_path is set.
+  /// @throws vmm::invalid_argument the path is too long, or a live daemon listens there.
+  /// @throws vmm::os_error socket, bind or listen failed.
+  explicit server(server_options options);
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+  /// Closes every connection, destroys every buffer and removes the socket file.
+  ~server();
+
+  /// Serves until stop(). @throws vmm::os_error poll failed.
+  void run();
+  /// Serves what is ready within `timeout` (one turn of run()'s loop). False once stopped.
+  bool serve_once(std::chrono::milliseconds timeout);
+  /// Makes run() return; callable from another thread or a signal handler.
+  void stop() noexcept;
+
+  /// Adopts a connected socket as a client with these credentials (checked as accept's).
+  /// For tests and the fuzzer; the daemon's own connections come from accept.
+  void add_connection(unique_fd socket, pid_t pid, uid_t uid);
+
+  [[nodiscard]] daemon_statistics statistics() const;
+  [[nodiscard]] const daemon_info& info() const noexcept { return info_; }
+  [[nodiscard]] const server_options& options() const noexcept { return options_; }
+
+ private:
+  struct entry;
+  struct connection;
+  class dispatch;
+
+  void accept_pending();
+  void close_connection(std::uint64_t id) noexcept;
+  // Serves one request of `client`; false when the connection must be closed.
+  bool serve_request(connection& client);
+  void drop_hold(connection& client, std::uint64_t entry_id) noexcept;
+  void destroy_if_unused(std::uint64_t entry_id) noexcept;
+  std::shared_ptr<chunk_pool> pool_for(const location& where);
+
+  server_options options_;
+  daemon_info info_;
+  unique_fd listener_;
+  unique_fd wake_read_, wake_write_;  // stop(): a byte on this pipe ends poll
+  bool stopped_ = false;
+  std::map<location, std::shared_ptr<chunk_pool>> pools_;
+  ipc::exporter exporter_;
+  std::map<std::uint64_t, std::unique_ptr<entry>> entries_;   // by entry id
+  std::map<std::string, std::uint64_t, std::less<>> names_;   // name -> entry id
+  std::map<std::uint64_t, std::unique_ptr<connection>> connections_;
+  std::uint64_t next_entry_ = 1;
+  std::uint64_t next_connection_ = 1;
+  std::size_t bytes_ = 0;  // capacity of every live entry
+};
+
+}  // namespace vmm::store

@@ -1,0 +1,319 @@
+#include <vmm/store/client.hpp>
+
+#include <vmm/error.hpp>
+#include <vmm/ipc/fd_channel.hpp>
+#include <vmm/unique_fd.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace vmm::store {
+namespace detail {
+
+struct cached_import {
+  std::string name;
+  std::uint64_t entry = 0;
+  ipc::imported_buffer mapped;
+  std::size_t size = 0;        // as of the last reply
+  std::uint64_t last_used = 0;  // for eviction
+};
+
+struct client_state {
+  client_options options;
+  std::mutex mutex;
+  unique_fd socket;
+  daemon_info daemon;
+  std::map<std::pair<std::string, access_mode>, std::shared_ptr<cached_import>> cache;
+  std::uint64_t clock = 0;
+
+  [[noreturn]] void gone(const std::string& what) {
+    socket.reset();
+    throw store_error(store_error::daemon_gone,
+                      fmt::format("vmm-store: the daemon at {} is gone ({})", options.socket_path, what));
+  }
+
+  void check_open() {
+    if (!socket)
+      throw store_error(store_error::daemon_gone,
+                        fmt::format("vmm-store: not connected to the daemon at {} (it went away)", options.socket_path));
+  }
+
+  // Sends a request and returns the ok body; throws the daemon's refusal. A daemon that
+  // refused the connection has closed it: its reply may still be read after a failed send.
+  std::vector<std::byte> exchange(const request& asked) {
+    check_open();
+    const std::vector<std::byte> bytes = encode(asked);
+    bool sent = true;
+    std::string send_failure;
+    try {
+      ipc::send_message(socket.get(), bytes, {}, options.timeout);
+    } catch (const os_error& error) {
+      sent = false;
+      send_failure = error.what();
+    }
+    ipc::message got;
+    try {
+      got = ipc::receive_message(socket.get(), 0, sent ? options.timeout : std::chrono::milliseconds(0));
+    } catch (const ipc::protocol_error&) {
+      socket.reset();
+      throw;
+    } catch (const os_error& error) {
+      gone(sent ? error.what() : send_failure);
+    }
+    reply answer;
+    try {
+      answer = decode_reply(got.payload);
+    } catch (...) {
+      socket.reset();
+      throw;
+    }
+    if (answer.code != status::ok) {
+      if (answer.code == status::bad_request || answer.code == status::unsupported_version ||
+          (answer.code == status::denied && asked.op == operation::hello))
+        socket.reset();  // the daemon closes these connections
+      throw store_error(static_cast<int>(answer.code), answer.message);
+    }
+    return std::move(answer.body);
+  }
+
+  // Receives what a hold reply announces into the cache entry for (name, access).
+  std::shared_ptr<cached_import> take_delivery(const std::string& name, access_mode access, const hold_reply& got,
+                                               std::shared_ptr<cached_import> cached) {
+    try {
+      if (got.sent == delivery::whole) {
+        auto fresh = std::make_shared<cached_import>();
+        fresh->name = name;
+        fresh->entry = got.entry;
+        fresh->mapped = ipc::imported_buffer::receive(socket.get(), {.access = access, .timeout = options.timeout});
+        cached = std::move(fresh);
+      } else {
+        if (!cached || cached->entry != got.entry)
+          throw ipc::protocol_error(fmt::format("vmm-store: the daemon sent growth of entry {}, which this client "
+                                                "does not map",
+                                                got.entry));
+        if (got.sent == delivery::growth) cached->mapped.receive_growth(socket.get(), options.timeout);
+      }
+    } catch (const os_error& error) {
+      gone(error.what());
+    } catch (...) {
+      socket.reset();  // the stream may stand inside a manifest
+      throw;
+    }
+    cached->size = got.size;
+    cached->last_used = ++clock;
+    cache[{name, access}] = cached;
+    evict();
+    return cached;
+  }
+
+  // Drops the least recently used imports that no handle holds, beyond options.cached_imports.
+  void evict() {
+    std::size_t unheld = 0;
+    for (const auto& [key, import] : cache) unheld += import.use_count() == 1 ? 1 : 0;
+    while (unheld > options.cached_imports) {
+      auto oldest = cache.end();
+      for (auto it = cache.begin(); it != cache.end(); ++it)
+        if (it->second.use_count() == 1 && (oldest == cache.end() || it->second->last_used < oldest->second->last_used))
+          oldest = it;
+      cache.erase(oldest);
+      --unheld;
+    }
+  }
+
+  void release(std::uint64_t entry) noexcept {
+    std::lock_guard lock(mutex);
+    if (!socket) return;  // the daemon is gone, and the hold with it
+    try {
+      ipc::send_message(socket.get(), encode(request{.op = operation::release, .entry = entry}), {}, options.timeout);
+    } catch (const std::exception&) {
+      socket.reset();
+    }
+    evict();
+  }
+};
+
+}  // namespace detail
+
+std::string default_socket_path() {
+  if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && runtime[0] == '/')
+    return fmt::format("{}/vmm-store/socket", runtime);
+  return fmt::format("/tmp/vmm-store-{}/socket", ::getuid());
+}
+
+void prepare_socket_directory(const std::string& socket_path) {
+  const auto slash = socket_path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return;
+  const std::string directory = socket_path.substr(0, slash);
+  if (::mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST)
+    throw os_error(errno, fmt::format("vmm-store: mkdir {}", directory));
+  struct stat status {};
+  if (::lstat(directory.c_str(), &status) != 0) throw os_error(errno, fmt::format("vmm-store: lstat {}", directory));
+  if (!S_ISDIR(status.st_mode) || status.st_uid != ::getuid() || (status.st_mode & 0777) != 0700)
+    throw invalid_argument(fmt::format("vmm-store: {} must be a directory of uid {} with mode 0700 (it has uid {}, "
+                                       "mode {:o})",
+                                       directory, ::getuid(), status.st_uid, status.st_mode & 0777));
+}
+
+// ---- buffer ------------------------------------------------------------------------------
+
+buffer::buffer() noexcept = default;
+buffer::buffer(buffer&&) noexcept = default;
+buffer& buffer::operator=(buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    state_ = std::move(other.state_);
+    import_ = std::move(other.import_);
+  }
+  return *this;
+}
+buffer::~buffer() { release(); }
+
+void buffer::release() noexcept {
+  if (!import_) return;
+  const std::uint64_t entry = import_->entry;
+  import_.reset();
+  state_->release(entry);
+  state_.reset();
+}
+
+void* buffer::data() const noexcept { return import_ ? import_->mapped.data() : nullptr; }
+std::size_t buffer::size() const noexcept { return import_ ? import_->size : 0; }
+std::size_t buffer::capacity() const noexcept { return import_ ? import_->mapped.capacity() : 0; }
+std::size_t buffer::max_size() const noexcept { return import_ ? import_->mapped.max_size() : 0; }
+access_mode buffer::access() const noexcept { return import_ ? import_->mapped.access() : access_mode::none; }
+const std::string& buffer::name() const noexcept {
+  static const std::string none;
+  return import_ ? import_->name : none;
+}
+location buffer::where() const noexcept {
+  return import_ && import_->mapped.provider() ? import_->mapped.provider()->where() : location{};
+}
+std::uint64_t buffer::entry() const noexcept { return import_ ? import_->entry : 0; }
+const std::shared_ptr<memory_provider>& buffer::provider() const noexcept {
+  static const std::shared_ptr<memory_provider> none;
+  return import_ ? import_->mapped.provider() : none;
+}
+
+void buffer::refresh() {
+  if (!import_) throw invalid_argument("vmm::store::buffer::refresh on an empty handle");
+  std::lock_guard lock(state_->mutex);
+  const hold_reply got = decode_hold_reply(state_->exchange(request{.op = operation::refresh,
+                                                                     .entry = import_->entry,
+                                                                     .generation = import_->mapped.buffer_id(),
+                                                                     .end = import_->mapped.capacity()}));
+  if (got.sent == delivery::whole) {
+    state_->socket.reset();
+    throw ipc::protocol_error("vmm-store: the daemon answered a refresh with a whole manifest");
+  }
+  state_->take_delivery(import_->name, import_->mapped.access(), got, import_);
+}
+
+// ---- client ------------------------------------------------------------------------------
+
+client::client(client_options options) : state_(std::make_shared<detail::client_state>()) {
+  state_->options = std::move(options);
+  try {
+    state_->socket = ipc::connect_unix(state_->options.socket_path);
+  } catch (const os_error& error) {
+    throw store_error(store_error::daemon_gone,
+                      fmt::format("vmm-store: no daemon at {}: {}", state_->options.socket_path, error.what()));
+  }
+  state_->daemon = decode_daemon_info(state_->exchange(request{.op = operation::hello}));
+}
+
+client::~client() = default;
+client::client(client&&) noexcept = default;
+client& client::operator=(client&&) noexcept = default;
+
+const daemon_info& client::daemon() const noexcept { return state_->daemon; }
+
+buffer client::create(std::string_view name, std::size_t size, location where, create_options options) {
+  std::lock_guard lock(state_->mutex);
+  request asked{.op = operation::create, .name = std::string(name), .where = where, .size = size,
+                .max_size = options.max_size};
+  const hold_reply got = decode_hold_reply(state_->exchange(asked));
+  if (got.sent != delivery::whole) {
+    state_->socket.reset();
+    throw ipc::protocol_error("vmm-store: the daemon answered a create without a whole manifest");
+  }
+  buffer made;
+  made.import_ = state_->take_delivery(asked.name, access_mode::read_write, got, nullptr);
+  made.state_ = state_;
+  return made;
+}
+
+buffer client::get(std::string_view name, access_mode access) {
+  std::lock_guard lock(state_->mutex);
+  request asked{.op = operation::get, .name = std::string(name), .access = access};
+  std::shared_ptr<detail::cached_import> cached;
+  if (const auto found = state_->cache.find({asked.name, access}); found != state_->cache.end()) {
+    cached = found->second;
+    asked.entry = cached->entry;
+    asked.generation = cached->mapped.buffer_id();
+    asked.end = cached->mapped.capacity();
+  }
+  std::vector<std::byte> body;
+  try {
+    body = state_->exchange(asked);
+  } catch (const store_error& error) {
+    if (error.is(status::not_found)) state_->cache.erase({asked.name, access});
+    throw;
+  }
+  const hold_reply got = decode_hold_reply(body);
+  buffer made;
+  made.import_ = state_->take_delivery(asked.name, access, got, got.sent == delivery::whole ? nullptr : cached);
+  made.state_ = state_;
+  return made;
+}
+
+buffer_info client::grow(std::string_view name, std::size_t size) {
+  std::lock_guard lock(state_->mutex);
+  return decode_buffer_info(state_->exchange(request{.op = operation::grow, .name = std::string(name), .size = size}));
+}
+
+void client::seal(std::string_view name) {
+  std::lock_guard lock(state_->mutex);
+  (void)state_->exchange(request{.op = operation::seal, .name = std::string(name)});
+  state_->cache.erase({std::string(name), access_mode::read_write});
+}
+
+void client::grant(std::string_view name, pid_t pid) {
+  std::lock_guard lock(state_->mutex);
+  (void)state_->exchange(request{.op = operation::grant, .name = std::string(name), .pid = static_cast<std::uint32_t>(pid)});
+}
+
+std::vector<buffer_info> client::list() {
+  std::lock_guard lock(state_->mutex);
+  return decode_buffer_infos(state_->exchange(request{.op = operation::list}));
+}
+
+buffer_info client::stat(std::string_view name) {
+  std::lock_guard lock(state_->mutex);
+  return decode_buffer_info(state_->exchange(request{.op = operation::stat, .name = std::string(name)}));
+}
+
+void client::remove(std::string_view name) {
+  std::lock_guard lock(state_->mutex);
+  (void)state_->exchange(request{.op = operation::remove, .name = std::string(name)});
+  state_->cache.erase({std::string(name), access_mode::read_only});
+  state_->cache.erase({std::string(name), access_mode::read_write});
+}
+
+daemon_statistics client::statistics() {
+  std::lock_guard lock(state_->mutex);
+  return decode_daemon_statistics(state_->exchange(request{.op = operation::statistics}));
+}
+
+void client::drop_cache() {
+  std::lock_guard lock(state_->mutex);
+  std::erase_if(state_->cache, [](const auto& entry) { return entry.second.use_count() == 1; });
+}
+
+}  // namespace vmm::store

@@ -1,0 +1,581 @@
+#include <vmm/store/server.hpp>
+
+#include <vmm/error.hpp>
+#include <vmm/ipc/fd_channel.hpp>
+#include <vmm/provider.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+
+namespace vmm::store {
+namespace {
+
+// A request the daemon refuses: the reply carries the status and the message; the
+// connection goes on.
+struct refusal {
+  status code;
+  std::string message;
+};
+
+
+// What a growable buffer's geometric policy maps to hold `required` bytes after `capacity`:
+// an upper bound of what resize() maps (its fallbacks only take smaller chunks).
+std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::size_t g, std::size_t max) {
+  const chunk_policy policy = chunk_policy::geometric();
+  while (capacity < required && capacity < max)
+    capacity += std::min(policy.next_chunk(capacity, required, g), max - capacity);
+  return capacity;
+}
+
+std::size_t open_fd_count() {
+  std::size_t count = 0;
+  std::error_code ignored;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ignored);
+       it != std::filesystem::directory_iterator(); it.increment(ignored))
+    ++count;
+  return count;
+}
+
+std::uint64_t realtime_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(now.tv_nsec);
+}
+
+// Replaces a socket file nothing listens at; refuses a live one.
+void clear_stale_socket(const std::string& path) {
+  struct stat status {};
+  if (::lstat(path.c_str(), &status) != 0) return;
+  if (!S_ISSOCK(status.st_mode))
+    throw invalid_argument(fmt::format("vmm-store: {} exists and is not a socket", path));
+  try {
+    const unique_fd probe = ipc::connect_unix(path);
+  } catch (const os_error& error) {
+    if (error.code().value() != ECONNREFUSED) throw;
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      throw os_error(errno, fmt::format("vmm-store: unlink of the stale socket {}", path));
+    return;
+  }
+  throw invalid_argument(fmt::format("vmm-store: a daemon already listens at {}", path));
+}
+
+}  // namespace
+
+struct server::entry {
+  std::uint64_t id = 0;
+  std::string name;
+  bool named = true;
+  bool sealed = false;
+  std::uint64_t creator = 0;  // the creating connection while it lives and the entry is unsealed
+  pid_t creator_pid = 0;
+  std::set<pid_t> writers;
+  std::uint64_t charged_to = 0;  // the connection whose client cap counts it (0: none)
+  std::uint32_t holders = 0;
+  std::size_t charged = 0;  // capacity counted in bytes_ (and the charged connection's)
+  growable_buffer buffer;
+  // The last whole export per grant, valid for the capacity it was made at.
+  std::map<access_mode, ipc::exported_manifest> whole;
+  // Every generation (manifest buffer_id) exported for this entry, with its grant.
+  std::map<std::uint64_t, access_mode> generations;
+
+  explicit entry(growable_buffer b) : buffer(std::move(b)) {}
+  [[nodiscard]] bool may_write(pid_t pid) const { return pid == creator_pid || writers.contains(pid); }
+  [[nodiscard]] buffer_info info() const {
+    return {name, id, buffer.provider()->where(), buffer.size(), buffer.capacity(), buffer.max_size(), holders, sealed};
+  }
+};
+
+struct server::connection {
+  std::uint64_t id = 0;
+  unique_fd socket;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  std::map<std::uint64_t, std::uint32_t> holds;  // entry id -> holds
+  std::size_t charged = 0;                       // bytes of its live creations
+};
+
+server::server(server_options options) : options_(std::move(options)) {
+  std::random_device random;
+  info_.instance = (std::uint64_t{random()} << 32) ^ random() ^ realtime_ns();
+  info_.started_ns = realtime_ns();
+  info_.pid = static_cast<std::uint32_t>(::getpid());
+  if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
+  int pipe_ends[2];
+  if (::pipe2(pipe_ends, O_CLOEXEC | O_NONBLOCK) != 0) throw os_error(errno, "vmm-store: pipe2");
+  wake_read_ = unique_fd(pipe_ends[0]);
+  wake_write_ = unique_fd(pipe_ends[1]);
+  if (!options_.socket_path.empty()) {
+    clear_stale_socket(options_.socket_path);
+    listener_ = ipc::listen_unix(options_.socket_path);
+    if (::chmod(options_.socket_path.c_str(), 0600) != 0) throw os_error(errno, "vmm-store: chmod of the socket");
+  }
+}
+
+server::~server() {
+  connections_.clear();
+  entries_.clear();
+  names_.clear();
+  if (listener_) ::unlink(options_.socket_path.c_str());
+}
+
+void server::stop() noexcept {
+  const char byte = 1;
+  [[maybe_unused]] const auto ignored = ::write(wake_write_.get(), &byte, 1);
+}
+
+void server::run() {
+  while (serve_once(ipc::no_timeout)) {
+  }
+}
+
+std::shared_ptr<chunk_pool> server::pool_for(const location& where) {
+  if (const auto found = pools_.find(where); found != pools_.end()) return found->second;
+  // Made before it is entered: a location without a provider here (no GPU) leaves no entry.
+  auto pool = chunk_pool::create(provider_for(where), {.cap = options_.cap});
+  pools_.emplace(where, pool);
+  return pool;
+}
+
+void server::add_connection(unique_fd socket, pid_t pid, uid_t uid) {
+  const auto refuse = [&](const std::string& why) {
+    try {
+      ipc::send_message(socket.get(), encode_error(status::denied, why), {}, std::chrono::milliseconds(100));
+    } catch (const std::exception&) {
+      // The client is refused either way.
+    }
+  };
+  if (std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) == options_.allowed_uids.end())
+    return refuse(fmt::format("vmm-store: uid {} may not connect to this daemon (it allows {})", uid,
+                              fmt::join(options_.allowed_uids, ", ")));
+  if (connections_.size() >= options_.max_connections)
+    return refuse(fmt::format("vmm-store: {} connections already (the most this daemon takes)", connections_.size()));
+  auto client = std::make_unique<connection>();
+  client->id = next_connection_++;
+  client->socket = std::move(socket);
+  client->pid = pid;
+  client->uid = uid;
+  connections_.emplace(client->id, std::move(client));
+}
+
+void server::accept_pending() {
+  unique_fd socket(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (!socket) return;  // the client gave up already, or no descriptor is left: try again later
+  ucred credentials{};
+  socklen_t length = sizeof credentials;
+  if (::getsockopt(socket.get(), SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return;
+  add_connection(std::move(socket), credentials.pid, credentials.uid);
+}
+
+bool server::serve_once(std::chrono::milliseconds timeout) {
+  if (stopped_) return false;
+  std::vector<pollfd> polled;
+  std::vector<std::uint64_t> ids;
+  polled.push_back({wake_read_.get(), POLLIN, 0});
+  if (listener_) polled.push_back({listener_.get(), POLLIN, 0});
+  const std::size_t first_client = polled.size();
+  for (const auto& [id, client] : connections_) {
+    polled.push_back({client->socket.get(), POLLIN, 0});
+    ids.push_back(id);
+  }
+  const int wait_ms = timeout == ipc::no_timeout ? -1 : static_cast<int>(std::max<std::int64_t>(0, timeout.count()));
+  const int ready = ::poll(polled.data(), polled.size(), wait_ms);
+  if (ready < 0) {
+    if (errno == EINTR) return true;
+    throw os_error(errno, "vmm-store: poll");
+  }
+  if (polled[0].revents != 0) {
+    stopped_ = true;
+    return false;
+  }
+  // Hang-ups first: see the file comment.
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if ((polled[first_client + i].revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) close_connection(ids[i]);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if ((polled[first_client + i].revents & POLLIN) == 0) continue;
+    const auto found = connections_.find(ids[i]);
+    if (found == connections_.end()) continue;
+    if (!serve_request(*found->second)) close_connection(ids[i]);
+  }
+  if (listener_ && (polled[1].revents & POLLIN) != 0) accept_pending();
+  return true;
+}
+
+void server::drop_hold(connection& client, std::uint64_t entry_id) noexcept {
+  const auto held = client.holds.find(entry_id);
+  if (held == client.holds.end()) return;
+  if (--held->second == 0) client.holds.erase(held);
+  if (const auto found = entries_.find(entry_id); found != entries_.end()) {
+    --found->second->holders;
+    destroy_if_unused(entry_id);
+  }
+}
+
+void server::destroy_if_unused(std::uint64_t entry_id) noexcept {
+  const auto found = entries_.find(entry_id);
+  if (found == entries_.end()) return;
+  entry& e = *found->second;
+  if (e.named || e.holders != 0) return;
+  bytes_ -= e.charged;
+  if (e.charged_to != 0)
+    if (const auto owner = connections_.find(e.charged_to); owner != connections_.end()) owner->second->charged -= e.charged;
+  entries_.erase(found);  // gives the chunks back to the pool; closes the cached manifests' fds
+  exporter_.purge();      // closes the exporter's fds of those chunks
+}
+
+void server::close_connection(std::uint64_t id) noexcept {
+  const auto found = connections_.find(id);
+  if (found == connections_.end()) return;
+  connection& client = *found->second;
+  std::vector<std::uint64_t> touched;
+  for (auto& [entry_id, holds] : client.holds) {
+    if (const auto e = entries_.find(entry_id); e != entries_.end()) e->second->holders -= holds;
+    touched.push_back(entry_id);
+  }
+  client.holds.clear();
+  for (auto& [entry_id, e] : entries_) {
+    if (e->charged_to == id) e->charged_to = 0;
+    if (e->creator != id) continue;
+    e->creator = 0;
+    if (!e->sealed && e->named) {  // an uncommitted creation: its name goes with its creator
+      names_.erase(e->name);
+      e->named = false;
+      touched.push_back(entry_id);
+    }
+  }
+  connections_.erase(found);
+  for (const std::uint64_t entry_id : touched) destroy_if_unused(entry_id);
+}
+
+// The request handlers. Each returns the reply body, and may set `manifest` to a manifest
+// that follows the reply; a refusal is thrown as `refusal`.
+class server::dispatch {
+ public:
+  dispatch(server& daemon, connection& client) : d_(daemon), c_(client) {}
+
+  const ipc::exported_manifest* manifest = nullptr;
+
+  std::vector<std::byte> run(const request& r) {
+    switch (r.op) {
+      case operation::hello:
+        return encode(d_.info_);
+      case operation::create:
+        return create(r);
+      case operation::seal:
+        return seal(r);
+      case operation::get:
+        return get(r);
+      case operation::refresh:
+        return refresh(r);
+      case operation::grow:
+        return grow(r);
+      case operation::grant:
+        return grant(r);
+      case operation::list: {
+        std::vector<buffer_info> infos;
+        for (const auto& [name, id] : d_.names_) infos.push_back(d_.entries_.at(id)->info());
+        return encode(infos);
+      }
+      case operation::stat:
+        return encode(named(r.name).info());
+      case operation::remove: {
+        entry& e = named(r.name);
+        d_.names_.erase(e.name);
+        e.named = false;
+        d_.destroy_if_unused(e.id);
+        return {};
+      }
+      case operation::statistics:
+        return encode(d_.statistics());
+      case operation::release:
+        break;
+    }
+    throw refusal{status::bad_request, "vmm-store: no reply to this operation"};
+  }
+
+ private:
+  entry& named(const std::string& name) {
+    const auto found = d_.names_.find(name);
+    if (found == d_.names_.end()) throw refusal{status::not_found, fmt::format("vmm-store: no buffer named \"{}\"", name)};
+    return *d_.entries_.at(found->second);
+  }
+
+  void check_writer(const entry& e, const char* what) const {
+    if (e.sealed)
+      throw refusal{status::sealed, fmt::format("vmm-store: \"{}\" is sealed: no {} any more", e.name, what)};
+    if (!e.may_write(c_.pid))
+      throw refusal{status::denied, fmt::format("vmm-store: pid {} may not {} \"{}\": only its creator (pid {}) and "
+                                                "the pids it granted may",
+                                                c_.pid, what, e.name, e.creator_pid)};
+  }
+
+  // Refuses growth of the capacity charged to `e` (or a new entry) from `from` to `to`.
+  void check_caps(const std::string& name, std::size_t from, std::size_t to, bool charged_here) const {
+    const std::size_t more = to - from;
+    if (d_.bytes_ + more > d_.options_.cap || d_.bytes_ + more < d_.bytes_)
+      throw refusal{status::cap_exceeded,
+                    fmt::format("vmm-store: \"{}\" needs {} more bytes, past the daemon's cap (--cap {} bytes; its "
+                                "buffers hold {})",
+                                name, more, d_.options_.cap, d_.bytes_)};
+    if (charged_here && c_.charged + more > d_.options_.client_cap)
+      throw refusal{status::cap_exceeded,
+                    fmt::format("vmm-store: \"{}\" needs {} more bytes, past the per-client cap (--client-cap {} "
+                                "bytes; this client's buffers hold {})",
+                                name, more, d_.options_.client_cap, c_.charged)};
+  }
+
+  void charge(entry& e, std::size_t capacity) {
+    const std::size_t more = capacity - e.charged;
+    e.charged = capacity;
+    d_.bytes_ += more;
+    if (e.charged_to != 0)
+      if (const auto owner = d_.connections_.find(e.charged_to); owner != d_.connections_.end())
+        owner->second->charged += more;
+  }
+
+  void hold(entry& e) {
+    ++c_.holds[e.id];
+    ++e.holders;
+  }
+
+  // The whole manifest of `e` for `grant`, made now if the cached one is stale.
+  const ipc::exported_manifest& whole(entry& e, access_mode grant) {
+    auto found = e.whole.find(grant);
+    if (found == e.whole.end() || found->second.description.end != e.buffer.capacity() ||
+        found->second.description.size != e.buffer.size()) {
+      ipc::exported_manifest made = d_.exporter_.export_buffer(e.buffer, {.grant = grant});
+      e.generations[made.description.buffer_id] = grant;
+      found = e.whole.insert_or_assign(grant, std::move(made)).first;
+    }
+    return found->second;
+  }
+
+  // What a client that maps [0, end) of generation `generation` gets: nothing, a growth
+  // manifest, or (generation unknown: another entry, another grant) a whole one.
+  hold_reply deliver(entry& e, std::uint64_t generation, std::uint64_t end, access_mode grant) {
+    hold_reply reply{e.id, e.buffer.size(), delivery::whole, e.sealed};
+    const auto known = e.generations.find(generation);
+    if (generation != 0 && known != e.generations.end() && known->second == grant && end <= e.buffer.capacity()) {
+      if (end == e.buffer.capacity()) {
+        reply.sent = delivery::current;
+        return reply;
+      }
+      ipc::manifest last;
+      last.buffer_id = generation;
+      last.end = end;
+      try {
+        growth_ = d_.exporter_.export_growth(e.buffer, last, {.grant = grant});
+        manifest = &growth_;
+        reply.sent = delivery::growth;
+        return reply;
+      } catch (const invalid_argument&) {
+        // `end` is no chunk boundary of this generation: the client imports it whole.
+      }
+    }
+    manifest = &whole(e, grant);
+    return reply;
+  }
+
+  std::vector<std::byte> create(const request& r) {
+    if (d_.names_.contains(r.name))
+      throw refusal{status::exists, fmt::format("vmm-store: the name \"{}\" is taken", r.name)};
+    if (r.where.kind == memory_kind::pinned_host)
+      throw refusal{status::unavailable, "vmm-store: pinned host memory cannot be exported; use os_host or a device"};
+    std::shared_ptr<chunk_pool> pool;
+    try {
+      pool = d_.pool_for(r.where);
+    } catch (const std::exception& error) {
+      throw refusal{status::unavailable, fmt::format("vmm-store: no {} here: {}", to_string(r.where), error.what())};
+    }
+    const std::size_t g = pool->provider()->granularity();
+    const std::size_t largest = pool->provider()->capabilities().physical_memory_size / g * g;
+    // By default a buffer may grow to half its location's memory, or to a cap if lower:
+    // every holder reserves that much address space, and an importer refuses more than
+    // its location's memory size (measured in its own process, so a little differently).
+    const std::size_t default_max =
+        std::max(std::min({largest / 2, d_.options_.cap, d_.options_.client_cap}) / g * g, (r.size + g - 1) / g * g);
+    std::size_t max = r.max_size != 0 ? r.max_size : default_max;
+    if (r.max_size != 0 && (max > largest || max % g != 0))
+      throw refusal{status::invalid, fmt::format("vmm-store: max size {} is not a multiple of the granularity {} "
+                                                 "up to the location's {} bytes",
+                                                 r.max_size, g, largest)};
+    if (r.size > max)
+      throw refusal{status::invalid, fmt::format("vmm-store: size {} is past the max size {}", r.size, max)};
+    const std::size_t capacity = predicted_capacity(0, r.size, g, max);
+    check_caps(r.name, 0, capacity, true);
+    growable_buffer buffer(pool, {.max_size = max});
+    buffer.resize(r.size);
+    auto made = std::make_unique<entry>(std::move(buffer));
+    entry& e = *made;
+    e.id = d_.next_entry_++;
+    e.name = r.name;
+    e.creator = c_.id;
+    e.creator_pid = c_.pid;
+    e.charged_to = c_.id;
+    const ipc::exported_manifest& sent = whole(e, access_mode::read_write);
+    d_.entries_.emplace(e.id, std::move(made));
+    d_.names_.emplace(e.name, e.id);
+    charge(e, e.buffer.capacity());
+    hold(e);
+    manifest = &sent;
+    return encode(hold_reply{e.id, e.buffer.size(), delivery::whole, false});
+  }
+
+  std::vector<std::byte> seal(const request& r) {
+    entry& e = named(r.name);
+    check_writer(e, "seal");
+    e.sealed = true;
+    e.whole.erase(access_mode::read_write);
+    return {};
+  }
+
+  std::vector<std::byte> grant(const request& r) {
+    entry& e = named(r.name);
+    if (c_.pid != e.creator_pid)
+      throw refusal{status::denied, fmt::format("vmm-store: only the creator of \"{}\" (pid {}) grants write access",
+                                                e.name, e.creator_pid)};
+    e.writers.insert(static_cast<pid_t>(r.pid));
+    return {};
+  }
+
+  std::vector<std::byte> get(const request& r) {
+    entry& e = named(r.name);
+    if (r.access == access_mode::read_write) check_writer(e, "write");
+    const hold_reply reply = deliver(e, r.entry == e.id ? r.generation : 0, r.end, r.access);
+    hold(e);
+    return encode(reply);
+  }
+
+  std::vector<std::byte> refresh(const request& r) {
+    const auto held = c_.holds.find(r.entry);
+    if (held == c_.holds.end())
+      throw refusal{status::not_found, fmt::format("vmm-store: refresh of entry {}, which this client does not hold", r.entry)};
+    entry& e = *d_.entries_.at(r.entry);
+    const auto known = e.generations.find(r.generation);
+    if (known == e.generations.end())
+      throw refusal{status::invalid, fmt::format("vmm-store: refresh of generation {:#x}, not one of entry {}",
+                                                 r.generation, r.entry)};
+    return encode(deliver(e, r.generation, r.end, known->second));
+  }
+
+  std::vector<std::byte> grow(const request& r) {
+    entry& e = named(r.name);
+    check_writer(e, "grow");
+    if (r.size < e.buffer.size())
+      throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" holds {} bytes; buffers do not shrink (asked {})",
+                                                 e.name, e.buffer.size(), r.size)};
+    if (r.size > e.buffer.max_size())
+      throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" grows to {} bytes at most, not {}", e.name,
+                                                 e.buffer.max_size(), r.size)};
+    const std::size_t g = e.buffer.provider()->granularity();
+    const std::size_t capacity = predicted_capacity(e.buffer.capacity(), r.size, g, e.buffer.max_size());
+    check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
+    e.buffer.resize(r.size);
+    charge(e, std::max(e.charged, e.buffer.capacity()));
+    return encode(e.info());
+  }
+
+  server& d_;
+  connection& c_;
+  ipc::exported_manifest growth_;
+};
+
+bool server::serve_request(connection& client) {
+  const int fd = client.socket.get();
+  // The frame header first, unread: a frame too large for any request, or with
+  // descriptors, is refused before its payload is read.
+  ipc::frame_header header{};
+  const ssize_t peeked = ::recv(fd, &header, sizeof header, MSG_PEEK | MSG_DONTWAIT);
+  if (peeked == 0) return false;
+  if (peeked < 0) return errno == EAGAIN || errno == EINTR;
+  const auto refuse = [&](status code, const std::string& why) {
+    try {
+      ipc::send_message(fd, encode_error(code, why), {}, options_.reply_timeout);
+    } catch (const std::exception&) {
+      // Closed either way.
+    }
+    return false;
+  };
+  if (static_cast<std::size_t>(peeked) == sizeof header &&
+      (header.magic != ipc::frame_magic || header.payload_size > max_request_bytes || header.fd_count != 0))
+    return refuse(status::bad_request,
+                  fmt::format("vmm-store: a request frame of {} bytes with {} descriptors (magic {:#010x}); requests "
+                              "are at most {} bytes, with none",
+                              header.payload_size, header.fd_count, header.magic, max_request_bytes));
+  request asked;
+  try {
+    const ipc::message got = ipc::receive_message(fd, 0, options_.request_timeout);
+    asked = decode_request(got.payload);
+  } catch (const unsupported_version_error& error) {
+    return refuse(status::unsupported_version, error.what());
+  } catch (const ipc::protocol_error& error) {
+    return refuse(status::bad_request, error.what());
+  } catch (const std::exception&) {
+    return false;  // closed, timed out, or broke off: nothing to tell
+  }
+
+  if (asked.op == operation::release) {
+    if (!client.holds.contains(asked.entry))
+      return refuse(status::bad_request, fmt::format("vmm-store: release of entry {}, which this client does not hold",
+                                                     asked.entry));
+    drop_hold(client, asked.entry);
+    return true;
+  }
+
+  std::vector<std::byte> reply;
+  dispatch handler(*this, client);
+  try {
+    reply = encode_ok(handler.run(asked));
+  } catch (const refusal& refused) {
+    reply = encode_error(refused.code, refused.message);
+    handler.manifest = nullptr;
+  } catch (const out_of_memory& error) {
+    reply = encode_error(status::out_of_memory, error.what());
+    handler.manifest = nullptr;
+  } catch (const driver_unavailable& error) {
+    reply = encode_error(status::unavailable, error.what());
+    handler.manifest = nullptr;
+  } catch (const invalid_argument& error) {
+    reply = encode_error(status::invalid, error.what());
+    handler.manifest = nullptr;
+  } catch (const std::exception& error) {
+    reply = encode_error(status::internal, error.what());
+    handler.manifest = nullptr;
+  }
+  try {
+    ipc::send_message(fd, reply, {}, options_.reply_timeout);
+    if (handler.manifest != nullptr) ipc::send_manifest(fd, *handler.manifest, options_.reply_timeout);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+daemon_statistics server::statistics() const {
+  daemon_statistics s;
+  s.connections = connections_.size();
+  s.entries = entries_.size();
+  s.named_entries = names_.size();
+  for (const auto& [id, client] : connections_)
+    for (const auto& [entry_id, holds] : client->holds) s.holds += holds;
+  s.bytes = bytes_;
+  for (const auto& [where, pool] : pools_) {
+    const pool_statistics p = pool->statistics();
+    s.pool_used += p.used_current;
+    s.pool_reserved += p.reserved_current;
+  }
+  s.cached_exports = exporter_.statistics().cached_chunks;
+  s.open_fds = open_fd_count();
+  return s;
+}
+
+}  // namespace vmm::store

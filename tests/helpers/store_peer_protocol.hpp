@@ -1,0 +1,103 @@
+#pragma once
+// What tests/store_test.cpp and its processes say to each other: the child processes
+// themselves (a vmm-store daemon, tests/helpers/store_peer.cpp), started with posix_spawn
+// with one end of a socket pair as descriptor 3, and the peer's report of what it sees.
+// Both ends run on one host from one build: plain structs in host byte order.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "vmm/error.hpp"
+#include "vmm/ipc/fd_channel.hpp"
+#include "vmm/ipc/protocol_error.hpp"
+
+extern char** environ;
+
+namespace vmm::testing {
+
+inline constexpr int store_child_fd = 3;
+
+// What a store peer sees.
+struct store_report {
+  std::uint64_t checksum = 0;  // FNV-1a of [0, size) of its handle
+  std::uint64_t size = 0;
+  std::uint64_t capacity = 0;
+  std::uint64_t address = 0;
+  std::int64_t error = 0;      // 0, or the store_error code of the refused request
+  std::uint64_t write_faulted = 0;
+};
+
+inline void send_store_report(int socket_fd, const store_report& report) {
+  ipc::send_message(socket_fd, std::as_bytes(std::span(&report, 1)));
+}
+
+inline store_report receive_store_report(int socket_fd) {
+  const ipc::message received = ipc::receive_message(socket_fd, 0);
+  store_report report;
+  if (received.payload.size() != sizeof report) throw ipc::protocol_error("store report of the wrong size");
+  std::memcpy(&report, received.payload.data(), sizeof report);
+  return report;
+}
+
+inline void send_word(int socket_fd, std::uint32_t word = 0x676f) {
+  ipc::send_message(socket_fd, std::as_bytes(std::span(&word, 1)));
+}
+
+// A program started with posix_spawn, with one end of a socket pair as its descriptor 3.
+// Killed and reaped on destruction if still running.
+class child_process {
+ public:
+  explicit child_process(std::vector<std::string> argv) {
+    auto [mine, theirs] = ipc::make_socket_pair();
+    const unique_fd child_end(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10));
+    if (!child_end) throw os_error(errno, "fcntl(F_DUPFD_CLOEXEC)");
+    std::vector<char*> pointers;
+    for (std::string& word : argv) pointers.push_back(word.data());
+    pointers.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, child_end.get(), store_child_fd);
+    const int result = ::posix_spawn(&pid_, pointers[0], &actions, nullptr, pointers.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (result != 0) throw os_error(result, "posix_spawn of " + argv[0]);
+    socket_ = std::move(mine);
+  }
+  child_process(const child_process&) = delete;
+  child_process& operator=(const child_process&) = delete;
+  ~child_process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  [[nodiscard]] int socket() const noexcept { return socket_.get(); }
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  void close_socket() noexcept { socket_.reset(); }
+  // Sends `signal` and reaps the child: once this returns, every descriptor it had is closed.
+  int kill_and_wait(int signal = SIGKILL) {
+    ::kill(pid_, signal);
+    return wait();
+  }
+  int wait() {
+    int status = 0;
+    if (::waitpid(pid_, &status, 0) != pid_) throw os_error(errno, "waitpid");
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  unique_fd socket_;
+};
+
+}  // namespace vmm::testing

@@ -1,0 +1,525 @@
+// vmm-store with real processes: a vmm-store daemon (the tool, spawned per test), this
+// process as a client, and tests/helpers/store_peer.cpp as further clients. Typed over the
+// kinds of memory that can be exported (the OS provider always; a GPU kind skips without a
+// GPU). Leak checks compare the daemon's own counters (open fds, pool usage, holds) and
+// this process's descriptors before and after.
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "helpers/store_peer_protocol.hpp"
+#include "memory_io.hpp"
+#include "process_resources.hpp"
+#include "provider_kinds.hpp"
+#include "vmm/ipc/fd_channel.hpp"
+#include "vmm/retirement.hpp"
+#include "vmm/store/client.hpp"
+#include "vmm/store/host_mirror.hpp"
+#include "vmm/store/protocol.hpp"
+
+namespace vmm::testing {
+namespace {
+
+using store::status;
+
+// A temporary directory, removed with everything in it.
+class temporary_directory {
+ public:
+  temporary_directory() {
+    char name[] = "/tmp/vmm-store-test-XXXXXX";
+    if (::mkdtemp(name) == nullptr) throw os_error(errno, "mkdtemp");
+    path_ = name;
+  }
+  ~temporary_directory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A vmm-store daemon, listening once the constructor returns.
+class daemon_process {
+ public:
+  daemon_process(const std::string& socket, const std::vector<std::string>& extra = {}) : socket_(socket) {
+    std::vector<std::string> argv{VMM_STORE_PATH, "serve", "--socket", socket, "--ready-fd", "3"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process_ = std::make_unique<child_process>(argv);
+    char byte = 0;
+    if (::read(process_->socket(), &byte, 1) != 1) throw std::runtime_error("the daemon did not start");
+  }
+  [[nodiscard]] const std::string& socket() const noexcept { return socket_; }
+  child_process& process() { return *process_; }
+
+ private:
+  std::string socket_;
+  std::unique_ptr<child_process> process_;
+};
+
+bool exited_cleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::uint64_t checksum_of(const std::vector<std::uint8_t>& bytes) { return checksum(bytes.data(), bytes.size()); }
+
+std::vector<std::uint8_t> contents(const store::buffer& held) {
+  return read_bytes(*held.provider(), reinterpret_cast<std::uintptr_t>(held.data()), held.size());
+}
+
+template <class Kind>
+class store_test : public provider_test<Kind> {
+ protected:
+  void SetUp() override {
+    provider_test<Kind>::SetUp();
+    if (this->IsSkipped()) return;
+    daemon_ = std::make_unique<daemon_process>(directory_.path() + "/socket", daemon_arguments());
+  }
+  virtual std::vector<std::string> daemon_arguments() const { return {}; }
+
+  store::client connect() { return store::client({.socket_path = daemon_->socket()}); }
+
+  child_process spawn(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv{VMM_STORE_PEER_PATH, daemon_->socket(), Kind::name};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return child_process(argv);
+  }
+
+  store::buffer create_filled(store::client& store, const std::string& name, std::size_t bytes, std::uint32_t seed) {
+    store::buffer made = store.create(name, bytes, Kind::where());
+    write_bytes(*made.provider(), reinterpret_cast<std::uintptr_t>(made.data()), pattern(bytes, seed));
+    return made;
+  }
+
+  temporary_directory directory_;
+  std::unique_ptr<daemon_process> daemon_;
+};
+
+using store_kinds = ::testing::Types<os_host_memory, device_memory>;
+TYPED_TEST_SUITE(store_test, store_kinds, memory_kind_names);
+
+TYPED_TEST(store_test, create_get_grow_remove_with_contents_across_processes) {
+  const std::size_t g = this->granularity_;
+  store::client store = this->connect();
+  store::buffer made = this->create_filled(store, "frames", 2 * g + 100, 1);
+  EXPECT_EQ(made.access(), access_mode::read_write);
+  child_process reader = this->spawn({"hold", "frames", "ro"});
+  store_report seen = receive_store_report(reader.socket());
+  EXPECT_EQ(seen.size, 2 * g + 100);
+  EXPECT_EQ(seen.checksum, checksum_of(pattern(2 * g + 100, 1)));
+  EXPECT_EQ(store.stat("frames").holders, 2u);
+
+  // Grow in place: the creator writes the new tail, the reader refreshes at the same address.
+  const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(made.data());
+  const store::buffer_info grown = store.grow("frames", 5 * g);
+  EXPECT_EQ(grown.size, 5 * g);
+  made.refresh();
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(made.data()), address);
+  ASSERT_GE(made.capacity(), 5 * g);
+  write_bytes(*made.provider(), address, pattern(5 * g, 2));
+  send_word(reader.socket());
+  store_report after = receive_store_report(reader.socket());
+  EXPECT_EQ(after.address, seen.address);
+  EXPECT_EQ(after.size, 5 * g);
+  EXPECT_EQ(after.checksum, checksum_of(pattern(5 * g, 2)));
+
+  // Removed: the name is free at once, the reader still reads its memory.
+  store.seal("frames");
+  store.remove("frames");
+  EXPECT_THROW((void)store.stat("frames"), store::store_error);
+  store::buffer again = this->create_filled(store, "frames", g, 3);  // a new buffer under the old name
+  EXPECT_NE(again.entry(), made.entry());
+  send_word(reader.socket());
+  after = receive_store_report(reader.socket());
+  EXPECT_EQ(after.checksum, checksum_of(pattern(5 * g, 2)));
+  reader.close_socket();
+  EXPECT_TRUE(exited_cleanly(reader.wait()));
+  made.release();
+  again.release();
+  store.remove("frames");
+  const store::daemon_statistics s = store.statistics();
+  EXPECT_EQ(s.entries, 0u);
+  EXPECT_EQ(s.holds, 0u);
+  EXPECT_EQ(s.pool_used, 0u);
+  EXPECT_EQ(s.bytes, 0u);
+}
+
+TYPED_TEST(store_test, read_only_get_faults_on_write) {
+  store::client store = this->connect();
+  store::buffer made = this->create_filled(store, "ro", this->granularity_, 4);
+  store.seal("ro");
+  child_process writer = this->spawn({"write", "ro"});
+  const store_report report = receive_store_report(writer.socket());
+  EXPECT_EQ(report.write_faulted, 1u) << "a write through a read-only get went through";
+  EXPECT_TRUE(exited_cleanly(writer.wait()));
+  EXPECT_EQ(checksum_of(contents(made)), checksum_of(pattern(this->granularity_, 4)));
+}
+
+TYPED_TEST(store_test, writable_only_for_the_creator_or_a_grantee_while_unsealed) {
+  store::client store = this->connect();
+  store::buffer made = this->create_filled(store, "w", this->granularity_, 5);
+  {
+    child_process other = this->spawn({"get_rw", "w"});
+    send_word(other.socket());
+    EXPECT_EQ(receive_store_report(other.socket()).error, static_cast<int>(status::denied));
+    EXPECT_TRUE(exited_cleanly(other.wait()));
+  }
+  {
+    child_process granted = this->spawn({"get_rw", "w"});
+    store.grant("w", granted.pid());
+    send_word(granted.socket());
+    const store_report report = receive_store_report(granted.socket());
+    EXPECT_EQ(report.error, 0);
+    EXPECT_EQ(report.checksum, checksum_of(pattern(this->granularity_, 5)));
+    EXPECT_TRUE(exited_cleanly(granted.wait()));
+  }
+  store.seal("w");
+  try {
+    (void)store.get("w", access_mode::read_write);
+    ADD_FAILURE() << "a writable get of a sealed buffer was granted";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(status::sealed)) << error.what();
+  }
+  try {
+    (void)store.grow("w", 4 * this->granularity_);
+    ADD_FAILURE() << "a sealed buffer grew";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(status::sealed)) << error.what();
+  }
+  EXPECT_EQ(store.get("w").access(), access_mode::read_only);
+}
+
+TYPED_TEST(store_test, repeated_gets_reuse_the_mapping) {
+  store::client store = this->connect();
+  store::buffer made = this->create_filled(store, "hot", 3 * this->granularity_, 7);
+  store.seal("hot");
+  std::uintptr_t address = 0;
+  {
+    store::buffer first = store.get("hot");
+    address = reinterpret_cast<std::uintptr_t>(first.data());
+  }
+  const std::size_t fds = open_fd_count();
+  const store::daemon_statistics before = store.statistics();
+  for (int i = 0; i < 100; ++i) {
+    store::buffer again = store.get("hot");
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(again.data()), address) << "get " << i << " mapped afresh";
+  }
+  EXPECT_EQ(open_fd_count(), fds);
+  const store::daemon_statistics after = store.statistics();
+  EXPECT_EQ(after.open_fds, before.open_fds);
+  EXPECT_EQ(after.holds, before.holds);
+  EXPECT_EQ(checksum_of(contents(store.get("hot"))), checksum_of(pattern(3 * this->granularity_, 7)));
+}
+
+TYPED_TEST(store_test, client_killed_while_holding_leaves_no_leak) {
+  store::client store = this->connect();
+  (void)this->create_filled(store, "held", 2 * this->granularity_, 8);
+  store.seal("held");
+  const store::daemon_statistics before = store.statistics();
+  {
+    child_process holder = this->spawn({"hold", "held", "ro"});
+    (void)receive_store_report(holder.socket());
+    EXPECT_EQ(store.stat("held").holders, 1u);
+    holder.kill_and_wait(SIGKILL);
+  }
+  EXPECT_EQ(store.stat("held").holders, 0u);
+  store.remove("held");
+  const store::daemon_statistics after = store.statistics();
+  EXPECT_EQ(after.holds, 0u);
+  EXPECT_EQ(after.entries, 0u);
+  EXPECT_EQ(after.pool_used, 0u);
+  EXPECT_EQ(after.cached_exports, 0u);
+  EXPECT_EQ(after.connections, before.connections);
+  EXPECT_LE(after.open_fds, before.open_fds);
+}
+
+TYPED_TEST(store_test, client_killed_while_creating_leaves_no_leak) {
+  store::client store = this->connect();
+  // The pool keeps what buffers give back: warm it with a buffer of the same size first.
+  (void)store.create("warm", 3 * this->granularity_, TypeParam::where());
+  store.remove("warm");
+  const store::daemon_statistics before = store.statistics();
+  {
+    child_process creator = this->spawn({"create", "doomed", std::to_string(3 * this->granularity_), "9"});
+    const store_report made = receive_store_report(creator.socket());
+    EXPECT_EQ(made.checksum, checksum_of(pattern(3 * this->granularity_, 9)));
+    EXPECT_EQ(store.stat("doomed").size, 3 * this->granularity_);
+    creator.kill_and_wait(SIGKILL);
+  }
+  try {
+    (void)store.stat("doomed");
+    ADD_FAILURE() << "an uncommitted creation outlived its creator";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(status::not_found)) << error.what();
+  }
+  const store::daemon_statistics after = store.statistics();
+  EXPECT_EQ(after.entries, before.entries);
+  EXPECT_EQ(after.pool_used, before.pool_used);
+  EXPECT_EQ(after.bytes, before.bytes);
+  EXPECT_EQ(after.open_fds, before.open_fds);
+  EXPECT_EQ(after.cached_exports, before.cached_exports);
+}
+
+TYPED_TEST(store_test, daemon_killed_leaves_mappings_readable_and_a_restart_is_empty) {
+  const std::size_t g = this->granularity_;
+  store::client store = this->connect();
+  const std::uint64_t instance = store.daemon().instance;
+  store::buffer made = this->create_filled(store, "survivor", 2 * g, 10);
+  store.seal("survivor");
+  store::buffer held = store.get("survivor");
+  made.release();
+  this->daemon_->process().kill_and_wait(SIGKILL);
+  EXPECT_EQ(checksum_of(contents(held)), checksum_of(pattern(2 * g, 10)));
+  try {
+    (void)store.list();
+    ADD_FAILURE() << "a request to a dead daemon succeeded";
+  } catch (const store::store_error& error) {
+    EXPECT_EQ(error.code(), store::store_error::daemon_gone) << error.what();
+  }
+  held.release();  // nothing to release to: must not throw or hang
+  daemon_process restarted(this->daemon_->socket());  // over the stale socket file
+  store::client fresh = this->connect();
+  EXPECT_NE(fresh.daemon().instance, instance);
+  EXPECT_TRUE(fresh.list().empty());
+}
+
+TYPED_TEST(store_test, cycles_leak_no_descriptor_on_either_side) {
+  const int cycles = TypeParam::where().kind == memory_kind::os_host ? 10'000 : 1'000;
+  store::client store = this->connect();
+  const auto cycle = [&](int i) {
+    const std::string name = "cycle-" + std::to_string(i % 7);
+    store::buffer made = store.create(name, this->granularity_, TypeParam::where());
+    store::buffer got = store.get(name);
+    store.remove(name);
+  };
+  cycle(0);
+  collect_retired(true);
+  const std::size_t fds = open_fd_count();
+  const store::daemon_statistics before = store.statistics();
+  for (int i = 1; i < cycles; ++i) cycle(i);
+  store.drop_cache();
+  collect_retired(true);
+  EXPECT_EQ(open_fd_count(), fds);
+  const store::daemon_statistics after = store.statistics();
+  EXPECT_EQ(after.open_fds, before.open_fds);
+  EXPECT_EQ(after.entries, 0u);
+  EXPECT_EQ(after.pool_used, 0u);
+  EXPECT_EQ(after.cached_exports, 0u);
+}
+
+TYPED_TEST(store_test, host_mirror_copies_in_and_back) {
+  const std::size_t n = this->granularity_ + 4096;
+  store::client store = this->connect();
+  store::buffer made = this->create_filled(store, "mirrored", n, 11);
+  {
+    store::host_mirror host(made);
+    host.synchronize();
+    ASSERT_EQ(host.size(), n);
+    auto* bytes = static_cast<std::uint8_t*>(host.data());
+    EXPECT_EQ(checksum(bytes, n), checksum_of(pattern(n, 11)));
+    const std::vector<std::uint8_t> other = pattern(n, 12);
+    std::copy(other.begin(), other.end(), bytes);
+  }  // copied back: the buffer is writable here
+  collect_retired(true);
+  made.provider()->executor().synchronize({});
+  EXPECT_EQ(checksum_of(contents(made)), checksum_of(pattern(n, 12)));
+  store.seal("mirrored");
+  store::buffer read_only = store.get("mirrored");
+  {
+    store::host_mirror host(read_only);
+    host.synchronize();
+    static_cast<std::uint8_t*>(host.data())[0] ^= 0xff;
+    EXPECT_THROW(host.copy_back(), invalid_argument);
+  }  // read-only: nothing copied back
+  EXPECT_EQ(checksum_of(contents(read_only)), checksum_of(pattern(n, 12)));
+}
+
+// Caps: a daemon capped at 8 granules, 4 per client.
+template <class Kind>
+class store_cap_test : public store_test<Kind> {
+ protected:
+  std::vector<std::string> daemon_arguments() const override {
+    return {"--cap", std::to_string(8 * this->granularity_), "--client-cap", std::to_string(4 * this->granularity_)};
+  }
+};
+TYPED_TEST_SUITE(store_cap_test, store_kinds, memory_kind_names);
+
+TYPED_TEST(store_cap_test, caps_are_enforced_and_named) {
+  const std::size_t g = this->granularity_;
+  store::client first = this->connect();
+  try {
+    (void)first.create("big", 5 * g, TypeParam::where(), {.max_size = 8 * g});
+    ADD_FAILURE() << "the per-client cap let 5 granules through";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(status::cap_exceeded));
+    EXPECT_NE(std::string(error.what()).find("--client-cap"), std::string::npos) << error.what();
+  }
+  store::buffer a = first.create("a", 4 * g, TypeParam::where(), {.max_size = 8 * g});
+  try {
+    (void)first.grow("a", 5 * g);
+    ADD_FAILURE() << "growth past the per-client cap";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(status::cap_exceeded)) << error.what();
+  }
+  store::client second = this->connect();
+  store::buffer b = second.create("b", 4 * g, TypeParam::where(), {.max_size = 4 * g});
+  store::client third = this->connect();
+  try {
+    (void)third.create("c", g, TypeParam::where(), {.max_size = g});
+    ADD_FAILURE() << "the daemon's cap let a ninth granule through";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(status::cap_exceeded));
+    EXPECT_NE(std::string(error.what()).find("--cap"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(first.statistics().bytes, 8 * g);
+}
+
+// ---- the protocol, without memory of a GPU -------------------------------------------------
+
+TEST(store_protocol, names_are_validated) {
+  EXPECT_TRUE(store::valid_name("weights/layer.0"));
+  EXPECT_TRUE(store::valid_name("Gewichte-\xc3\xa4\xe2\x82\xac\xf0\x9f\x98\x80"));
+  EXPECT_TRUE(store::valid_name(std::string(store::max_name_bytes, 'x')));
+  EXPECT_FALSE(store::valid_name(""));
+  EXPECT_FALSE(store::valid_name(std::string(store::max_name_bytes + 1, 'x')));
+  EXPECT_FALSE(store::valid_name("tab\there"));
+  EXPECT_FALSE(store::valid_name(std::string("nul\0x", 5)));
+  EXPECT_FALSE(store::valid_name("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(store::valid_name("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(store::valid_name("\xf4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_FALSE(store::valid_name("cut\xe2\x82"));
+  EXPECT_FALSE(store::valid_name("\x80"));
+  EXPECT_THROW((void)store::encode(store::request{.op = store::operation::stat, .name = ""}), invalid_argument);
+}
+
+TEST(store_protocol, requests_round_trip_and_forgeries_are_refused) {
+  const store::request asked{.op = store::operation::get, .name = "x", .access = access_mode::read_write,
+                             .entry = 7, .generation = 9, .end = 11};
+  std::vector<std::byte> bytes = store::encode(asked);
+  EXPECT_EQ(store::decode_request(bytes), asked);
+  auto patched = [&](std::size_t at, std::uint8_t value) {
+    std::vector<std::byte> copy = bytes;
+    copy.at(at) = static_cast<std::byte>(value);
+    return copy;
+  };
+  EXPECT_THROW((void)store::decode_request(patched(0, 0)), ipc::protocol_error);           // magic
+  EXPECT_THROW((void)store::decode_request(patched(4, 2)), store::unsupported_version_error);
+  EXPECT_THROW((void)store::decode_request(patched(6, 99)), ipc::protocol_error);          // op
+  EXPECT_THROW((void)store::decode_request(patched(8, 3)), ipc::protocol_error);           // access
+  EXPECT_THROW((void)store::decode_request(patched(9, 1)), ipc::protocol_error);           // reserved
+  EXPECT_THROW((void)store::decode_request(std::span(bytes).first(bytes.size() - 1)), ipc::protocol_error);
+  bytes.push_back(std::byte{0});
+  EXPECT_THROW((void)store::decode_request(bytes), ipc::protocol_error);  // trailing byte
+}
+
+class store_daemon : public ::testing::Test {
+ protected:
+  temporary_directory directory_;
+};
+
+TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_else) {
+  daemon_process daemon(directory_.path() + "/socket");
+  store::client store({.socket_path = daemon.socket()});
+  const std::size_t g = provider_for(location::os_host())->granularity();
+  store::buffer kept = store.create("kept", g, location::os_host());
+  write_bytes(*kept.provider(), reinterpret_cast<std::uintptr_t>(kept.data()), pattern(g, 13));
+  store.seal("kept");
+  const store::daemon_statistics before = store.statistics();
+
+  const auto frame = [](std::uint32_t magic, std::uint32_t fds, std::uint64_t size) {
+    ipc::frame_header header{magic, fds, size};
+    std::vector<std::byte> bytes(sizeof header);
+    std::memcpy(bytes.data(), &header, sizeof header);
+    return bytes;
+  };
+  std::vector<std::byte> valid_get = store::encode(store::request{.op = store::operation::get, .name = "kept"});
+  std::vector<std::pair<std::string, std::vector<std::byte>>> raw = {
+      {"bad frame magic", frame(0x12345678, 0, 8)},
+      {"oversized frame", frame(ipc::frame_magic, 0, std::uint64_t{1} << 40)},
+      {"frame over the request limit", frame(ipc::frame_magic, 0, store::max_request_bytes + 1)},
+      {"truncated header", std::vector<std::byte>(7, std::byte{0x56})},
+  };
+  std::vector<std::pair<std::string, std::vector<std::byte>>> payloads = {
+      {"garbage", std::vector<std::byte>(40, std::byte{0xab})},
+      {"empty", {}},
+      {"truncated get", std::vector<std::byte>(valid_get.begin(), valid_get.end() - 2)},
+      {"other version", [&] { auto b = valid_get; b[4] = std::byte{9}; return b; }()},
+      {"unknown op", [&] { auto b = valid_get; b[6] = std::byte{77}; return b; }()},
+      {"release of nothing held", store::encode(store::request{.op = store::operation::release, .entry = 1})},
+      {"name of bad UTF-8", [&] { auto b = valid_get; b.back() = std::byte{0xff}; return b; }()},
+  };
+  for (const auto& [what, bytes] : raw) {
+    SCOPED_TRACE(what);
+    const unique_fd socket = ipc::connect_unix(daemon.socket());
+    ASSERT_EQ(::send(socket.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    ::shutdown(socket.get(), SHUT_WR);
+    // An error reply or the end of the stream, never a hang: the daemon closes.
+    try {
+      const ipc::message got = ipc::receive_message(socket.get(), 0);
+      EXPECT_NE(store::decode_reply(got.payload).code, status::ok);
+    } catch (const ipc::peer_closed&) {
+    }
+  }
+  for (const auto& [what, bytes] : payloads) {
+    SCOPED_TRACE(what);
+    const unique_fd socket = ipc::connect_unix(daemon.socket());
+    ipc::send_message(socket.get(), bytes);
+    const ipc::message got = ipc::receive_message(socket.get(), 0);
+    EXPECT_NE(store::decode_reply(got.payload).code, status::ok);
+    EXPECT_THROW((void)ipc::receive_message(socket.get(), 0), ipc::peer_closed) << "the connection stayed open";
+  }
+  {
+    SCOPED_TRACE("descriptors attached");
+    const unique_fd socket = ipc::connect_unix(daemon.socket());
+    const int fds[] = {socket.get()};
+    ipc::send_message(socket.get(), store::encode(store::request{.op = store::operation::list}), fds);
+    const ipc::message got = ipc::receive_message(socket.get(), 0);
+    EXPECT_EQ(store::decode_reply(got.payload).code, status::bad_request);
+  }
+  // The well-behaved client saw nothing of it.
+  const store::daemon_statistics after = store.statistics();
+  EXPECT_EQ(after.entries, before.entries);
+  EXPECT_EQ(after.holds, before.holds);
+  EXPECT_EQ(after.connections, before.connections);
+  EXPECT_EQ(after.open_fds, before.open_fds);
+  EXPECT_EQ(checksum_of(contents(store.get("kept"))), checksum_of(pattern(g, 13)));
+}
+
+TEST_F(store_daemon, another_uid_is_refused) {
+  // Tests cannot change uid: the daemon allows only a uid that is not ours.
+  daemon_process daemon(directory_.path() + "/socket", {"--allow-uid", std::to_string(::getuid() + 1)});
+  try {
+    store::client refused({.socket_path = daemon.socket()});
+    ADD_FAILURE() << "the daemon let a uid it does not allow connect";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(status::denied)) << error.what();
+    EXPECT_NE(std::string(error.what()).find(std::to_string(::getuid())), std::string::npos) << error.what();
+  }
+}
+
+TEST_F(store_daemon, the_command_line_client_lists_stats_and_removes) {
+  daemon_process daemon(directory_.path() + "/socket");
+  store::client store({.socket_path = daemon.socket()});
+  (void)store.create("cli", 4096, location::os_host());
+  store.seal("cli");
+  const auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), VMM_STORE_PATH);
+    args.insert(args.end(), {"--socket", daemon.socket()});
+    child_process tool(args);
+    return tool.wait();
+  };
+  EXPECT_TRUE(exited_cleanly(run({"ls"})));
+  EXPECT_TRUE(exited_cleanly(run({"stat", "cli"})));
+  EXPECT_TRUE(exited_cleanly(run({"rm", "cli"})));
+  const int missing = run({"stat", "cli"});
+  EXPECT_TRUE(WIFEXITED(missing) && WEXITSTATUS(missing) == 1);
+  EXPECT_TRUE(store.list().empty());
+}
+
+}  // namespace
+}  // namespace vmm::testing
