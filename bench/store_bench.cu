@@ -14,7 +14,8 @@
 //   legacy_get_repeated/<MiB> handle request, the pointer opened once before (the best a
 //                             legacy client can do: a handle opens once per process)
 //   store_create/<MiB>        create + release + remove, warm daemon pool
-//   store_16_clients          16 processes get and release one buffer in a loop for 2 s:
+//   store_16_clients          16 processes get and release one buffer in a loop for 2 s,
+//                             all started after each made its first get:
 //                             gets/s (target >= 20,000) and the daemon's CPU seconds
 //   mirror/<MiB>              host_mirror copy-in of a GPU buffer into pinned host memory
 //   pinned_memcpy/<MiB>       cudaMemcpy from cudaMallocHost memory to cudaMalloc memory
@@ -118,13 +119,14 @@ int serve() {
 
 // ---- the clients -------------------------------------------------------------------------
 
-pid_t spawn(std::vector<std::string> argv, int stdout_fd = -1) {
+pid_t spawn(std::vector<std::string> argv, int stdout_fd = -1, int stdin_fd = -1) {
   std::vector<char*> pointers;
   for (std::string& word : argv) pointers.push_back(word.data());
   pointers.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (stdout_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1);
+  if (stdin_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdin_fd, 0);
   pid_t pid = 0;
   const int result = ::posix_spawn(&pid, pointers[0], &actions, nullptr, pointers.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -235,8 +237,16 @@ void BM_store_create(benchmark::State& state) {
   }
 }
 
+// One client of store_16_clients: connects and gets once (the driver's start and the first
+// import are not what is measured), says "ready", waits for the go byte on stdin, then gets
+// and releases for `seconds`.
 int get_loop(const std::string& socket_path, const std::string& name, double seconds) {
   vmm::store::client mine({.socket_path = socket_path});
+  { benchmark::DoNotOptimize(mine.get(name).data()); }
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char go = 0;
+  if (::read(0, &go, 1) != 1) return 1;
   std::uint64_t gets = 0;
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < until) {
@@ -255,14 +265,29 @@ void BM_store_16_clients(benchmark::State& state) {
   constexpr double seconds = 2.0;
   ensure_buffer(64 * mib);
   for (auto _ : state) {
-    const double cpu_before = server->cpu_seconds();
+    int go[2];
+    if (::pipe(go) != 0) throw vmm::os_error(errno, "pipe");
     std::vector<std::pair<pid_t, int>> children;
     for (int i = 0; i < clients; ++i) {
       int ends[2];
       if (::pipe(ends) != 0) throw vmm::os_error(errno, "pipe");
-      children.emplace_back(spawn({program, "getloop", store_socket(), buffer_name(64 * mib), std::to_string(seconds)}, ends[1]), ends[0]);
+      children.emplace_back(
+          spawn({program, "getloop", store_socket(), buffer_name(64 * mib), std::to_string(seconds)}, ends[1], go[0]),
+          ends[0]);
       ::close(ends[1]);
     }
+    ::close(go[0]);
+    // Every client started and made its first get: then all start at once.
+    for (auto& [pid, out] : children) {
+      char c = 0;
+      while (::read(out, &c, 1) == 1 && c != '\n') {
+      }
+    }
+    const double cpu_before = server->cpu_seconds();
+    const std::string bytes(clients, 'g');
+    if (::write(go[1], bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size()))
+      throw vmm::os_error(errno, "write");
+    ::close(go[1]);
     std::uint64_t gets = 0;
     for (auto& [pid, out] : children) {
       char text[64] = {};
