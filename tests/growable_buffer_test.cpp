@@ -221,5 +221,22 @@ TYPED_TEST(growable_buffers, the_default_maximum_is_the_locations_memory) {
   EXPECT_THROW(growable_buffer(std::shared_ptr<chunk_pool>{}), invalid_argument);
 }
 
+// The geometric policy's chunks: as large as the growth, at least 1/8 of the new size, at
+// most the largest chunk (a larger grow maps several); the largest is checked.
+TEST(chunk_policies, geometric_chunks_grow_with_the_size_up_to_the_largest_chunk) {
+  constexpr std::size_t m = std::size_t{1} << 20;
+  const chunk_policy policy = chunk_policy::geometric();
+  EXPECT_EQ(policy.next_chunk(0, 1, 2 * m), 2 * m);                  // at least a granule
+  EXPECT_EQ(policy.next_chunk(0, 40 * m, 2 * m), 40 * m);            // what the growth asks
+  EXPECT_EQ(policy.next_chunk(1024 * m, 1026 * m, 2 * m), 128 * m);  // 1/8 of the new size
+  EXPECT_EQ(policy.next_chunk(4096 * m, 4098 * m, 2 * m), 256 * m);  // capped: 256 MiB
+  EXPECT_EQ(policy.next_chunk(0, 1024 * m, 2 * m), 256 * m);         // one of several
+  const chunk_policy small = chunk_policy::geometric(8, 5 * m);
+  EXPECT_EQ(small.next_chunk(0, 64 * m, 2 * m), 4 * m);  // rounded down to the granularity
+  EXPECT_EQ(small.next_chunk(0, 64 * m, 8 * m), 8 * m);  // never below one granule
+  EXPECT_THROW((void)chunk_policy::geometric(8, 0).next_chunk(0, m, 2 * m), invalid_argument);
+  EXPECT_EQ(chunk_policy::fixed(3 * m).next_chunk(0, 64 * m, 2 * m), 4 * m);
+}
+
 }  // namespace
 }  // namespace vmm::testing

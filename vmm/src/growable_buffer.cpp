@@ -18,13 +18,16 @@ std::size_t chunk_policy::next_chunk(std::size_t mapped, std::size_t required,
   if (fixed_) return round_up(parameter_, granularity);
   const std::size_t needed = round_up(required - mapped, granularity);
   const std::size_t amortized = std::bit_floor(required / parameter_);
-  return std::max({needed, amortized, granularity});
+  const std::size_t largest = std::max(largest_ / granularity * granularity, granularity);
+  return std::min(std::max({needed, amortized, granularity}), largest);
 }
 
 void chunk_policy::check() const {
   if (parameter_ == 0)
     throw invalid_argument(fixed_ ? "chunk_policy::fixed(0): a chunk size must be at least 1 byte"
                                   : "chunk_policy::geometric(0): the slack divisor must be at least 1");
+  if (largest_ == 0)
+    throw invalid_argument("chunk_policy::geometric(divisor, 0): the largest chunk must be at least 1 byte");
 }
 
 namespace {

@@ -110,26 +110,33 @@ class growth_worker;
 class chunk_policy {
  public:
   /// Chunks as large as the growth asks, at least 1/slack_divisor of the new size (a power
-  /// of two): O(log size) handles, slack under size/slack_divisor. slack_divisor > 0.
-  static constexpr chunk_policy geometric(std::size_t slack_divisor = 8) noexcept {
-    return chunk_policy(false, slack_divisor);
+  /// of two), and none larger than largest_chunk (rounded down to the granularity; a grow
+  /// past it maps several): O(log size) handles up to that size, slack under
+  /// size/slack_divisor. The default largest, 256 MiB, is where fresh GPU memory is made
+  /// accessible fastest (docs/GPU-FACTS.md: 16 GiB cold in 256 MiB handles beats larger
+  /// ones, as cuMemSetAccess over fresh memory costs by the handle). slack_divisor > 0,
+  /// largest_chunk > 0.
+  static constexpr chunk_policy geometric(std::size_t slack_divisor = 8,
+                                          std::size_t largest_chunk = std::size_t{256} << 20) noexcept {
+    return chunk_policy(false, slack_divisor, largest_chunk);
   }
   /// Every chunk is `chunk_size` bytes (rounded up to the granularity). chunk_size > 0.
   static constexpr chunk_policy fixed(std::size_t chunk_size) noexcept {
-    return chunk_policy(true, chunk_size);
+    return chunk_policy(true, chunk_size, chunk_size);
   }
   /// The chunk to map when growing from `mapped` bytes to at least `required` bytes.
   [[nodiscard]] std::size_t next_chunk(std::size_t mapped, std::size_t required,
                                        std::size_t granularity) const;
   [[nodiscard]] bool is_fixed() const noexcept { return fixed_; }
-  /// Throws vmm::invalid_argument naming the policy when its parameter is 0.
+  /// Throws vmm::invalid_argument naming the policy when a parameter is 0.
   void check() const;
 
  private:
-  constexpr chunk_policy(bool fixed, std::size_t parameter) noexcept
-      : fixed_(fixed), parameter_(parameter) {}
+  constexpr chunk_policy(bool fixed, std::size_t parameter, std::size_t largest) noexcept
+      : fixed_(fixed), parameter_(parameter), largest_(largest) {}
   bool fixed_;
   std::size_t parameter_;  // the chunk size, or the slack divisor
+  std::size_t largest_;    // geometric: the largest chunk
 };
 
 /// How much memory a buffer keeps ready past its size, prepared on a background thread (see
