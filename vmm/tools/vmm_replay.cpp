@@ -69,10 +69,11 @@ std::string read_all(const std::string& path) {
   int read = 0;
   while ((read = gzread(file, buffer, sizeof buffer)) > 0) text.append(buffer, static_cast<std::size_t>(read));
   int code = 0;
-  const char* why = gzerror(file, &code);
+  const char* message = gzerror(file, &code);
+  const std::string why = message != nullptr ? message : "read error";  // gzclose frees message
   gzclose(file);
   if (read < 0 || (code != Z_OK && code != Z_STREAM_END))
-    throw trace_error(fmt::format("{}: not a readable trace ({})", path, why != nullptr ? why : "read error"));
+    throw trace_error(fmt::format("{}: not a readable trace ({})", path, why));
   return text;
 }
 
