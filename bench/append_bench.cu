@@ -76,8 +76,8 @@ struct bench_failure : std::runtime_error {
 
 void check(cudaError_t result, const std::string& call) {
   if (result != cudaSuccess)
-    throw bench_failure(call + " failed: " + cudaGetErrorName(result) + " (" +
-                        cudaGetErrorString(result) + ")");
+    throw bench_failure(call + " failed: " + cudaGetErrorName(result) + " (" + cudaGetErrorString(result) +
+                        ")");
 }
 
 __host__ __device__ std::uint64_t mix(std::uint64_t x) {
@@ -89,8 +89,7 @@ __host__ __device__ std::uint64_t mix(std::uint64_t x) {
 }
 
 std::uint32_t threshold_of(long per_mille) {
-  return static_cast<std::uint32_t>((std::uint64_t{1} << 32) *
-                                    static_cast<std::uint64_t>(per_mille) / 1000);
+  return static_cast<std::uint32_t>((std::uint64_t{1} << 32) * static_cast<std::uint64_t>(per_mille) / 1000);
 }
 
 struct below {
@@ -128,8 +127,7 @@ __global__ void __launch_bounds__(block_threads)
   const unsigned lane = threadIdx.x % 32;
   const std::uint64_t warp = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
-  for (std::uint64_t base = first + warp * keys_per_warp; base < end;
-       base += warps * keys_per_warp) {
+  for (std::uint64_t base = first + warp * keys_per_warp; base < end; base += warps * keys_per_warp) {
     std::uint32_t values[keys_per_lane];
     std::uint32_t keep = 0;
     if (base + keys_per_warp <= end) {
@@ -212,8 +210,7 @@ struct fixture {
     check(cudaGetLastError(), "make_keys");
     pool = vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(0)));
     int sms = 0;
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0),
-          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
     grid = 4 * sms;  // for the digests
     check(cudaStreamSynchronize(stream), "make_keys");
   }
@@ -229,11 +226,10 @@ struct fixture {
     auto found = references.find(per_mille);
     if (found != references.end()) return found->second;
     check(cudaMemsetAsync(scratch, 0, 2 * sizeof(unsigned long long), stream), "cudaMemsetAsync");
-    digest_selected<<<grid, block_threads, 0, stream>>>(keys, key_count, threshold_of(per_mille),
-                                                        scratch, scratch + 1);
+    digest_selected<<<grid, block_threads, 0, stream>>>(keys, key_count, threshold_of(per_mille), scratch,
+                                                        scratch + 1);
     unsigned long long words[2] = {};
-    check(cudaMemcpyAsync(words, scratch, sizeof words, cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(words, scratch, sizeof words, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream), "digest_selected");
     return references[per_mille] = {words[1], words[0]};
   }
@@ -247,11 +243,9 @@ struct fixture {
     check(cudaMemsetAsync(scratch, 0, sizeof(unsigned long long), stream), "cudaMemsetAsync");
     digest<<<grid, block_threads, 0, stream>>>(output, count, scratch);
     unsigned long long sum = 0;
-    check(cudaMemcpyAsync(&sum, scratch, sizeof sum, cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(&sum, scratch, sizeof sum, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream), "digest");
-    if (sum != expected.digest)
-      throw bench_failure("the selected keys differ from the reference's");
+    if (sum != expected.digest) throw bench_failure("the selected keys differ from the reference's");
   }
 };
 
@@ -309,12 +303,11 @@ template <push_form Form, vmm::append_atomics Atomics>
 int grid_for() {
   static const int blocks = [] {
     int sms = 0;
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0),
-          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
     int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_below<Form, Atomics>,
-                                                        block_threads, 0),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    check(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_below<Form, Atomics>, block_threads, 0),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     return sms * std::max(per_sm, 1);
   }();
   return blocks;
@@ -327,11 +320,9 @@ outcome run_append(vmm::device_vector<std::uint32_t>& output, long per_mille, al
   const std::uint32_t* keys = f.keys;
   const int grid = grid_for<Form, Atomics>();
   const std::uint64_t n = key_count;
-  const auto launch = [=](vmm::append_view<std::uint32_t> view, std::size_t first,
-                          vmm::stream_ref stream) {
+  const auto launch = [=](vmm::append_view<std::uint32_t> view, std::size_t first, vmm::stream_ref stream) {
     if (first % 4 != 0) throw bench_failure("a window starts off a 16-byte boundary");
-    select_below<Form, Atomics>
-        <<<grid, block_threads, 0, stream.get()>>>(keys, first, n, threshold, view);
+    select_below<Form, Atomics><<<grid, block_threads, 0, stream.get()>>>(keys, first, n, threshold, view);
   };
   outcome result;
   vmm::append_options options{.statistics = &result.statistics};
@@ -348,8 +339,7 @@ outcome run_cub(vmm::device_vector<std::uint32_t>& output, long per_mille, alloc
   const auto n = static_cast<std::int64_t>(key_count);
   unsigned long long* selected = f.scratch;
   std::size_t select_bytes = 0;
-  check(cub::DeviceSelect::If(nullptr, select_bytes, f.keys, output.data(), selected, n, keep,
-                              f.stream),
+  check(cub::DeviceSelect::If(nullptr, select_bytes, f.keys, output.data(), selected, n, keep, f.stream),
         "cub::DeviceSelect::If (size)");
   std::size_t needed_temporary = select_bytes;
   if (how == allocation::grow) {
@@ -377,11 +367,9 @@ outcome run_cub(vmm::device_vector<std::uint32_t>& output, long per_mille, alloc
     output.reserve(count);
   }
   std::size_t bytes = temporary.second;
-  check(cub::DeviceSelect::If(temporary.first, bytes, f.keys, output.data(), selected, n, keep,
-                              f.stream),
+  check(cub::DeviceSelect::If(temporary.first, bytes, f.keys, output.data(), selected, n, keep, f.stream),
         "cub::DeviceSelect::If");
-  check(cudaMemcpyAsync(&count, selected, sizeof count, cudaMemcpyDeviceToHost, f.stream),
-        "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(&count, selected, sizeof count, cudaMemcpyDeviceToHost, f.stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(f.stream), "cub::DeviceSelect::If");
   output.resize(count, vmm::element_init::uninitialized);
   return {count, output.capacity() * sizeof(std::uint32_t) + needed_temporary + sizeof count, {}};
@@ -394,20 +382,17 @@ outcome run_thrust(vmm::device_vector<std::uint32_t>& output, long per_mille, al
   const auto policy = thrust::cuda::par(temporaries).on(f.stream);
   temporaries.peak = temporaries.held;
   if (how == allocation::grow) {
-    const auto count =
-        static_cast<std::size_t>(thrust::count_if(policy, f.keys, f.keys + key_count, keep));
+    const auto count = static_cast<std::size_t>(thrust::count_if(policy, f.keys, f.keys + key_count, keep));
     output.reserve(count);
   }
-  std::uint32_t* const end =
-      thrust::copy_if(policy, f.keys, f.keys + key_count, output.data(), keep);
+  std::uint32_t* const end = thrust::copy_if(policy, f.keys, f.keys + key_count, output.data(), keep);
   const auto count = static_cast<std::uint64_t>(end - output.data());
   output.resize(count, vmm::element_init::uninitialized);
   return {count, output.capacity() * sizeof(std::uint32_t) + temporaries.peak, {}};
 }
 
-outcome run(contender who, vmm::device_vector<std::uint32_t>& output, long per_mille,
-            allocation how, std::pair<void*, std::size_t>& cub_temporary,
-            counting_allocator& thrust_temporaries) {
+outcome run(contender who, vmm::device_vector<std::uint32_t>& output, long per_mille, allocation how,
+            std::pair<void*, std::size_t>& cub_temporary, counting_allocator& thrust_temporaries) {
   switch (who) {
     case contender::batched:
       return run_append<push_form::batched, vmm::append_atomics::per_warp>(output, per_mille, how);
@@ -440,8 +425,7 @@ void compaction(benchmark::State& state, contender who, allocation how) {
   try {
     check(cudaEventCreate(&begin), "cudaEventCreate");
     check(cudaEventCreate(&end), "cudaEventCreate");
-    const vmm::growable_buffer_options options{.max_size =
-                                                   key_count * sizeof(std::uint32_t) + (8 << 20)};
+    const vmm::growable_buffer_options options{.max_size = key_count * sizeof(std::uint32_t) + (8 << 20)};
     // /worst_case: one vector with room for every key, mapped before timing and reused.
     std::unique_ptr<vmm::device_vector<std::uint32_t>> worst;
     if (how == allocation::worst_case) {
@@ -483,11 +467,9 @@ void compaction(benchmark::State& state, contender who, allocation how) {
     const auto iterations = std::max<benchmark::IterationCount>(state.iterations(), 1);
     const double seconds = total_seconds / static_cast<double>(iterations);
     double& best = f.best_baseline_seconds[{static_cast<int>(how), per_mille}];
-    if ((who == contender::cub || who == contender::thread) && (best == 0 || seconds < best))
-      best = seconds;
+    if ((who == contender::cub || who == contender::thread) && (best == 0 || seconds < best)) best = seconds;
     if (best > 0) state.counters["vs_best"] = seconds / best;
-    const double worst_best =
-        f.best_baseline_seconds[{static_cast<int>(allocation::worst_case), per_mille}];
+    const double worst_best = f.best_baseline_seconds[{static_cast<int>(allocation::worst_case), per_mille}];
     if (how == allocation::grow && worst_best > 0)
       state.counters["vs_worst_case_best"] = seconds / worst_best;
     const double output_bytes = static_cast<double>(last.selected * sizeof(std::uint32_t));
@@ -567,8 +549,7 @@ int main(int argc, char** argv) {
   };
   for (const auto how : {allocation::worst_case, allocation::grow}) {
     for (const auto& [name, who] : contenders) {
-      const std::string full =
-          std::string(name) + (how == allocation::worst_case ? "/worst_case" : "/grow");
+      const std::string full = std::string(name) + (how == allocation::worst_case ? "/worst_case" : "/grow");
       const auto body = [who, how](benchmark::State& state) { compaction(state, who, how); };
       benchmark::RegisterBenchmark(full.c_str(), body)
           ->ArgName("per_mille")

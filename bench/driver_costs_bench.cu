@@ -39,7 +39,9 @@ struct failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-const vmm::bench::raw_driver_calls& driver() { return vmm::bench::raw_driver<failure>(); }
+const vmm::bench::raw_driver_calls& driver() {
+  return vmm::bench::raw_driver<failure>();
+}
 
 void check(CUresult result, const char* what) {
   if (result != CUDA_SUCCESS)
@@ -71,11 +73,14 @@ CUmemAccessDesc read_write() {
   return access;
 }
 
-double microseconds(clock_type::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+double microseconds(clock_type::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
 
 double median(std::vector<double> samples) {
   if (samples.empty()) return 0;
-  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2), samples.end());
+  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2),
+                   samples.end());
   return samples[samples.size() / 2];
 }
 
@@ -207,7 +212,14 @@ void raw_cold_growth(benchmark::State& state) {
   state.counters["map_ms"] = map_ms / n;
   state.counters["access_ms"] = access_ms / n;
 }
-BENCHMARK(raw_cold_growth)->ArgName("chunk_mib")->Arg(64)->Arg(256)->Arg(1024)->Arg(2048)->Iterations(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(raw_cold_growth)
+    ->ArgName("chunk_mib")
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(2048)
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
 
 // The importer's side of sharing one handle of range(0) MiB: import, reserve, map, access,
 // raw against vmm (the fd from the same process stands in for a peer's: the driver's work

@@ -37,7 +37,9 @@ void report(cudaError_t result, const char* call) noexcept {
     std::fprintf(stderr, "vmm_bench_grow: %s failed: %s\n", call, cudaGetErrorName(result));
 }
 
-std::string bytes(std::size_t n) { return std::to_string(n) + " bytes"; }
+std::string bytes(std::size_t n) {
+  return std::to_string(n) + " bytes";
+}
 
 // ---- GPU 0 ----
 
@@ -105,8 +107,7 @@ class gpu_realloc_2x final : public grow_contender {
       tracker_.allocated(capacity);
       if (probe_ != nullptr) probe_->sample();  // old and new storage both alive: the peak
       if (size_ != 0) {
-        const cudaError_t copied =
-            cudaMemcpyAsync(fresh, data_, size_, cudaMemcpyDeviceToDevice, nullptr);
+        const cudaError_t copied = cudaMemcpyAsync(fresh, data_, size_, cudaMemcpyDeviceToDevice, nullptr);
         if (copied != cudaSuccess) {
           report(cudaFree(fresh), "cudaFree");
           tracker_.freed(capacity);
@@ -159,8 +160,7 @@ class probed_device_allocator : public thrust::device_allocator<T> {
   __host__ __device__ probed_device_allocator() {}
   __host__ __device__ probed_device_allocator(const probed_device_allocator& other) : base(other) {}
   template <class U>
-  __host__ __device__ probed_device_allocator(const probed_device_allocator<U>& other)
-      : base(other) {}
+  __host__ __device__ probed_device_allocator(const probed_device_allocator<U>& other) : base(other) {}
   probed_device_allocator& operator=(const probed_device_allocator&) = default;
   __host__ __device__ ~probed_device_allocator() {}
 
@@ -203,8 +203,7 @@ class gpu_thrust_resize final : public grow_contender {
     try {
       vector_.reset();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "vmm_bench_grow: freeing a thrust::device_vector failed: %s\n",
-                   e.what());
+      std::fprintf(stderr, "vmm_bench_grow: freeing a thrust::device_vector failed: %s\n", e.what());
     }
     if (thrust_tracker == &tracker_) thrust_tracker = nullptr;
     thrust_probe = nullptr;
@@ -219,7 +218,9 @@ class gpu_thrust_resize final : public grow_contender {
 
 // ---- the raw driver sequence ----
 
-const raw_driver_calls& driver() { return raw_driver<bench_failure>(); }
+const raw_driver_calls& driver() {
+  return raw_driver<bench_failure>();
+}
 
 void check(CUresult result, const std::string& call) {
   if (result != CUDA_SUCCESS)
@@ -228,8 +229,7 @@ void check(CUresult result, const std::string& call) {
 
 void report(CUresult result, const char* call) noexcept {
   if (result != CUDA_SUCCESS)
-    std::fprintf(stderr, "vmm_bench_grow: %s failed: CUresult %d\n", call,
-                 static_cast<int>(result));
+    std::fprintf(stderr, "vmm_bench_grow: %s failed: CUresult %d\n", call, static_cast<int>(result));
 }
 
 // Owned driver objects, so that a constructor failing half-way leaks nothing.
@@ -261,8 +261,8 @@ class raw_driver_once final : public grow_once_contender {
     CUdevice device = 0;
     check(calls.device_get(&device, 0), "cuDeviceGet(0)");
     int posix_fd = 0;
-    check(calls.device_get_attribute(
-              &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device),
+    check(calls.device_get_attribute(&posix_fd,
+                                     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device),
           "cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)");
     CUmemAllocationProp properties{};
     properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -271,13 +271,11 @@ class raw_driver_once final : public grow_once_contender {
     properties.requestedHandleTypes =
         posix_fd != 0 ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
     std::size_t granularity = 0;
-    check(calls.get_allocation_granularity(&granularity, &properties,
-                                           CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+    check(calls.get_allocation_granularity(&granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
           "cuMemGetAllocationGranularity");
     if (granularity == 0) throw bench_failure("cuMemGetAllocationGranularity returned 0");
     size_ = (chunk + granularity - 1) / granularity * granularity;
-    check(calls.create(&memory_.handle, size_, &properties, 0),
-          "cuMemCreate(" + bytes(size_) + ")");
+    check(calls.create(&memory_.handle, size_, &properties, 0), "cuMemCreate(" + bytes(size_) + ")");
     memory_.live = true;
     const std::size_t reserved = std::max(size_, reservation);
     check(calls.address_reserve(&range_.address, reserved, 0, 0, 0),
@@ -294,8 +292,7 @@ class raw_driver_once final : public grow_once_contender {
     const raw_driver_calls& calls = driver();
     check(calls.map(range_.address, size_, 0, memory_.handle, 0), "cuMemMap(" + bytes(size_) + ")");
     mapped_ = true;
-    check(calls.set_access(range_.address, size_, &access_, 1),
-          "cuMemSetAccess(" + bytes(size_) + ")");
+    check(calls.set_access(range_.address, size_, &access_, 1), "cuMemSetAccess(" + bytes(size_) + ")");
   }
   void undo() override {
     check(driver().unmap(range_.address, size_), "cuMemUnmap(" + bytes(size_) + ")");
@@ -391,10 +388,8 @@ std::unique_ptr<memory_target> make_gpu_target(std::string* why) {
     std::size_t total = 0;
     check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     char size[32];
-    std::snprintf(size, sizeof size, "%.1f GiB",
-                  static_cast<double>(total) / static_cast<double>(gib));
-    return std::make_unique<gpu_target>(std::string("gpu 0: ") + properties.name + ", " + size,
-                                        total);
+    std::snprintf(size, sizeof size, "%.1f GiB", static_cast<double>(total) / static_cast<double>(gib));
+    return std::make_unique<gpu_target>(std::string("gpu 0: ") + properties.name + ", " + size, total);
   } catch (const bench_failure& e) {
     if (why != nullptr) *why = e.what();
     return nullptr;
@@ -404,17 +399,13 @@ std::unique_ptr<memory_target> make_gpu_target(std::string* why) {
 std::vector<grow_entry> gpu_baseline_contenders() {
   return {
       {"floor", contender_role::floor, [] { return std::make_unique<gpu_floor>(); }},
-      {"realloc_copy_2x", contender_role::baseline,
-       [] { return std::make_unique<gpu_realloc_2x>(); }},
-      {"thrust_resize", contender_role::baseline,
-       [] { return std::make_unique<gpu_thrust_resize>(); }},
-      {"raw_vmm_64MiB_cold", contender_role::baseline,
-       [] { return std::make_unique<raw_vmm_grow>(); }},
+      {"realloc_copy_2x", contender_role::baseline, [] { return std::make_unique<gpu_realloc_2x>(); }},
+      {"thrust_resize", contender_role::baseline, [] { return std::make_unique<gpu_thrust_resize>(); }},
+      {"raw_vmm_64MiB_cold", contender_role::baseline, [] { return std::make_unique<raw_vmm_grow>(); }},
   };
 }
 
-std::unique_ptr<grow_once_contender> make_raw_driver_once(std::size_t chunk,
-                                                          std::size_t reservation) {
+std::unique_ptr<grow_once_contender> make_raw_driver_once(std::size_t chunk, std::size_t reservation) {
   return std::make_unique<raw_driver_once>(chunk, reservation);
 }
 

@@ -116,11 +116,9 @@ void run_grow(benchmark::State& state, memory_target& target, const grow_scenari
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(scenario.final_size));
   state.counters["peak_extra_bytes"] = byte_counter(peak);
-  state.counters["peak_extra_x"] =
-      static_cast<double>(peak) / static_cast<double>(scenario.final_size);
+  state.counters["peak_extra_x"] = static_cast<double>(peak) / static_cast<double>(scenario.final_size);
   state.counters["own_peak_bytes"] = byte_counter(own_peak);
-  state.counters[entry.role == contender_role::vmm ? "chunks" : "allocations"] =
-      static_cast<double>(handles);
+  state.counters[entry.role == contender_role::vmm ? "chunks" : "allocations"] = static_cast<double>(handles);
 }
 
 void run_grow_once(benchmark::State& state, std::size_t chunk, const grow_once_entry& entry) {
@@ -166,8 +164,7 @@ void run_reach(benchmark::State& state, memory_target& target, std::size_t appen
       state.SetIterationTime(seconds_since(start));
       state.counters["reached_bytes"] = byte_counter(reached);
       state.counters["free_at_start_bytes"] = byte_counter(*free_at_start);
-      state.counters["reached_share"] =
-          static_cast<double>(reached) / static_cast<double>(*free_at_start);
+      state.counters["reached_share"] = static_cast<double>(reached) / static_cast<double>(*free_at_start);
     } catch (const std::exception& e) {
       skip(state, e.what());
       return;
@@ -197,9 +194,8 @@ std::vector<grow_entry> with_vmm(std::vector<grow_entry> baselines, int gpu_ordi
            }});
     }
   }
-  const auto floor = std::find_if(baselines.begin(), baselines.end(), [](const grow_entry& e) {
-    return e.role == contender_role::floor;
-  });
+  const auto floor = std::find_if(baselines.begin(), baselines.end(),
+                                  [](const grow_entry& e) { return e.role == contender_role::floor; });
   const auto at = floor == baselines.end() ? baselines.begin() : std::next(floor);
   baselines.insert(at, vmm_entries.begin(), vmm_entries.end());
   return baselines;
@@ -209,15 +205,12 @@ std::vector<grow_once_entry> once_entries(grow_once_entry raw, int gpu_ordinal) 
   return {std::move(raw),
           {"vmm_provider", contender_role::vmm,
            [gpu_ordinal](std::size_t chunk) { return make_vmm_provider_once(gpu_ordinal, chunk); }},
-          {"vmm_growable_warm", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
-             return make_vmm_growable_once(gpu_ordinal, chunk, 0);
-           }},
-          {"vmm_growable_warm_tight", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
-             return make_vmm_growable_once(gpu_ordinal, chunk, chunk);
-           }},
-          {"vmm_growable_warm_1GiB", contender_role::vmm, [gpu_ordinal](std::size_t chunk) {
-             return make_vmm_growable_once(gpu_ordinal, chunk, gib);
-           }}};
+          {"vmm_growable_warm", contender_role::vmm,
+           [gpu_ordinal](std::size_t chunk) { return make_vmm_growable_once(gpu_ordinal, chunk, 0); }},
+          {"vmm_growable_warm_tight", contender_role::vmm,
+           [gpu_ordinal](std::size_t chunk) { return make_vmm_growable_once(gpu_ordinal, chunk, chunk); }},
+          {"vmm_growable_warm_1GiB", contender_role::vmm,
+           [gpu_ordinal](std::size_t chunk) { return make_vmm_growable_once(gpu_ordinal, chunk, gib); }}};
 }
 
 #ifdef VMM_BENCH_HAVE_CUDA
@@ -228,14 +221,13 @@ contender_set gpu_set() {
   set.grow = with_vmm(gpu_baseline_contenders(), gpu);
   set.once_chunks = {2 * mib, 64 * mib};
   set.once = once_entries(
-      {"raw_driver", contender_role::floor,
-       [](std::size_t chunk) { return make_raw_driver_once(chunk, 0); }},
+      {"raw_driver", contender_role::floor, [](std::size_t chunk) { return make_raw_driver_once(chunk, 0); }},
       gpu);
   set.once.push_back({"raw_driver_1GiB", contender_role::baseline,
                       [](std::size_t chunk) { return make_raw_driver_once(chunk, gib); }});
-  set.reach = {{"vmm", [](memory_target& target,
-                          std::size_t append) { return reach_with_vmm(target, gpu, append); }},
-               {"realloc_copy_2x", reach_with_realloc_2x}};
+  set.reach = {
+      {"vmm", [](memory_target& target, std::size_t append) { return reach_with_vmm(target, gpu, append); }},
+      {"realloc_copy_2x", reach_with_realloc_2x}};
   return set;
 }
 #endif
@@ -254,10 +246,9 @@ void register_set(const contender_set& set, memory_target& target) {
   for (const grow_scenario& scenario : set.scenarios) {
     for (const grow_entry& entry : set.grow) {
       const std::string name = fmt::format("grow/{}/{}", scenario.name(), entry.name);
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [&target, scenario, entry](benchmark::State& state) {
-                                     run_grow(state, target, scenario, entry);
-                                   })
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [&target, scenario, entry](benchmark::State& state) { run_grow(state, target, scenario, entry); })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
@@ -266,20 +257,17 @@ void register_set(const contender_set& set, memory_target& target) {
     for (const grow_once_entry& entry : set.once) {
       const std::string name = fmt::format("grow_once/{}/{}", size_name(chunk), entry.name);
       benchmark::RegisterBenchmark(
-          name.c_str(),
-          [chunk, entry](benchmark::State& state) { run_grow_once(state, chunk, entry); })
+          name.c_str(), [chunk, entry](benchmark::State& state) { run_grow_once(state, chunk, entry); })
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
     }
   }
   for (const auto& [contender, reach] : set.reach) {
-    const std::string name =
-        fmt::format("reach/{}_appends/{}", size_name(set.reach_append), contender);
+    const std::string name = fmt::format("reach/{}_appends/{}", size_name(set.reach_append), contender);
     const std::size_t append = set.reach_append;
-    benchmark::RegisterBenchmark(name.c_str(),
-                                 [&target, append, reach](benchmark::State& state) {
-                                   run_reach(state, target, append, reach);
-                                 })
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [&target, append, reach](benchmark::State& state) { run_reach(state, target, append, reach); })
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
         ->Iterations(1);  // it takes all of the GPU's memory: once is the measurement
@@ -323,8 +311,7 @@ int main(int argc, char** argv) {
   if (target) set = gpu_set();
 #endif
   if (!target) {
-    std::fprintf(stderr, "vmm_bench_grow: no GPU set (%s); running the OS-provider set\n",
-                 why.c_str());
+    std::fprintf(stderr, "vmm_bench_grow: no GPU set (%s); running the OS-provider set\n", why.c_str());
     target = make_os_target();
     set = os_set();
     benchmark::AddCustomContext("vmm_no_gpu_reason", why);
@@ -340,11 +327,10 @@ int main(int argc, char** argv) {
             "after every append and right after every baseline allocation"
           : "the contender's own accounting (vmm: pool reserved_high; baselines: their "
             "allocator's high-water mark)");
-  benchmark::AddCustomContext(
-      "vmm_grow_once_floor",
-      gpu ? "raw_driver: cuMemMap + cuMemSetAccess on a pre-created handle, through "
-            "cudaGetDriverEntryPointByVersion"
-          : "raw_os: mmap(MAP_SHARED | MAP_FIXED) of a memfd + mprotect");
+  benchmark::AddCustomContext("vmm_grow_once_floor",
+                              gpu ? "raw_driver: cuMemMap + cuMemSetAccess on a pre-created handle, through "
+                                    "cudaGetDriverEntryPointByVersion"
+                                  : "raw_os: mmap(MAP_SHARED | MAP_FIXED) of a memfd + mprotect");
 
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

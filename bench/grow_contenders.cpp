@@ -70,9 +70,7 @@ class vmm_grow_contender final : public grow_contender {
   [[nodiscard]] std::size_t own_peak_bytes() const override {
     return pool_ ? pool_->statistics().reserved_high : 0;
   }
-  [[nodiscard]] std::size_t handle_count() const override {
-    return buffer_ ? buffer_->chunk_count() : 0;
-  }
+  [[nodiscard]] std::size_t handle_count() const override { return buffer_ ? buffer_->chunk_count() : 0; }
 
  private:
   location where_;
@@ -118,9 +116,7 @@ class vmm_growable_once final : public grow_once_contender {
 class vmm_provider_once final : public grow_once_contender {
  public:
   vmm_provider_once(location where, std::size_t chunk)
-      : provider_(provider_for(where)),
-        memory_(provider_, chunk),
-        range_(provider_, memory_.size()) {}
+      : provider_(provider_for(where)), memory_(provider_, chunk), range_(provider_, memory_.size()) {}
   ~vmm_provider_once() override {
     if (mapped_) report_failure_of("memory_provider::unmap", [&] { undo(); });
   }
@@ -274,8 +270,7 @@ class raw_os_once final : public grow_once_contender {
     // are (the same layout of mappings, and huge pages may depend on the alignment).
     const std::size_t alignment = 2 * mib;
     const std::size_t padded = size_ + alignment;
-    void* base =
-        ::mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* base = ::mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) {
       const int error = errno;
       ::close(fd_);
@@ -304,8 +299,8 @@ class raw_os_once final : public grow_once_contender {
     }
   }
   void undo() override {
-    if (::mmap(address_, size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
-               -1, 0) == MAP_FAILED) {
+    if (::mmap(address_, size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) ==
+        MAP_FAILED) {
       const int error = errno;
       throw_errno(error, fmt::format("mmap(PROT_NONE | MAP_FIXED, {})", size_));
     }
@@ -324,11 +319,11 @@ struct scope_exit {
 
 }  // namespace
 
-std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, bool geometric,
-                                                   std::size_t fixed_chunk, bool warm) {
+std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, bool geometric, std::size_t fixed_chunk,
+                                                   bool warm) {
   return std::make_unique<vmm_grow_contender>(
-      location_of(gpu_ordinal),
-      geometric ? chunk_policy::geometric() : chunk_policy::fixed(fixed_chunk), warm);
+      location_of(gpu_ordinal), geometric ? chunk_policy::geometric() : chunk_policy::fixed(fixed_chunk),
+      warm);
 }
 
 std::unique_ptr<grow_once_contender> make_vmm_growable_once(int gpu_ordinal, std::size_t chunk,
@@ -344,11 +339,9 @@ std::size_t reach_with_vmm(memory_target& target, int gpu_ordinal, std::size_t a
   const location where = location_of(gpu_ordinal);
   // Whatever happens, the default pool gives its idle chunks back: later benchmarks need
   // the memory.
-  const scope_exit trim{[&] {
-    report_failure_of("default_pool().trim_to(0)", [&] { default_pool(where)->trim_to(0); });
-  }};
-  growable_buffer buffer(default_pool(where),
-                         growable_buffer_options{.max_size = target.total_bytes()});
+  const scope_exit trim{
+      [&] { report_failure_of("default_pool().trim_to(0)", [&] { default_pool(where)->trim_to(0); }); }};
+  growable_buffer buffer(default_pool(where), growable_buffer_options{.max_size = target.total_bytes()});
   std::size_t reached = 0;
   while (reached + append <= buffer.max_size()) {
     try {
@@ -363,15 +356,15 @@ std::size_t reach_with_vmm(memory_target& target, int gpu_ordinal, std::size_t a
   return reached;
 }
 
-std::unique_ptr<memory_target> make_os_target() { return std::make_unique<os_target>(); }
+std::unique_ptr<memory_target> make_os_target() {
+  return std::make_unique<os_target>();
+}
 
 std::vector<grow_entry> os_baseline_contenders() {
   return {
       {"floor", contender_role::floor, [] { return std::make_unique<host_floor>(); }},
-      {"realloc_copy_2x", contender_role::baseline,
-       [] { return std::make_unique<host_realloc_2x>(); }},
-      {"std_vector_resize", contender_role::baseline,
-       [] { return std::make_unique<host_vector_resize>(); }},
+      {"realloc_copy_2x", contender_role::baseline, [] { return std::make_unique<host_realloc_2x>(); }},
+      {"std_vector_resize", contender_role::baseline, [] { return std::make_unique<host_vector_resize>(); }},
   };
 }
 

@@ -55,10 +55,20 @@ std::size_t parse_size(const char* text) {
   char* end = nullptr;
   std::size_t value = std::strtoull(text, &end, 10);
   switch (*end) {
-    case 'K': case 'k': value <<= 10; break;
-    case 'M': case 'm': value <<= 20; break;
-    case 'G': case 'g': value <<= 30; break;
-    default: break;
+    case 'K':
+    case 'k':
+      value <<= 10;
+      break;
+    case 'M':
+    case 'm':
+      value <<= 20;
+      break;
+    case 'G':
+    case 'g':
+      value <<= 30;
+      break;
+    default:
+      break;
   }
   return value;
 }
@@ -66,7 +76,8 @@ std::size_t parse_size(const char* text) {
 __global__ void write_slice(std::uint32_t* slice, std::size_t count, int passes, std::uint32_t seed) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (int pass = 0; pass < passes; ++pass)
-    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count; i += stride)
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+         i += stride)
       slice[i] = static_cast<std::uint32_t>(i) * 2654435761u + seed + static_cast<std::uint32_t>(pass);
 }
 
@@ -74,11 +85,16 @@ enum class contender { floor, warm, cold, ahead, ahead_learn };
 
 const char* name_of(contender c) {
   switch (c) {
-    case contender::floor: return "floor";
-    case contender::warm: return "warm";
-    case contender::cold: return "cold";
-    case contender::ahead: return "ahead";
-    case contender::ahead_learn: return "ahead_learn";
+    case contender::floor:
+      return "floor";
+    case contender::warm:
+      return "warm";
+    case contender::cold:
+      return "cold";
+    case contender::ahead:
+      return "ahead";
+    case contender::ahead_learn:
+      return "ahead_learn";
   }
   return "?";
 }
@@ -119,7 +135,7 @@ void append_loop(benchmark::State& state, contender which) {
       buffer.resize(size + append_bytes);
       auto* slice = reinterpret_cast<std::uint32_t*>(static_cast<char*>(buffer.data()) + size);
       write_slice<<<blocks, 256, 0, stream>>>(slice, append_bytes / sizeof(std::uint32_t), passes,
-                                               static_cast<std::uint32_t>(i));
+                                              static_cast<std::uint32_t>(i));
     }
     check(cudaGetLastError(), "write_slice<<<>>>");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -166,8 +182,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!vmm::gpu_available(&no_gpu_reason) && no_gpu_reason.empty()) no_gpu_reason = "no GPU";
-  for (contender which : {contender::floor, contender::warm, contender::cold, contender::ahead,
-                          contender::ahead_learn})
+  for (contender which :
+       {contender::floor, contender::warm, contender::cold, contender::ahead, contender::ahead_learn})
     benchmark::RegisterBenchmark((std::string("append_loop/") + name_of(which)).c_str(),
                                  [which](benchmark::State& state) { append_loop(state, which); })
         ->UseManualTime()

@@ -53,24 +53,36 @@ std::size_t parse_size(const char* text) {
   char* end = nullptr;
   std::size_t value = std::strtoull(text, &end, 10);
   switch (*end) {
-    case 'K': case 'k': value <<= 10; break;
-    case 'M': case 'm': value <<= 20; break;
-    case 'G': case 'g': value <<= 30; break;
-    default: break;
+    case 'K':
+    case 'k':
+      value <<= 10;
+      break;
+    case 'M':
+    case 'm':
+      value <<= 20;
+      break;
+    case 'G':
+    case 'g':
+      value <<= 30;
+      break;
+    default:
+      break;
   }
   return value;
 }
 
 __global__ void fill_indices(std::uint32_t* data, std::size_t count) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count; i += stride)
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride)
     data[i] = static_cast<std::uint32_t>(i * 2654435761u);
 }
 
 __global__ void count_mismatches(const std::uint32_t* data, std::size_t count, unsigned long long* errors) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   unsigned long long mine = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count; i += stride)
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride)
     mine += data[i] != static_cast<std::uint32_t>(i * 2654435761u);
   if (mine != 0) atomicAdd(errors, mine);
 }
@@ -79,7 +91,8 @@ __global__ void count_mismatches(const std::uint32_t* data, std::size_t count, u
 __global__ void read_all(const uint4* data, std::size_t count, std::uint32_t* sink) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::uint32_t folded = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count; i += stride) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
     const uint4 v = __ldcs(data + i);
     folded ^= v.x ^ v.y ^ v.z ^ v.w;
   }
@@ -109,7 +122,8 @@ struct fixture {
     check(cudaMalloc(&sink, sizeof(std::uint32_t) * static_cast<std::size_t>(blocks)), "cudaMalloc");
     const auto gpu = vmm::provider_for(vmm::location::device(0));
     total = oversubscribe > 0
-                ? static_cast<std::size_t>(oversubscribe * static_cast<double>(gpu->capabilities().physical_memory_size))
+                ? static_cast<std::size_t>(oversubscribe *
+                                           static_cast<double>(gpu->capabilities().physical_memory_size))
                 : cap_bytes + host_bytes;
     total = vmm::round_up(total, gpu->granularity());
     // The copies' buffers first: once the vector has filled the GPU there is no room left.
@@ -126,7 +140,8 @@ struct fixture {
     device_pool = vmm::chunk_pool::create(gpu, {.cap = cap_bytes});
     host_pool = vmm::chunk_pool::create(vmm::provider_for(vmm::location::pinned_host(0)));
     vector = std::make_unique<vmm::device_vector<std::uint32_t>>(
-        device_pool, vmm::growable_buffer_options{.max_size = total, .stream = stream, .spill_to = {host_pool}});
+        device_pool,
+        vmm::growable_buffer_options{.max_size = total, .stream = stream, .spill_to = {host_pool}});
     // Grown in 1 GiB steps, as an application would, so the GPU part is what fits.
     for (std::size_t size = 0; size < total;) {
       size = std::min(total, size + (std::size_t{1} << 30));
@@ -138,14 +153,16 @@ struct fixture {
     check(cudaMalloc(&errors_on_gpu, sizeof(unsigned long long)), "cudaMalloc");
     check(cudaMemsetAsync(errors_on_gpu, 0, sizeof(unsigned long long), stream), "cudaMemsetAsync");
     count_mismatches<<<blocks, 256, 0, stream>>>(vector->data(), vector->size(), errors_on_gpu);
-    check(cudaMemcpyAsync(&errors, errors_on_gpu, sizeof errors, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(&errors, errors_on_gpu, sizeof errors, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     check(cudaFree(errors_on_gpu), "cudaFree");
     staging = std::min(staging, total - device_part);
-    std::printf("vmm_bench_host_spill: vector of %.2f GiB, %.2f GiB on the GPU, %.2f GiB in pinned host memory; "
-                "%llu mismatches across the boundary\n",
-                static_cast<double>(total) / (1 << 30), static_cast<double>(device_part) / (1 << 30),
-                static_cast<double>(total - device_part) / (1 << 30), errors);
+    std::printf(
+        "vmm_bench_host_spill: vector of %.2f GiB, %.2f GiB on the GPU, %.2f GiB in pinned host memory; "
+        "%llu mismatches across the boundary\n",
+        static_cast<double>(total) / (1 << 30), static_cast<double>(device_part) / (1 << 30),
+        static_cast<double>(total - device_part) / (1 << 30), errors);
   }
   ~fixture() {
     cudaFree(staging_device);
@@ -189,11 +206,22 @@ void run(benchmark::State& state, row which) {
   const char* from = base;
   std::size_t bytes = f.total;
   switch (which) {
-    case row::device_part: bytes = f.device_part; break;
-    case row::host_part: from = base + f.device_part; bytes = f.total - f.device_part; break;
-    case row::whole: break;
-    case row::memcpy_pinned: bytes = f.staging; break;
-    case row::memcpy_host_part: from = base + f.device_part; bytes = f.staging; break;
+    case row::device_part:
+      bytes = f.device_part;
+      break;
+    case row::host_part:
+      from = base + f.device_part;
+      bytes = f.total - f.device_part;
+      break;
+    case row::whole:
+      break;
+    case row::memcpy_pinned:
+      bytes = f.staging;
+      break;
+    case row::memcpy_host_part:
+      from = base + f.device_part;
+      bytes = f.staging;
+      break;
   }
   if (bytes == 0) {
     state.SkipWithError("that part of the vector is empty");
@@ -203,18 +231,21 @@ void run(benchmark::State& state, row which) {
   for (auto _ : state) {
     const double seconds = time_on_stream(f.stream, [&] {
       if (which == row::memcpy_pinned) {
-        check(cudaMemcpyAsync(f.staging_device, f.staging_host, bytes, cudaMemcpyHostToDevice, f.stream), "cudaMemcpyAsync");
+        check(cudaMemcpyAsync(f.staging_device, f.staging_host, bytes, cudaMemcpyHostToDevice, f.stream),
+              "cudaMemcpyAsync");
       } else if (which == row::memcpy_host_part) {
         check(cudaMemcpyAsync(f.staging_device, from, bytes, cudaMemcpyDefault, f.stream), "cudaMemcpyAsync");
       } else {
-        read_all<<<f.blocks, 256, 0, f.stream>>>(reinterpret_cast<const uint4*>(from), bytes / sizeof(uint4), f.sink);
+        read_all<<<f.blocks, 256, 0, f.stream>>>(reinterpret_cast<const uint4*>(from), bytes / sizeof(uint4),
+                                                 f.sink);
         check(cudaGetLastError(), "read_all<<<>>>");
       }
     });
     state.SetIterationTime(seconds);
     seconds_total += seconds;
   }
-  const double rate = static_cast<double>(bytes) * static_cast<double>(state.iterations()) / seconds_total / 1e9;
+  const double rate =
+      static_cast<double>(bytes) * static_cast<double>(state.iterations()) / seconds_total / 1e9;
   state.counters["GB/s"] = rate;
   state.counters["GiB"] = static_cast<double>(bytes) / (1 << 30);
   if (which == row::memcpy_pinned) pinned_memcpy_rate = rate;
@@ -252,10 +283,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "vmm_bench_host_spill: %s\n", error.what());
     }
   }
-  const std::pair<const char*, row> rows[] = {
-      {"memcpy/pinned", row::memcpy_pinned}, {"read/device_part", row::device_part},
-      {"read/host_part", row::host_part},   {"read/whole", row::whole},
-      {"memcpy/host_part", row::memcpy_host_part}};
+  const std::pair<const char*, row> rows[] = {{"memcpy/pinned", row::memcpy_pinned},
+                                              {"read/device_part", row::device_part},
+                                              {"read/host_part", row::host_part},
+                                              {"read/whole", row::whole},
+                                              {"memcpy/host_part", row::memcpy_host_part}};
   for (const auto& [name, which] : rows)
     benchmark::RegisterBenchmark(name, [which = which](benchmark::State& state) { run(state, which); })
         ->UseManualTime()

@@ -174,7 +174,7 @@ int run_peer() {
           vmm::ipc::received_manifest received = vmm::ipc::receive_manifest(socket);
           arrived = clock_type::now();
           imported.emplace(received.description, std::move(received.fds),
-                         vmm::ipc::import_options{.provider = provider});
+                           vmm::ipc::import_options{.provider = provider});
           pointer = imported->data();
           break;
         }
@@ -340,7 +340,8 @@ class vmm_handoff final : public contender {
   [[nodiscard]] method kind() const override { return method::vmm_handoff; }
   void setup(int socket, std::size_t size) override {
     contender::setup(socket, size);
-    buffer_.emplace(pool_, vmm::growable_buffer_options{.max_size = size_, .policy = vmm::chunk_policy::fixed(size_)});
+    buffer_.emplace(
+        pool_, vmm::growable_buffer_options{.max_size = size_, .policy = vmm::chunk_policy::fixed(size_)});
     buffer_->resize(size_);
     CHECK(cudaMemset(buffer_->data(), 0x5a, size_));
     CHECK(cudaDeviceSynchronize());
@@ -498,15 +499,16 @@ void run_hand_off(benchmark::State& state, const std::string& name, std::size_t 
 }
 
 std::string size_name(std::size_t size) {
-  return size >= 1024 * mib ? std::to_string(size / (1024 * mib)) + "GiB" : std::to_string(size / mib) + "MiB";
+  return size >= 1024 * mib ? std::to_string(size / (1024 * mib)) + "GiB"
+                            : std::to_string(size / mib) + "MiB";
 }
 
 void register_all() {
   const auto add = [](const std::string& method_name, std::size_t size, int iterations,
                       std::function<std::unique_ptr<contender>()> make) {
     const std::string name = "hand_off/" + method_name + "/" + size_name(size);
-    benchmark::RegisterBenchmark(name.c_str(),
-                                 [name, size, make](benchmark::State& state) { run_hand_off(state, name, size, make); })
+    benchmark::RegisterBenchmark(
+        name.c_str(), [name, size, make](benchmark::State& state) { run_hand_off(state, name, size, make); })
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond)
         ->Iterations(iterations);
@@ -517,7 +519,8 @@ void register_all() {
     add("vmm_warm", size, 200, [size] { return std::make_unique<vmm_share>(size, 0, false, false); });
     add("vmm_handoff", size, 200, [size] { return std::make_unique<vmm_handoff>(size); });
     if (size == 64 * mib) {
-      add("vmm_warm_2MiB_chunks", size, 200, [size] { return std::make_unique<vmm_share>(size, 2 * mib, false, false); });
+      add("vmm_warm_2MiB_chunks", size, 200,
+          [size] { return std::make_unique<vmm_share>(size, 2 * mib, false, false); });
       add("vmm_warm_reserve_whole_gpu", size, 200,
           [size] { return std::make_unique<vmm_share>(size, 0, false, true); });
     }
@@ -535,7 +538,8 @@ void print_summary() {
     const std::string suffix = "/" + size_name(size);
     const auto legacy = results().find("hand_off/legacy" + suffix);
     for (const auto& [name, mean] : results()) {
-      if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      if (name.size() < suffix.size() ||
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
         continue;
       if (legacy != results().end())
         std::printf("  %-44s %10.1f us   %5.2fx legacy\n", name.c_str(), mean, mean / legacy->second);

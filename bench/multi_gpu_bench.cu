@@ -59,8 +59,8 @@ struct bench_failure : std::runtime_error {
 
 void check(cudaError_t result, const std::string& call) {
   if (result != cudaSuccess)
-    throw bench_failure(call + " failed: " + cudaGetErrorName(result) + " (" +
-                        cudaGetErrorString(result) + ")");
+    throw bench_failure(call + " failed: " + cudaGetErrorName(result) + " (" + cudaGetErrorString(result) +
+                        ")");
 }
 
 void report(cudaError_t result, const char* call) noexcept {
@@ -121,8 +121,7 @@ class gpu_lane {
   explicit gpu_lane(int gpu) : gpu_(gpu) {
     check(cudaSetDevice(gpu), "cudaSetDevice(" + std::to_string(gpu) + ")");
     int sms = 0;
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, gpu),
-          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, gpu), "cudaDeviceGetAttribute");
     blocks_ = 8 * sms;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaEventCreate(&start_), "cudaEventCreate");
@@ -178,15 +177,14 @@ class concurrent_reads {
       check(cudaSetDevice(job.gpu), "cudaSetDevice");
       check(cudaEventRecord(lanes_[i].start_, lanes_[i].stream_), "cudaEventRecord");
       read_stripes<<<lanes_[i].blocks_, threads, 0, lanes_[i].stream_>>>(
-          static_cast<const uint4*>(job.base), job.layout, job.device,
-          per_stripe(job.layout, job.device), lanes_[i].sink_);
+          static_cast<const uint4*>(job.base), job.layout, job.device, per_stripe(job.layout, job.device),
+          lanes_[i].sink_);
       check(cudaGetLastError(), "read_stripes launch on gpu " + std::to_string(job.gpu));
       check(cudaEventRecord(lanes_[i].stop_, lanes_[i].stream_), "cudaEventRecord");
     }
     timing result;
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
-      check(cudaEventSynchronize(lanes_[i].stop_),
-            "read_stripes on gpu " + std::to_string(jobs_[i].gpu));
+      check(cudaEventSynchronize(lanes_[i].stop_), "read_stripes on gpu " + std::to_string(jobs_[i].gpu));
       float ms = 0;
       check(cudaEventElapsedTime(&ms, lanes_[i].start_, lanes_[i].stop_), "cudaEventElapsedTime");
       result.slowest_kernel = std::max(result.slowest_kernel, static_cast<double>(ms) / 1e3);
@@ -265,7 +263,9 @@ double one_gpu_local_gbps() {
 
 using vmm::bench::raw_driver_calls;
 
-const raw_driver_calls& driver() { return vmm::bench::raw_driver<bench_failure>(); }
+const raw_driver_calls& driver() {
+  return vmm::bench::raw_driver<bench_failure>();
+}
 
 void check(CUresult result, const std::string& call) {
   if (result != CUDA_SUCCESS)
@@ -274,8 +274,7 @@ void check(CUresult result, const std::string& call) {
 
 void report(CUresult result, const char* call) noexcept {
   if (result != CUDA_SUCCESS)
-    std::fprintf(stderr, "vmm_bench_multi_gpu: %s failed: CUresult %d\n", call,
-                 static_cast<int>(result));
+    std::fprintf(stderr, "vmm_bench_multi_gpu: %s failed: CUresult %d\n", call, static_cast<int>(result));
 }
 
 // What striped_buffer does, by hand: one range, one handle per stripe created on the GPU
@@ -325,9 +324,7 @@ class raw_striped_range {
   }
   raw_striped_range(const raw_striped_range&) = delete;
   raw_striped_range& operator=(const raw_striped_range&) = delete;
-  [[nodiscard]] const void* data() const noexcept {
-    return reinterpret_cast<const void*>(owned_.base);
-  }
+  [[nodiscard]] const void* data() const noexcept { return reinterpret_cast<const void*>(owned_.base); }
   [[nodiscard]] std::size_t size() const noexcept { return owned_.size; }
 
  private:
@@ -343,10 +340,8 @@ class raw_striped_range {
     owned& operator=(const owned&) = delete;
     ~owned() {
       const raw_driver_calls& calls = driver();
-      for (const auto& [address, length] : mapped)
-        report(calls.unmap(address, length), "cuMemUnmap");
-      for (CUmemGenericAllocationHandle handle : handles)
-        report(calls.release(handle), "cuMemRelease");
+      for (const auto& [address, length] : mapped) report(calls.unmap(address, length), "cuMemUnmap");
+      for (CUmemGenericAllocationHandle handle : handles) report(calls.release(handle), "cuMemRelease");
       if (base != 0) report(calls.address_free(base, size), "cuMemAddressFree");
     }
   };
@@ -380,8 +375,8 @@ struct striped_fixture {
   striped_fixture(std::size_t stripe, vmm::stripe_mode mode) {
     for (int d = 0; d < gpu_count; ++d)
       pools.push_back(vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(d))));
-    buffer = vmm::striped_buffer(all_gpus(), total_bytes,
-                                 {.stripe_size = stripe, .mode = mode, .pools = pools});
+    buffer =
+        vmm::striped_buffer(all_gpus(), total_bytes, {.stripe_size = stripe, .mode = mode, .pools = pools});
   }
 };
 
@@ -389,22 +384,18 @@ struct striped_fixture {
 void own_stripes(benchmark::State& state) {
   try {
     const std::size_t stripe = static_cast<std::size_t>(state.range(0)) * mib;
-    const auto mode =
-        state.range(1) == 0 ? vmm::stripe_mode::round_robin : vmm::stripe_mode::contiguous;
+    const auto mode = state.range(1) == 0 ? vmm::stripe_mode::round_robin : vmm::stripe_mode::contiguous;
     const double baseline = one_gpu_local_gbps();
     striped_fixture striped(stripe, mode);
     std::vector<read_job> jobs;
     for (int d = 0; d < gpu_count; ++d)
-      jobs.push_back(
-          {d, striped.buffer.data(), striped.buffer.layout(), striped.buffer.device_index(d)});
+      jobs.push_back({d, striped.buffer.data(), striped.buffer.layout(), striped.buffer.device_index(d)});
     concurrent_reads reads(std::move(jobs));
     const double gbps = time_reads(state, reads);
     state.counters["gpus"] = gpu_count;
     state.counters["one_gpu_GB_per_s"] = baseline;
     state.counters["ratio_to_one_gpu"] = gbps / baseline;
-    state.counters["target_ratio"] = gpu_count == 2   ? 1.95
-                                     : gpu_count == 4 ? 3.8
-                                                      : 0.95 * gpu_count;
+    state.counters["target_ratio"] = gpu_count == 2 ? 1.95 : gpu_count == 4 ? 3.8 : 0.95 * gpu_count;
   } catch (const std::exception& error) {
     state.SkipWithError(error.what());
   }
@@ -491,13 +482,11 @@ void spill_reach(benchmark::State& state) {
         // (1 when it worked; every GPU's memory is taken, so a launch may fail for want of
         // it: 0 then, and the reach still stands).
         const std::size_t tail = std::min<std::size_t>(64 * mib, reach);
-        fill_bytes<<<1024, 256>>>(static_cast<unsigned char*>(buffer.data()) + reach - tail, tail,
-                                  7);
+        fill_bytes<<<1024, 256>>>(static_cast<unsigned char*>(buffer.data()) + reach - tail, tail, 7);
         const cudaError_t launched = cudaGetLastError();
         const cudaError_t done = launched == cudaSuccess ? cudaDeviceSynchronize() : launched;
         if (done != cudaSuccess)
-          std::fprintf(stderr,
-                       "vmm_bench_multi_gpu: writing the far end of the spilled buffer: %s\n",
+          std::fprintf(stderr, "vmm_bench_multi_gpu: writing the far end of the spilled buffer: %s\n",
                        cudaGetErrorName(done));
         state.counters["far_end_written"] = done == cudaSuccess ? 1 : 0;
       }
@@ -542,9 +531,8 @@ int main(int argc, char** argv) {
     why = error.what();
   }
   if (gpu_count < 2) {
-    std::printf(
-        "vmm_bench_multi_gpu: needs 2 GPUs with peer access (%s); no benchmark registered\n",
-        gpu_count == 1 ? "this machine has 1" : why.c_str());
+    std::printf("vmm_bench_multi_gpu: needs 2 GPUs with peer access (%s); no benchmark registered\n",
+                gpu_count == 1 ? "this machine has 1" : why.c_str());
     return 0;
   }
   const long gpus = gpu_count;
@@ -574,8 +562,7 @@ int main(int argc, char** argv) {
       ->UseManualTime()
       ->Iterations(1)
       ->Unit(benchmark::kMillisecond);
-  std::printf("vmm_bench_multi_gpu: %ld GPUs, %zu GiB read per iteration\n", gpus,
-              total_bytes / gib);
+  std::printf("vmm_bench_multi_gpu: %ld GPUs, %zu GiB read per iteration\n", gpus, total_bytes / gib);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -36,8 +36,8 @@ const raw_driver_calls& raw_driver() {
           cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &status);
       if (result != cudaSuccess || status != cudaDriverEntryPointSuccess || address == nullptr)
         throw Failure(std::string("the driver has no entry point ") + symbol + " (" +
-                      cudaGetErrorName(result) + ", status " +
-                      std::to_string(static_cast<int>(status)) + ")");
+                      cudaGetErrorName(result) + ", status " + std::to_string(static_cast<int>(status)) +
+                      ")");
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(address);
     };
     raw_driver_calls c;

@@ -77,12 +77,13 @@ void concat_relayout(benchmark::State& state) {
   std::vector<const vmm::growable_buffer*> list;
   buffers.reserve(k);
   for (std::size_t i = 0; i < k; ++i) {
-    buffers.emplace_back(pool, vmm::growable_buffer_options{
-                                   .max_size = each,
-                                   .policy = chunk == 0 ? vmm::chunk_policy::fixed(each)
-                                                        : vmm::chunk_policy::fixed(chunk)});
+    buffers.emplace_back(
+        pool, vmm::growable_buffer_options{
+                  .max_size = each,
+                  .policy = chunk == 0 ? vmm::chunk_policy::fixed(each) : vmm::chunk_policy::fixed(chunk)});
     buffers.back().resize(each);
-    if (cuda_failed(state, cudaMemset(buffers.back().data(), static_cast<int>(i), each), "cudaMemset")) return;
+    if (cuda_failed(state, cudaMemset(buffers.back().data(), static_cast<int>(i), each), "cudaMemset"))
+      return;
     list.push_back(&buffers.back());
   }
   double teardown = 0;
@@ -101,7 +102,8 @@ void concat_relayout(benchmark::State& state) {
   state.counters["handles"] = static_cast<double>(buffers.front().chunk_count() * k);
   state.counters["teardown_ms"] = teardown / iterations * 1e3;
   state.counters["peak_extra_MiB"] = static_cast<double>(peak_extra) / mib;
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(total_bytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(total_bytes));
 }
 
 // Args: k buffers.
@@ -135,7 +137,8 @@ void concat_memcpy(benchmark::State& state) {
   state.counters["handles"] = 0;
   state.counters["teardown_ms"] = teardown / iterations * 1e3;
   state.counters["peak_extra_MiB"] = static_cast<double>(peak_extra) / mib;
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(total_bytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(total_bytes));
 }
 
 BENCHMARK(concat_relayout)
@@ -232,12 +235,28 @@ void ring_windows(benchmark::State& state) {
 
 // 24 MiB fits in the L2 cache (50 MiB on H100/H200): there the index arithmetic shows;
 // 1 GiB and 1.5 GiB stream from HBM, which hides most of it.
-BENCHMARK(ring_windows<indexing::wrap>)->Name("ring_windows/wrap")->ArgName("capacity_MiB")
-    ->Arg(24)->Arg(1024)->Arg(1536)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(ring_windows<indexing::modulo>)->Name("ring_windows/modulo")->ArgName("capacity_MiB")
-    ->Arg(24)->Arg(1024)->Arg(1536)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(ring_windows<indexing::mask>)->Name("ring_windows/mask")->ArgName("capacity_MiB")
-    ->Arg(1024)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(ring_windows<indexing::wrap>)
+    ->Name("ring_windows/wrap")
+    ->ArgName("capacity_MiB")
+    ->Arg(24)
+    ->Arg(1024)
+    ->Arg(1536)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(ring_windows<indexing::modulo>)
+    ->Name("ring_windows/modulo")
+    ->ArgName("capacity_MiB")
+    ->Arg(24)
+    ->Arg(1024)
+    ->Arg(1536)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(ring_windows<indexing::mask>)
+    ->Name("ring_windows/mask")
+    ->ArgName("capacity_MiB")
+    ->Arg(1024)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -24,9 +24,9 @@
 // the mean (manual time), and the counters give median_ns and p99_ns of the same samples,
 // clock_ns (what one pair of clock reads costs, included in every sample) and vs_baseline,
 // the ratio of medians (fragmented: of shares) to the group's baseline (the row's label names
-// it; 1 on the baseline's own row), run earlier in this process. The streams carry no kernels: every free is reusable at once by its own stream.
-// Every 4096 pairs the stream is synchronized, untimed, so that no queue grows without bound.
-// A summary at the end prints each group with its ratios, and the target for vmm's pair.
+// it; 1 on the baseline's own row), run earlier in this process. The streams carry no kernels: every free is
+// reusable at once by its own stream. Every 4096 pairs the stream is synchronized, untimed, so that no queue
+// grows without bound. A summary at the end prints each group with its ratios, and the target for vmm's pair.
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -77,7 +77,8 @@ void check(cudaError_t result, const std::string& call) {
   if (result != cudaSuccess) throw bench_failure(call + " failed: " + describe(result));
 }
 void report(cudaError_t result, const char* call) noexcept {  // cleanup paths
-  if (result != cudaSuccess) std::fprintf(stderr, "vmm_bench_resource: %s failed: %s\n", call, cudaGetErrorName(result));
+  if (result != cudaSuccess)
+    std::fprintf(stderr, "vmm_bench_resource: %s failed: %s\n", call, cudaGetErrorName(result));
 }
 
 void skip(benchmark::State& state, const std::string& why) {
@@ -131,7 +132,9 @@ class allocator {
 // A non-blocking stream of the runtime, owned.
 class runtime_stream {
  public:
-  runtime_stream() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+  runtime_stream() {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }
   runtime_stream(const runtime_stream&) = delete;
   runtime_stream& operator=(const runtime_stream&) = delete;
   ~runtime_stream() { report(cudaStreamDestroy(stream_), "cudaStreamDestroy"); }
@@ -149,7 +152,8 @@ class vmm_allocator final : public allocator {
       : gpu_(where.kind != vmm::memory_kind::os_host),
         pool_(vmm::chunk_pool::create(vmm::provider_for(where))),
         stream_(gpu_ ? std::make_unique<runtime_stream>() : nullptr),
-        resource_(std::make_unique<vmm::memory_resource>(pool_, vmm::memory_resource_properties{.max_size = max_size})) {}
+        resource_(std::make_unique<vmm::memory_resource>(
+            pool_, vmm::memory_resource_properties{.max_size = max_size})) {}
   ~vmm_allocator() override {
     try {
       resource_.reset();           // retires its pages after the stream passes
@@ -182,7 +186,9 @@ class vmm_allocator final : public allocator {
   }
 
  private:
-  [[nodiscard]] vmm::stream_ref stream() const noexcept { return stream_ ? vmm::stream_ref(stream_->get()) : vmm::stream_ref(); }
+  [[nodiscard]] vmm::stream_ref stream() const noexcept {
+    return stream_ ? vmm::stream_ref(stream_->get()) : vmm::stream_ref();
+  }
   bool gpu_;
   std::shared_ptr<vmm::chunk_pool> pool_;
   std::unique_ptr<runtime_stream> stream_;
@@ -213,7 +219,9 @@ class cuda_async_allocator final : public allocator {
     check(cudaMallocAsync(&p, bytes, stream_.get()), "cudaMallocAsync(" + std::to_string(bytes) + ")");
     return p;
   }
-  void deallocate(void* p, std::size_t) noexcept override { report(cudaFreeAsync(p, stream_.get()), "cudaFreeAsync"); }
+  void deallocate(void* p, std::size_t) noexcept override {
+    report(cudaFreeAsync(p, stream_.get()), "cudaFreeAsync");
+  }
   void* try_allocate(std::size_t bytes) override {
     void* p = nullptr;
     const cudaError_t result = cudaMallocAsync(&p, bytes, stream_.get());
@@ -286,7 +294,8 @@ struct contender {
 };
 
 contender vmm_gpu() {
-  return {"vmm", true, [] { return std::make_unique<vmm_allocator>(vmm::location::device(0)); }, "cudaMallocAsync"};
+  return {"vmm", true, [] { return std::make_unique<vmm_allocator>(vmm::location::device(0)); },
+          "cudaMallocAsync"};
 }
 contender cuda_async() {
   return {"cudaMallocAsync", true, [] { return std::make_unique<cuda_async_allocator>(); }, ""};
@@ -296,7 +305,8 @@ contender cuda_malloc() {
 }
 contender vmm_os_host(std::size_t max_size = 0) {
   return {"vmm_os_host", false,
-          [max_size] { return std::make_unique<vmm_allocator>(vmm::location::os_host(), max_size); }, "malloc"};
+          [max_size] { return std::make_unique<vmm_allocator>(vmm::location::os_host(), max_size); },
+          "malloc"};
 }
 contender host_malloc() {
   return {"malloc", false, [] { return std::make_unique<malloc_allocator>(); }, ""};
@@ -368,7 +378,8 @@ void report_times(benchmark::State& state, const std::string& group, const conte
 }
 
 // Log-uniform sizes over [low, high], from a fixed seed: every contender sees the same.
-std::vector<std::size_t> random_sizes(std::size_t count, std::size_t low, std::size_t high, std::uint64_t seed) {
+std::vector<std::size_t> random_sizes(std::size_t count, std::size_t low, std::size_t high,
+                                      std::uint64_t seed) {
   std::mt19937_64 random(seed);
   std::uniform_real_distribution<double> exponent(std::log2(static_cast<double>(low)),
                                                   std::log2(static_cast<double>(high)));
@@ -395,7 +406,8 @@ void run_pair(benchmark::State& state, const std::string& group, const contender
     a->deallocate(a->allocate(bytes), bytes);  // first-time costs, untimed
     a->synchronize();
     std::vector<double> samples;
-    samples.reserve(static_cast<std::size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 24)));
+    samples.reserve(
+        static_cast<std::size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 24)));
     std::size_t since_sync = 0;
     for (auto _ : state) {
       const host_clock::time_point t0 = host_clock::now();
@@ -449,7 +461,8 @@ void run_window(benchmark::State& state, const std::string& group, const contend
     for (std::size_t i = 0; i < warm_steps; ++i) step();  // to the steady state, untimed
     a->synchronize();
     std::vector<double> samples;
-    samples.reserve(static_cast<std::size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 24)));
+    samples.reserve(
+        static_cast<std::size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 24)));
     std::size_t since_sync = 0;
     for (auto _ : state) {
       const host_clock::time_point t0 = host_clock::now();
@@ -539,12 +552,10 @@ void run_fragmented(benchmark::State& state, const std::string& group, const con
       r.largest = low_ok * unit;
       r.available = available;
       r.share = static_cast<double>(r.largest) / static_cast<double>(available);
-      state.counters["largest_bytes"] =
-          benchmark::Counter(static_cast<double>(r.largest), benchmark::Counter::kDefaults,
-                             benchmark::Counter::OneK::kIs1024);
-      state.counters["available_bytes"] =
-          benchmark::Counter(static_cast<double>(available), benchmark::Counter::kDefaults,
-                             benchmark::Counter::OneK::kIs1024);
+      state.counters["largest_bytes"] = benchmark::Counter(
+          static_cast<double>(r.largest), benchmark::Counter::kDefaults, benchmark::Counter::OneK::kIs1024);
+      state.counters["available_bytes"] = benchmark::Counter(
+          static_cast<double>(available), benchmark::Counter::kDefaults, benchmark::Counter::OneK::kIs1024);
       state.counters["share"] = r.share;
       state.counters["probes"] = probes;
       if (who.baseline.empty()) {
@@ -573,48 +584,63 @@ void register_all() {
     const std::string name = group + "/" + who.name;
     if (std::find(group_order().begin(), group_order().end(), group) == group_order().end())
       group_order().push_back(group);
-    return benchmark::RegisterBenchmark(name.c_str(), [group, who, body](benchmark::State& state) {
-      body(state, group, who);
-    });
+    return benchmark::RegisterBenchmark(
+        name.c_str(), [group, who, body](benchmark::State& state) { body(state, group, who); });
   };
   // Baselines first in each group: a row's vs_baseline needs its baseline's result.
   for (const std::size_t bytes : {kib, mib, 64 * mib}) {
     const std::string group = "pair/" + size_name(bytes);
     for (const contender& who : {cuda_async(), cuda_malloc(), vmm_gpu()})
-      add(group, who, [bytes](benchmark::State& s, const std::string& g, const contender& c) {
-        run_pair(s, g, c, bytes);
-      })->UseManualTime()->Unit(benchmark::kMicrosecond);
+      add(group, who,
+          [bytes](benchmark::State& s, const std::string& g, const contender& c) {
+            run_pair(s, g, c, bytes);
+          })
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
   }
   for (const std::size_t bytes : {kib, mib, 64 * mib}) {
     const std::string group = "pair_os/" + size_name(bytes);
     for (const contender& who : {host_malloc(), vmm_os_host()})
-      add(group, who, [bytes](benchmark::State& s, const std::string& g, const contender& c) {
-        run_pair(s, g, c, bytes);
-      })->UseManualTime()->Unit(benchmark::kMicrosecond);
+      add(group, who,
+          [bytes](benchmark::State& s, const std::string& g, const contender& c) {
+            run_pair(s, g, c, bytes);
+          })
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
   }
   // cudaMalloc has no window row: with sizes up to 128 MiB each of its steps costs a
   // cudaMalloc of fresh memory, and it is the pair rows' baseline already.
   {
     const std::string group = "window/512B-128MiB";
     for (const contender& who : {cuda_async(), vmm_gpu()})
-      add(group, who, [](benchmark::State& s, const std::string& g, const contender& c) {
-        run_window(s, g, c, 512, 128 * mib);
-      })->UseManualTime()->Unit(benchmark::kMicrosecond);
+      add(group, who,
+          [](benchmark::State& s, const std::string& g, const contender& c) {
+            run_window(s, g, c, 512, 128 * mib);
+          })
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
   }
   {
     // Smaller on the host: a CI machine commits what the OS provider maps.
     const std::string group = "window_os/512B-8MiB";
     for (const contender& who : {host_malloc(), vmm_os_host()})
-      add(group, who, [](benchmark::State& s, const std::string& g, const contender& c) {
-        run_window(s, g, c, 512, 8 * mib);
-      })->UseManualTime()->Unit(benchmark::kMicrosecond);
+      add(group, who,
+          [](benchmark::State& s, const std::string& g, const contender& c) {
+            run_window(s, g, c, 512, 8 * mib);
+          })
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
   }
   {
     const std::string group = "fragmented/512B-128MiB";
     for (const contender& who : {cuda_async(), vmm_gpu()})
-      add(group, who, [](benchmark::State& s, const std::string& g, const contender& c) {
-        run_fragmented(s, g, c, 512, 128 * mib);
-      })->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+      add(group, who,
+          [](benchmark::State& s, const std::string& g, const contender& c) {
+            run_fragmented(s, g, c, 512, 128 * mib);
+          })
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(1);
   }
   {
     // No host baseline: malloc's address space is not what limits it. vmm alone, in a
@@ -622,9 +648,13 @@ void register_all() {
     const std::string group = "fragmented_os/4KiB-8MiB";
     contender bounded = vmm_os_host(512 * mib);
     bounded.baseline.clear();
-    add(group, bounded, [](benchmark::State& s, const std::string& g, const contender& c) {
-      run_fragmented(s, g, c, 4 * kib, 8 * mib);
-    })->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+    add(group, bounded,
+        [](benchmark::State& s, const std::string& g, const contender& c) {
+          run_fragmented(s, g, c, 4 * kib, 8 * mib);
+        })
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(1);
   }
 }
 
@@ -641,9 +671,10 @@ void print_summary() {
       const result* base = find_result(group, baseline);
       if (r.available != 0) {
         std::printf("    %-18s largest %8.3f GiB of %8.3f GiB free: share %.3f", r.contender.c_str(),
-                    static_cast<double>(r.largest) / (1024.0 * mib), static_cast<double>(r.available) / (1024.0 * mib),
-                    r.share);
-        if (base != nullptr && base->share > 0) std::printf("   %.2fx %s's share", r.share / base->share, baseline.c_str());
+                    static_cast<double>(r.largest) / (1024.0 * mib),
+                    static_cast<double>(r.available) / (1024.0 * mib), r.share);
+        if (base != nullptr && base->share > 0)
+          std::printf("   %.2fx %s's share", r.share / base->share, baseline.c_str());
       } else {
         std::printf("    %-18s median %9.3f us   p99 %9.3f us", r.contender.c_str(), r.median_ns / 1000,
                     r.p99_ns / 1000);

@@ -80,8 +80,8 @@ struct bench_error : std::runtime_error {
 
 void check(cudaError_t result, const char* call) {
   if (result != cudaSuccess)
-    throw bench_error(std::string(call) + " failed: " + cudaGetErrorName(result) + " (" + cudaGetErrorString(result) +
-                      ")");
+    throw bench_error(std::string(call) + " failed: " + cudaGetErrorName(result) + " (" +
+                      cudaGetErrorString(result) + ")");
 }
 #define CHECK(call) check((call), #call)
 
@@ -90,7 +90,14 @@ double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
-enum class method : std::uint32_t { round_trip, vmm_first, vmm_repeated, vmm_still_mapped, mempool_first, mempool_repeated };
+enum class method : std::uint32_t {
+  round_trip,
+  vmm_first,
+  vmm_repeated,
+  vmm_still_mapped,
+  mempool_first,
+  mempool_repeated
+};
 
 const char* name_of(method m) {
   switch (m) {
@@ -110,7 +117,9 @@ const char* name_of(method m) {
   return "?";
 }
 
-bool is_vmm(method m) { return m == method::vmm_first || m == method::vmm_repeated || m == method::vmm_still_mapped; }
+bool is_vmm(method m) {
+  return m == method::vmm_first || m == method::vmm_repeated || m == method::vmm_still_mapped;
+}
 
 // The wire between the two processes of this program: one host, host byte order.
 struct setup_message {
@@ -140,21 +149,25 @@ T receive_value(int socket, std::size_t fds = 0, std::vector<vmm::unique_fd>* re
   return value;
 }
 
-vmm::location location_of(bool on_gpu) { return on_gpu ? vmm::location::device(0) : vmm::location::os_host(); }
+vmm::location location_of(bool on_gpu) {
+  return on_gpu ? vmm::location::device(0) : vmm::location::os_host();
+}
 
 // ---- the importer ------------------------------------------------------------------------
 
 __global__ void count_wrong_bytes(const unsigned char* data, std::size_t bytes, unsigned char expected,
                                   unsigned long long* wrong) {
   const std::size_t edge = bytes < 2 * edge_bytes ? bytes : 2 * edge_bytes;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < edge; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < edge;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t at = i < edge / 2 ? i : bytes - edge + i;
     if (data[at] != expected) atomicAdd(wrong, 1ull);
   }
 }
 
 // Bytes of the first and last 4 KiB of [data, data + bytes) that are not fill_byte.
-std::uint64_t wrong_edges(const void* data, std::size_t bytes, bool on_gpu, unsigned long long* device_counter) {
+std::uint64_t wrong_edges(const void* data, std::size_t bytes, bool on_gpu,
+                          unsigned long long* device_counter) {
   if (on_gpu) {
     CHECK(cudaMemset(device_counter, 0, sizeof *device_counter));
     count_wrong_bytes<<<8, 256>>>(static_cast<const unsigned char*>(data), bytes, fill_byte, device_counter);
@@ -190,7 +203,8 @@ int run_peer() {
   vmm::ipc::imported_pointer kept;  // vmm_still_mapped
   cudaMemPool_t pool = nullptr;
   if (is_vmm(setup.kind)) {
-    shared.emplace(vmm::ipc::imported_resource::receive(socket, {.provider = vmm::provider_for(location_of(on_gpu))}));
+    shared.emplace(
+        vmm::ipc::imported_resource::receive(socket, {.provider = vmm::provider_for(location_of(on_gpu))}));
     if (setup.kind == method::vmm_still_mapped) kept = shared->receive_pointer(socket);
   } else if (setup.kind != method::round_trip) {
     if (setup_raw.fds.size() != 1) throw bench_error("the pool's fd is missing");
@@ -208,7 +222,8 @@ int run_peer() {
         (void)vmm::ipc::receive_message(socket, 0);
         arrived = clock_type::now();
       } else if (is_vmm(setup.kind)) {
-        vmm::ipc::received_pointer received = vmm::ipc::receive_pointer(socket, shared->description().granularity);
+        vmm::ipc::received_pointer received =
+            vmm::ipc::receive_pointer(socket, shared->description().granularity);
         arrived = clock_type::now();
         imported = shared->import_pointer(std::move(received));
         pointer = imported.data();
@@ -220,7 +235,8 @@ int run_peer() {
     } catch (const vmm::ipc::peer_closed&) {
       break;  // the benchmark is over
     }
-    const auto importer_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - arrived).count();
+    const auto importer_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - arrived).count();
     send_value(socket, ready_message{static_cast<std::uint64_t>(importer_ns)});
 
     (void)receive_value<std::uint32_t>(socket);  // the exporter's "let go"
@@ -311,12 +327,15 @@ class vmm_pointer final : public contender {
     if (kind_ == method::vmm_first) return;
     allocate();
     (void)exporter_->export_pointer(data_, size_);  // the cache is warm from here on
-    if (kind_ == method::vmm_still_mapped) vmm::ipc::send_pointer(socket, exporter_->export_pointer(data_, size_));
+    if (kind_ == method::vmm_still_mapped)
+      vmm::ipc::send_pointer(socket, exporter_->export_pointer(data_, size_));
   }
   void before_each() override {
     if (kind_ == method::vmm_first) allocate();
   }
-  void hand_off(int socket) override { vmm::ipc::send_pointer(socket, exporter_->export_pointer(data_, size_)); }
+  void hand_off(int socket) override {
+    vmm::ipc::send_pointer(socket, exporter_->export_pointer(data_, size_));
+  }
   void after_each() override {
     if (kind_ != method::vmm_first) return;
     resource_->deallocate_sync(data_, size_);
@@ -395,7 +414,8 @@ class mempool_pointer final : public contender {
 };
 
 std::string size_name(std::size_t size) {
-  return size >= 1024 * mib ? std::to_string(size / (1024 * mib)) + "GiB" : std::to_string(size / mib) + "MiB";
+  return size >= 1024 * mib ? std::to_string(size / (1024 * mib)) + "GiB"
+                            : std::to_string(size / mib) + "MiB";
 }
 
 // Mean microseconds of each row, by (provider, method, size).
@@ -471,7 +491,9 @@ struct row {
 void register_all() {
   std::string why;
   const bool on_gpu = vmm::gpu_available(&why);
-  if (!on_gpu) std::printf("no GPU (%s): the vmm rows run on the OS host-memory provider, without cudaMemPool\n", why.c_str());
+  if (!on_gpu)
+    std::printf("no GPU (%s): the vmm rows run on the OS host-memory provider, without cudaMemPool\n",
+                why.c_str());
   const auto add = [on_gpu](method kind, std::size_t size, int iterations) {
     std::string name = std::string("pointer/") + (on_gpu ? "" : "os/") + name_of(kind);
     if (kind != method::round_trip) name += "/" + size_name(size);
@@ -482,23 +504,27 @@ void register_all() {
       make = [=] { return std::make_unique<vmm_pointer>(kind, on_gpu, size); };
     else
       make = [=] { return std::make_unique<mempool_pointer>(kind, size); };
-    benchmark::RegisterBenchmark(name.c_str(),
-                                 [=](benchmark::State& state) { run_pointer(state, on_gpu, kind, size, make); })
+    benchmark::RegisterBenchmark(
+        name.c_str(), [=](benchmark::State& state) { run_pointer(state, on_gpu, kind, size, make); })
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond)
         ->Iterations(iterations);
   };
   add(method::round_trip, 0, 500);
   // The cudaMemPool rows first: each vmm row reports its ratio to the one before it.
-  std::vector<row> rows = {{method::vmm_first, 30, 5}, {method::vmm_repeated, 200, 20}, {method::vmm_still_mapped, 200, 50}};
-  if (on_gpu) rows.insert(rows.begin(), {{method::mempool_first, 30, 5}, {method::mempool_repeated, 200, 20}});
+  std::vector<row> rows = {
+      {method::vmm_first, 30, 5}, {method::vmm_repeated, 200, 20}, {method::vmm_still_mapped, 200, 50}};
+  if (on_gpu)
+    rows.insert(rows.begin(), {{method::mempool_first, 30, 5}, {method::mempool_repeated, 200, 20}});
   for (const std::size_t size : {64 * mib, 4096 * mib})
     for (const row& r : rows) add(r.kind, size, size == 64 * mib ? r.iterations_64mib : r.iterations_4gib);
 }
 
 void print_summary() {
   if (results().empty()) return;
-  std::printf("\nexport-pointer + import-pointer latency, mean of the iterations (ratio: to cudaMemPool IPC, same size)\n");
+  std::printf(
+      "\nexport-pointer + import-pointer latency, mean of the iterations (ratio: to cudaMemPool IPC, same "
+      "size)\n");
   for (const auto& [key, mean] : results()) {
     std::string ratio;
     for (const method kind : {method::vmm_first, method::vmm_repeated, method::vmm_still_mapped}) {

@@ -64,9 +64,15 @@ bool have_gpu() {
   static const bool gpu = vmm::gpu_available();
   return gpu;
 }
-vmm::location where() { return have_gpu() ? vmm::location::device(0) : vmm::location::os_host(); }
-std::string store_socket() { return directory + "/store"; }
-std::string legacy_socket() { return directory + "/legacy"; }
+vmm::location where() {
+  return have_gpu() ? vmm::location::device(0) : vmm::location::os_host();
+}
+std::string store_socket() {
+  return directory + "/store";
+}
+std::string legacy_socket() {
+  return directory + "/legacy";
+}
 
 void check(cudaError_t result, const char* what) {
   if (result != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(result));
@@ -104,7 +110,10 @@ int serve() {
     check(cudaSetDevice(0), "cudaSetDevice");
     const vmm::unique_fd listener = vmm::ipc::listen_unix(legacy_socket());
     std::thread([&] {
-      for (;;) std::thread(legacy_connection, vmm::ipc::accept_unix(listener.get()), std::ref(buffers), std::ref(mutex)).detach();
+      for (;;)
+        std::thread(legacy_connection, vmm::ipc::accept_unix(listener.get()), std::ref(buffers),
+                    std::ref(mutex))
+            .detach();
     }).detach();
     std::puts("ready");
     std::fflush(stdout);
@@ -166,7 +175,9 @@ server_process* server = nullptr;
 vmm::store::client* store = nullptr;
 std::vector<vmm::store::buffer> sealed;  // the creator's holds on the shared buffers
 
-std::string buffer_name(std::size_t bytes) { return "bench-" + std::to_string(bytes / mib); }
+std::string buffer_name(std::size_t bytes) {
+  return "bench-" + std::to_string(bytes / mib);
+}
 
 void ensure_buffer(std::size_t bytes) {
   const std::string name = buffer_name(bytes);
@@ -191,8 +202,12 @@ void store_get(benchmark::State& state, bool repeated) {
   }
 }
 
-void BM_store_get_first(benchmark::State& state) { store_get(state, false); }
-void BM_store_get_repeated(benchmark::State& state) { store_get(state, true); }
+void BM_store_get_first(benchmark::State& state) {
+  store_get(state, false);
+}
+void BM_store_get_repeated(benchmark::State& state) {
+  store_get(state, true);
+}
 
 cudaIpcMemHandle_t legacy_handle(int socket, std::uint64_t bytes) {
   vmm::ipc::send_message(socket, std::as_bytes(std::span(&bytes, 1)));
@@ -211,7 +226,8 @@ void legacy_get(benchmark::State& state, bool repeated) {
   const vmm::unique_fd socket = vmm::ipc::connect_unix(legacy_socket());
   void* opened = nullptr;
   if (repeated)
-    check(cudaIpcOpenMemHandle(&opened, legacy_handle(socket.get(), bytes), cudaIpcMemLazyEnablePeerAccess), "open");
+    check(cudaIpcOpenMemHandle(&opened, legacy_handle(socket.get(), bytes), cudaIpcMemLazyEnablePeerAccess),
+          "open");
   for (auto _ : state) {
     const cudaIpcMemHandle_t handle = legacy_handle(socket.get(), bytes);
     if (!repeated) {
@@ -225,8 +241,12 @@ void legacy_get(benchmark::State& state, bool repeated) {
   if (repeated) check(cudaIpcCloseMemHandle(opened), "cudaIpcCloseMemHandle");
 }
 
-void BM_legacy_get_first(benchmark::State& state) { legacy_get(state, false); }
-void BM_legacy_get_repeated(benchmark::State& state) { legacy_get(state, true); }
+void BM_legacy_get_first(benchmark::State& state) {
+  legacy_get(state, false);
+}
+void BM_legacy_get_repeated(benchmark::State& state) {
+  legacy_get(state, true);
+}
 
 void BM_store_create(benchmark::State& state) {
   const std::size_t bytes = static_cast<std::size_t>(state.range(0)) * mib;
@@ -272,7 +292,8 @@ void BM_store_16_clients(benchmark::State& state) {
       int ends[2];
       if (::pipe(ends) != 0) throw vmm::os_error(errno, "pipe");
       children.emplace_back(
-          spawn({program, "getloop", store_socket(), buffer_name(64 * mib), std::to_string(seconds)}, ends[1], go[0]),
+          spawn({program, "getloop", store_socket(), buffer_name(64 * mib), std::to_string(seconds)}, ends[1],
+                go[0]),
           ends[0]);
       ::close(ends[1]);
     }
@@ -280,8 +301,7 @@ void BM_store_16_clients(benchmark::State& state) {
     // Every client started and made its first get: then all start at once.
     for (auto& [pid, out] : children) {
       char c = 0;
-      while (::read(out, &c, 1) == 1 && c != '\n') {
-      }
+      while (::read(out, &c, 1) == 1 && c != '\n') {}
     }
     const double cpu_before = server->cpu_seconds();
     const std::string bytes(clients, 'g');

@@ -38,8 +38,7 @@ struct hit {
 constexpr std::uint64_t key_count = std::uint64_t{32} << 20;
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
 std::uint32_t random_key(std::uint64_t i) {
@@ -58,8 +57,7 @@ __global__ void select_below(const std::uint32_t* keys, std::uint64_t first, std
   if (out.overflowed()) return;  // an earlier window of this round ran out: this one runs again
   const std::uint64_t end = out.limit(n);
   const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
-  for (std::uint64_t i = first + std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < end;
-       i += stride) {
+  for (std::uint64_t i = first + std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < end; i += stride) {
     const std::uint32_t key = keys[i];
     if (key < threshold) out.push(hit{static_cast<std::uint32_t>(i), key});  // one atomic per warp
   }
@@ -79,8 +77,7 @@ outcome filter(const std::shared_ptr<vmm::chunk_pool>& pool, const std::uint32_t
   vmm::device_vector<hit> selected(pool, {.max_size = key_count * sizeof(hit) + (4 << 20)});
   selected.reserve(1);  // one granule: 262112 pairs fit
   int blocks = 0;
-  check(cudaDeviceGetAttribute(&blocks, cudaDevAttrMultiProcessorCount, 0),
-        "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&blocks, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
   blocks *= 8;
   outcome result;
   options.statistics = &result.statistics;
@@ -93,9 +90,9 @@ outcome filter(const std::shared_ptr<vmm::chunk_pool>& pool, const std::uint32_t
       stream, options);
   result.milliseconds =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  result.capacity_ratio = result.selected == 0 ? 0.0
-                                               : static_cast<double>(selected.capacity()) /
-                                                     static_cast<double>(result.selected);
+  result.capacity_ratio =
+      result.selected == 0 ? 0.0
+                           : static_cast<double>(selected.capacity()) / static_cast<double>(result.selected);
 
   // Every key below the threshold exactly once, with its index; nothing else.
   const std::vector<hit> got = selected.to_host();
@@ -109,8 +106,8 @@ outcome filter(const std::shared_ptr<vmm::chunk_pool>& pool, const std::uint32_t
   std::size_t expected = 0;
   for (const std::uint32_t key : keys) expected += key < threshold ? 1 : 0;
   if (got.size() != expected)
-    throw std::runtime_error(std::to_string(got.size()) + " pairs appended, " +
-                             std::to_string(expected) + " keys are below the threshold");
+    throw std::runtime_error(std::to_string(got.size()) + " pairs appended, " + std::to_string(expected) +
+                             " keys are below the threshold");
   return result;
 }
 
@@ -131,15 +128,14 @@ int run() {
   for (std::uint64_t i = 0; i < key_count; ++i) keys[i] = random_key(i);
   std::uint32_t* device_keys = nullptr;
   check(cudaMalloc(&device_keys, key_count * sizeof(std::uint32_t)), "cudaMalloc");
-  check(cudaMemcpy(device_keys, keys.data(), key_count * sizeof(std::uint32_t),
-                   cudaMemcpyHostToDevice),
+  check(cudaMemcpy(device_keys, keys.data(), key_count * sizeof(std::uint32_t), cudaMemcpyHostToDevice),
         "cudaMemcpy");
   auto pool = vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(0)));
 
   std::printf("%llu Mi keys; each run starts from a vector of one 2 MiB granule (262112 pairs)\n\n",
               static_cast<unsigned long long>(key_count >> 20));
-  std::printf("%-11s %10s %7s %9s %8s %17s %9s\n", "selectivity", "selected", "rounds", "launches",
-              "growths", "capacity/output", "time ms");
+  std::printf("%-11s %10s %7s %9s %8s %17s %9s\n", "selectivity", "selected", "rounds", "launches", "growths",
+              "capacity/output", "time ms");
   const vmm::append_options windows{.input_count = key_count};
   for (const double fraction : {0.001, 0.01, 0.1, 0.5, 0.9}) {
     const outcome o = filter(pool, device_keys, keys, threshold_for(fraction), stream, windows);
@@ -149,8 +145,8 @@ int run() {
   }
 
   std::printf("\nan output 115 times the first capacity (90 %% of the keys):\n");
-  std::printf("%-40s %7s %9s %8s %17s %9s\n", "growth", "rounds", "launches", "growths",
-              "capacity/output", "time ms");
+  std::printf("%-40s %7s %9s %8s %17s %9s\n", "growth", "rounds", "launches", "growths", "capacity/output",
+              "time ms");
   const std::pair<const char*, vmm::append_options> settings[] = {
       {"from the overflow, input count known", {.input_count = key_count}},
       {"from the overflow, input count unknown", {}},
@@ -160,11 +156,10 @@ int run() {
     // The first run warms the pool: the second shows growth from recycled chunks.
     (void)filter(pool, device_keys, keys, threshold_for(0.9), stream, options);
     const outcome o = filter(pool, device_keys, keys, threshold_for(0.9), stream, options);
-    std::printf("%-40s %7zu %9zu %8zu %17.3f %9.2f\n", name, o.statistics.rounds,
-                o.statistics.launches, o.statistics.growths, o.capacity_ratio, o.milliseconds);
+    std::printf("%-40s %7zu %9zu %8zu %17.3f %9.2f\n", name, o.statistics.rounds, o.statistics.launches,
+                o.statistics.growths, o.capacity_ratio, o.milliseconds);
   }
-  std::printf(
-      "\nevery run checked against the host's filter: each selected key once, nothing else\n");
+  std::printf("\nevery run checked against the host's filter: each selected key once, nothing else\n");
   check(cudaFree(device_keys), "cudaFree");
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   return 0;

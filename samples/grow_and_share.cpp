@@ -37,8 +37,7 @@ std::uint64_t checksum(const std::vector<std::uint8_t>& bytes) {
   return hash;
 }
 
-std::vector<std::uint8_t> read_back(vmm::memory_provider& provider, std::uintptr_t address,
-                                    std::size_t n) {
+std::vector<std::uint8_t> read_back(vmm::memory_provider& provider, std::uintptr_t address, std::size_t n) {
   std::vector<std::uint8_t> bytes(n);
   provider.executor().copy(bytes.data(), reinterpret_cast<const void*>(address), n, {});
   provider.executor().synchronize({});
@@ -53,8 +52,8 @@ int run_child(const char* socket_path) {
   if (message.payload.size() != sizeof request) throw vmm::invalid_argument("malformed request");
   std::memcpy(&request, message.payload.data(), sizeof request);
   if (message.fds.size() != request.chunk_count) throw vmm::invalid_argument("fd count mismatch");
-  const auto provider = vmm::provider_for(
-      request.location_kind == 0 ? vmm::location::device(0) : vmm::location::os_host());
+  const auto provider =
+      vmm::provider_for(request.location_kind == 0 ? vmm::location::device(0) : vmm::location::os_host());
   vmm::address_range range(provider, request.chunk_count * request.chunk_size);
   std::vector<vmm::mapping> mappings;
   for (std::size_t i = 0; i < message.fds.size(); ++i) {
@@ -88,7 +87,8 @@ int run_parent(const char* self) {
       mappings.emplace_back(chunks.back(), range.address() + i * chunk, std::span<const vmm::access_grant>{});
     }
     // One access call over the whole new range: the driver's cost is per handle, not per call.
-    provider->set_access(range.address() + first * chunk, (count - first) * chunk, vmm::access_mode::read_write);
+    provider->set_access(range.address() + first * chunk, (count - first) * chunk,
+                         vmm::access_mode::read_write);
   };
 
   grow_to(1);
@@ -97,8 +97,8 @@ int run_parent(const char* self) {
   grow_to(8);
   provider->executor().fill(reinterpret_cast<void*>(range.address() + chunk), 0xa5, 7 * chunk, {});
   const bool kept = read_back(*provider, range.address(), chunk) == before;
-  fmt::print("grew from 1 to 8 chunks at the same address {:#x}; first chunk intact: {}\n",
-             range.address(), kept ? "yes" : "NO");
+  fmt::print("grew from 1 to 8 chunks at the same address {:#x}; first chunk intact: {}\n", range.address(),
+             kept ? "yes" : "NO");
   if (!kept) return 1;
 
   const std::uint64_t expected = checksum(read_back(*provider, range.address(), 8 * chunk));
@@ -129,8 +129,8 @@ int run_parent(const char* self) {
   std::uint64_t seen = 0;
   if (reply.payload.size() == sizeof seen) std::memcpy(&seen, reply.payload.data(), sizeof seen);
   const bool same = WIFEXITED(status) && WEXITSTATUS(status) == 0 && seen == expected;
-  fmt::print("shared {} chunks with child {}: it saw {} bytes {}\n", chunks.size(), child,
-             8 * chunk, same ? "identical to ours" : "DIFFERENT");
+  fmt::print("shared {} chunks with child {}: it saw {} bytes {}\n", chunks.size(), child, 8 * chunk,
+             same ? "identical to ours" : "DIFFERENT");
   return same ? 0 : 1;
 }
 

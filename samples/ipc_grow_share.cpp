@@ -52,7 +52,9 @@ std::uint64_t checksum(vmm::memory_provider& provider, const void* data, std::si
   return hash;
 }
 
-std::string mib(std::size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+std::string mib(std::size_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+}
 
 // The consumer: import once, then per round map the new tail, wait for the producer's
 // writes, checksum, release, report. The producer closing the socket ends it.
@@ -111,8 +113,8 @@ int run_producer() {
       // Grow by one and a half granules: sizes off chunk boundaries, chunks mapped ahead.
       const std::size_t old_size = buffer.size();
       buffer.resize(old_size + g + g / 2);
-      provider->executor().fill(static_cast<char*>(buffer.data()) + old_size, static_cast<std::uint8_t>(0x11 * (round + 1)),
-                     buffer.size() - old_size, {});
+      provider->executor().fill(static_cast<char*>(buffer.data()) + old_size,
+                                static_cast<std::uint8_t>(0x11 * (round + 1)), buffer.size() - old_size, {});
       const vmm::ipc::exported_manifest manifest =
           consumer_has ? exporter.export_growth(buffer, *consumer_has) : exporter.export_buffer(buffer);
       consumer_has = manifest.description;
@@ -126,10 +128,11 @@ int run_producer() {
       std::memcpy(&report, reply.payload.data(), sizeof report);
       const bool match = report.checksum == checksum(*provider, buffer.data(), buffer.size());
       all_match = all_match && match && report.size == buffer.size();
-      fmt::print("round {}: grew to {} in {} chunks; sent {} new chunk(s); the consumer maps {} at {:#x}, "
-                 "checksum {:016x} {}\n",
-                 round, mib(buffer.size()), buffer.chunk_count(), manifest.description.chunks.size(),
-                 mib(report.capacity), report.address, report.checksum, match ? "matches" : "DIFFERS");
+      fmt::print(
+          "round {}: grew to {} in {} chunks; sent {} new chunk(s); the consumer maps {} at {:#x}, "
+          "checksum {:016x} {}\n",
+          round, mib(buffer.size()), buffer.chunk_count(), manifest.description.chunks.size(),
+          mib(report.capacity), report.address, report.checksum, match ? "matches" : "DIFFERS");
     }
     // End of stream for the consumer; it exits, and only then do the events go.
     ::shutdown(socket.get(), SHUT_WR);

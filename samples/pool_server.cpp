@@ -35,7 +35,8 @@ bool serve(vmm::growable_buffer& buffer, std::size_t bytes, std::uint8_t value) 
   auto& provider = *buffer.provider();
   provider.executor().fill(buffer.data(), value, bytes, buffer.stream());
   std::uint8_t last = 0;
-  provider.executor().copy(&last, static_cast<const std::uint8_t*>(buffer.data()) + bytes - 1, 1, buffer.stream());
+  provider.executor().copy(&last, static_cast<const std::uint8_t*>(buffer.data()) + bytes - 1, 1,
+                           buffer.stream());
   provider.executor().synchronize(buffer.stream());
   buffer.resize(0);
   buffer.collect_retired();
@@ -54,8 +55,9 @@ int main() try {
   const std::size_t largest = largest_chunks * g;
   const std::size_t cap = admitted_at_once * largest;
   auto pool = vmm::chunk_pool::create(provider, {.cap = cap});
-  fmt::print("{}: {} tasks, each reserving {} MiB of address space; pool capped at {} MiB, {} requests at once\n",
-             vmm::to_string(where), tasks, largest >> 20, cap >> 20, admitted_at_once);
+  fmt::print(
+      "{}: {} tasks, each reserving {} MiB of address space; pool capped at {} MiB, {} requests at once\n",
+      vmm::to_string(where), tasks, largest >> 20, cap >> 20, admitted_at_once);
 
   std::atomic<int> served{0};
   std::atomic<bool> wrong{false};

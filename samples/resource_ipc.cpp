@@ -42,9 +42,13 @@ namespace {
 constexpr int child_socket_fd = 3;
 constexpr int children = 3;
 
-std::string mib(std::size_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+std::string mib(std::size_t bytes) {
+  return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20));
+}
 
-std::uint8_t value_of(int child) { return static_cast<std::uint8_t>(0x31 + child); }
+std::uint8_t value_of(int child) {
+  return static_cast<std::uint8_t>(0x31 + child);
+}
 
 // A child: map the parent's pointer, fill it in stream order, let go, finish.
 int run_child(int index) {
@@ -66,14 +70,13 @@ int run_child(int index) {
   fmt::print("child {} (pid {}): filled {} at {} with {:#04x}, in stream order\n", index, ::getpid(),
              mib(pointer.size()), pointer.data(), value_of(index));
   std::fflush(stdout);
-  pointer.reset();                // unmapped once the fill has passed
-  handoff.finish(stream.get());   // the parent's stream waits for the fill
+  pointer.reset();               // unmapped once the fill has passed
+  handoff.finish(stream.get());  // the parent's stream waits for the fill
   provider->executor().synchronize(stream.get());
   // Stay until the parent is done with the hand-off's events (it closes the socket).
   try {
     (void)vmm::ipc::receive_message(socket, 0, vmm::ipc::no_timeout);
-  } catch (const vmm::ipc::peer_closed&) {
-  }
+  } catch (const vmm::ipc::peer_closed&) {}
   return 0;
 }
 
@@ -144,7 +147,8 @@ int run_parent() {
       std::vector<std::uint8_t> seen(s.bytes);
       provider->executor().copy(seen.data(), s.data, s.bytes, stream.get());
       provider->executor().synchronize(stream.get());
-      const bool match = std::all_of(seen.begin(), seen.end(), [&](std::uint8_t b) { return b == value_of(i); });
+      const bool match =
+          std::all_of(seen.begin(), seen.end(), [&](std::uint8_t b) { return b == value_of(i); });
       all_match = all_match && match;
       fmt::print("parent: child {}'s {} read back {}\n", i, mib(s.bytes), match ? "as written" : "WRONG");
       resource.deallocate(stream.get(), s.data, s.bytes);  // the child let go already

@@ -30,8 +30,7 @@ constexpr std::uint32_t record_count = 20000;
 constexpr std::uint32_t header_bytes = 8;  // {length, id}
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
 __host__ __device__ std::uint64_t mix(std::uint64_t x) {

@@ -43,7 +43,9 @@ namespace {
 constexpr const char* name = "store_share/frames";
 constexpr std::uint32_t seed = 0x5eed;
 
-std::uint32_t value(std::size_t i) { return static_cast<std::uint32_t>(i * 2654435761u) ^ seed; }
+std::uint32_t value(std::size_t i) {
+  return static_cast<std::uint32_t>(i * 2654435761u) ^ seed;
+}
 
 // Fills [0, n) of `held` with value(i): a kernel on a GPU, the CPU on host memory.
 void fill(const vmm::store::buffer& held, std::size_t from, std::size_t to) {
@@ -87,7 +89,8 @@ int producer(const std::string& socket, vmm::location where) {
   out.refresh();
   fill(out, 4 * g / 4, 8 * g / 4);
   store.seal(name);  // committed: it outlives this process
-  fmt::print("producer (pid {}): filled {} MiB on {}, sealed\n", ::getpid(), (8 * g) >> 20, vmm::to_string(where));
+  fmt::print("producer (pid {}): filled {} MiB on {}, sealed\n", ::getpid(), (8 * g) >> 20,
+             vmm::to_string(where));
   return 0;
 }
 
@@ -107,9 +110,10 @@ int consumer(const std::string& socket, int index) {
     }
   }
   const std::size_t wrong = mismatches(in, in.size() / 4, device);
-  fmt::print("consumer {} (pid {}): {} MiB read-only on {}{}: {} wrong words\n", index, ::getpid(), in.size() >> 20,
-             vmm::to_string(in.where()),
-             in.where().kind == vmm::memory_kind::device ? fmt::format(", read on GPU {}", device) : "", wrong);
+  fmt::print("consumer {} (pid {}): {} MiB read-only on {}{}: {} wrong words\n", index, ::getpid(),
+             in.size() >> 20, vmm::to_string(in.where()),
+             in.where().kind == vmm::memory_kind::device ? fmt::format(", read on GPU {}", device) : "",
+             wrong);
   return wrong == 0 && in.access() == vmm::access_mode::read_only ? 0 : 1;
 }
 

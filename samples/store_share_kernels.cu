@@ -15,14 +15,16 @@ __host__ __device__ std::uint32_t value(std::size_t i, std::uint32_t seed) {
 }
 
 __global__ void fill_kernel(std::uint32_t* data, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x)
     data[i] = value(i, seed);
 }
 
 __global__ void check_kernel(const std::uint32_t* data, std::size_t n, std::uint32_t seed,
                              unsigned long long* wrong) {
   unsigned long long mine = 0;
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x)
     mine += data[i] != value(i, seed) ? 1 : 0;
   if (mine != 0) atomicAdd(wrong, mine);
 }

@@ -40,8 +40,7 @@ constexpr std::size_t stripe_bytes = std::size_t{8} << 20;
 constexpr std::uint64_t elements_per_gpu = 50'000'000;  // 200 MB of uint32 each
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
 __host__ __device__ std::uint32_t initial(std::uint64_t i) {
@@ -49,13 +48,15 @@ __host__ __device__ std::uint32_t initial(std::uint64_t i) {
   x ^= x >> 29;
   return static_cast<std::uint32_t>(x);
 }
-__host__ __device__ std::uint32_t processed(std::uint32_t v) { return v * 3u + 1u; }
+__host__ __device__ std::uint32_t processed(std::uint32_t v) {
+  return v * 3u + 1u;
+}
 
 // Calls body(i) for every element of the array in device `device`'s stripes (elements
 // past `count` are the padding up to the granularity: skipped).
 template <class Body>
-__device__ void for_own_elements(const vmm::stripe_layout& layout, std::uint32_t device,
-                                 std::uint64_t count, Body body) {
+__device__ void for_own_elements(const vmm::stripe_layout& layout, std::uint32_t device, std::uint64_t count,
+                                 Body body) {
   const std::uint64_t first_thread = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
   const std::uint64_t all_threads = std::uint64_t{gridDim.x} * blockDim.x;
   for (std::uint64_t k = 0; k < layout.stripes_of(device); ++k) {
@@ -67,8 +68,8 @@ __device__ void for_own_elements(const vmm::stripe_layout& layout, std::uint32_t
   }
 }
 
-__global__ void initialize_own(std::uint32_t* array, vmm::stripe_layout layout,
-                               std::uint32_t device, std::uint64_t count) {
+__global__ void initialize_own(std::uint32_t* array, vmm::stripe_layout layout, std::uint32_t device,
+                               std::uint64_t count) {
   for_own_elements(layout, device, count, [=](std::uint64_t i) { array[i] = initial(i); });
 }
 
@@ -104,8 +105,7 @@ __global__ void count_wrong_indices(const std::uint32_t* words, std::uint64_t co
 bool spill_across_gpus(int gpus) {
   constexpr std::size_t mib = std::size_t{1} << 20;
   // GPU 0's pool capped at 64 MiB, as if that were all it had left; then the others.
-  auto first =
-      vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(0)), {.cap = 64 * mib});
+  auto first = vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(0)), {.cap = 64 * mib});
   std::vector<std::shared_ptr<vmm::chunk_pool>> next;
   for (int d = 1; d < gpus; ++d) next.push_back(vmm::default_pool(vmm::location::device(d)));
   vmm::growable_buffer grown(first, {.max_size = 1024 * mib, .spill_to = next});
@@ -115,8 +115,8 @@ bool spill_across_gpus(int gpus) {
   std::vector<std::size_t> bytes_on(static_cast<std::size_t>(gpus));
   for (const vmm::shared_chunk& chunk : grown.chunks(0, grown.capacity()))
     bytes_on[static_cast<std::size_t>(chunk->memory().provider()->where().id)] += chunk->size();
-  std::printf("growable buffer at %p (still %p after growing) holds %zu MiB:", grown.data(),
-              address, grown.size() / mib);
+  std::printf("growable buffer at %p (still %p after growing) holds %zu MiB:", grown.data(), address,
+              grown.size() / mib);
   for (int d = 0; d < gpus; ++d)
     std::printf(" %zu MiB on gpu %d%s", bytes_on[static_cast<std::size_t>(d)] / mib, d,
                 d + 1 < gpus ? "," : "\n");
@@ -138,8 +138,7 @@ bool spill_across_gpus(int gpus) {
   check(cudaMemcpy(&seen, wrong, sizeof seen, cudaMemcpyDeviceToHost), "cudaMemcpy");
   check(cudaFree(wrong), "cudaFree");
   check(cudaSetDevice(0), "cudaSetDevice(0)");
-  std::printf("gpu 0 wrote it through the one pointer, gpu %d read it back: %llu wrong\n", gpus - 1,
-              seen);
+  std::printf("gpu 0 wrote it through the one pointer, gpu %d read it back: %llu wrong\n", gpus - 1, seen);
   return grown.data() == address && bytes_on[0] == 64 * mib && seen == 0;
 }
 
@@ -180,10 +179,9 @@ int run() {
     std::printf(
         "striped_array: %llu elements (%.1f MiB) at %p over %d GPU%s, %llu stripes of %zu MiB "
         "round-robin%s\n",
-        static_cast<unsigned long long>(count), static_cast<double>(array.size()) / (1 << 20),
-        array.data(), gpus, gpus == 1 ? "" : "s",
-        static_cast<unsigned long long>(layout.stripe_count()), stripe_bytes >> 20,
-        gpus == 1 ? " (one GPU: every stripe on gpu 0)" : "");
+        static_cast<unsigned long long>(count), static_cast<double>(array.size()) / (1 << 20), array.data(),
+        gpus, gpus == 1 ? "" : "s", static_cast<unsigned long long>(layout.stripe_count()),
+        stripe_bytes >> 20, gpus == 1 ? " (one GPU: every stripe on gpu 0)" : "");
     for (int d = 0; d < gpus; ++d) {
       const std::uint32_t index = array.device_index(d);
       std::printf("  gpu %d holds %llu stripes, %.1f MiB\n", d,
@@ -196,16 +194,12 @@ int run() {
     for (int d = 0; d < gpus; ++d) {
       check(cudaSetDevice(d), "cudaSetDevice");
       const std::uint32_t index = array.device_index(d);
-      initialize_own<<<264, 256, 0, streams[static_cast<std::size_t>(d)]>>>(data, layout, index,
-                                                                            count);
-      process_own<<<264, 256, 0, streams[static_cast<std::size_t>(d)]>>>(data, layout, index,
-                                                                         count);
+      initialize_own<<<264, 256, 0, streams[static_cast<std::size_t>(d)]>>>(data, layout, index, count);
+      process_own<<<264, 256, 0, streams[static_cast<std::size_t>(d)]>>>(data, layout, index, count);
       check(cudaGetLastError(), "kernel launch");
     }
-    for (cudaStream_t stream : streams)
-      check(cudaStreamSynchronize(stream), "processing the own stripes");
-    process_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    for (cudaStream_t stream : streams) check(cudaStreamSynchronize(stream), "processing the own stripes");
+    process_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
     // Read back through the single pointer: GPU 0 gathers every element, wherever it lives.
     check(cudaSetDevice(0), "cudaSetDevice(0)");
@@ -216,8 +210,7 @@ int run() {
     check(cudaGetLastError(), "gather launch");
     check(cudaStreamSynchronize(streams[0]), "gather");
     const double gather_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - gather_start)
-            .count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - gather_start).count();
     check(cudaMemcpy(host.data(), local, count * sizeof(std::uint32_t), cudaMemcpyDeviceToHost),
           "cudaMemcpy");
     check(cudaFree(local), "cudaFree");

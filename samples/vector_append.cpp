@@ -37,16 +37,15 @@ int main() try {
       return 1;
     }
     if (values.capacity() != capacity)
-      fmt::print("{:>6} {:>12} {:>12} {:>7}\n", i, values.size(), values.capacity(),
-                 values.chunk_count());
+      fmt::print("{:>6} {:>12} {:>12} {:>7}\n", i, values.size(), values.capacity(), values.chunk_count());
   }
 
   // Reading back synchronizes the vector's stream.
   const std::vector<double> host = values.to_host();
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < host.size(); ++i) wrong += host[i] != static_cast<double>(i);
-  fmt::print("{} elements ({} MiB) in {} chunks; data() never moved; {} wrong elements\n",
-             values.size(), values.size() * sizeof(double) >> 20, values.chunk_count(), wrong);
+  fmt::print("{} elements ({} MiB) in {} chunks; data() never moved; {} wrong elements\n", values.size(),
+             values.size() * sizeof(double) >> 20, values.chunk_count(), wrong);
   return wrong == 0 ? 0 : 1;
 } catch (const std::exception& error) {
   fmt::print(stderr, "vector_append: {}\n", error.what());

@@ -23,12 +23,24 @@ void* allocate(std::size_t size) {
 
 }  // namespace
 
-void* operator new(std::size_t size) { return allocate(size); }
-void* operator new[](std::size_t size) { return allocate(size); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void* operator new(std::size_t size) {
+  return allocate(size);
+}
+void* operator new[](std::size_t size) {
+  return allocate(size);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace vmm {
 namespace {
@@ -38,8 +50,8 @@ namespace {
 // every later acquire.
 TEST(allocation_failure, a_give_back_that_cannot_allocate_keeps_the_books_right) {
   constexpr std::size_t g = std::size_t{2} << 20;
-  auto pool = chunk_pool::create(make_os_host_provider({.granularity = g, .commit_budget = 16 * g}),
-                                 {.cap = 2 * g});
+  auto pool =
+      chunk_pool::create(make_os_host_provider({.granularity = g, .commit_budget = 16 * g}), {.cap = 2 * g});
   {
     pooled_chunk chunk = pool->acquire(g);
     fail_countdown = 1;  // the give-back's node

@@ -101,11 +101,9 @@ class append_from_host : public ::testing::Test {
  protected:
   device_vector<std::uint64_t> make(std::size_t max_granules,
                                     chunk_policy policy = chunk_policy::geometric()) {
-    return device_vector<std::uint64_t>(pool_,
-                                        {.max_size = max_granules * granule, .policy = policy});
+    return device_vector<std::uint64_t>(pool_, {.max_size = max_granules * granule, .policy = policy});
   }
-  std::shared_ptr<chunk_pool> pool_ =
-      chunk_pool::create(make_os_host_provider({.granularity = granule}));
+  std::shared_ptr<chunk_pool> pool_ = chunk_pool::create(make_os_host_provider({.granularity = granule}));
 };
 
 TEST_F(append_from_host, everything_that_fits_takes_one_round_and_one_launch) {
@@ -131,8 +129,8 @@ TEST_F(append_from_host, every_push_form_appends_every_element_once) {
   const auto expected = work.expected();
   for (const push_form form : {push_form::value, push_form::span, push_form::selected}) {
     auto vector = make(1024);  // nothing mapped: it grows
-    const std::size_t appended = append_from_kernel(vector, host_launch{&work, form}, stream_ref{},
-                                                    {.input_count = work.inputs});
+    const std::size_t appended =
+        append_from_kernel(vector, host_launch{&work, form}, stream_ref{}, {.input_count = work.inputs});
     EXPECT_EQ(appended, expected.size()) << static_cast<int>(form);
     EXPECT_EQ(sorted(vector.to_host()), expected) << static_cast<int>(form);
   }
@@ -152,8 +150,7 @@ TEST_F(append_from_host, the_elements_already_there_stay) {
 
 // Without input_count a round is one launch: the refused launch is run again whole, and the
 // vector grows to exactly what it counted, so the second round fits.
-TEST_F(append_from_host,
-       an_overflow_without_windows_relaunches_once_into_exactly_the_room_counted) {
+TEST_F(append_from_host, an_overflow_without_windows_relaunches_once_into_exactly_the_room_counted) {
   const workload work{.inputs = 100000};
   const auto expected = work.expected();
   auto vector = make(1024, chunk_policy::fixed(granule));
@@ -166,8 +163,7 @@ TEST_F(append_from_host,
   EXPECT_EQ(statistics.growths, 1u);
   EXPECT_EQ(firsts, (std::vector<std::size_t>{0, 0}));
   // Exact growth: the count plus the status block, rounded up to a granule.
-  const std::size_t needed =
-      (expected.size() * sizeof(std::uint64_t) + detail::append_status_bytes);
+  const std::size_t needed = (expected.size() * sizeof(std::uint64_t) + detail::append_status_bytes);
   EXPECT_LE(vector.capacity() * sizeof(std::uint64_t), needed + 2 * granule);
 }
 
@@ -190,8 +186,7 @@ TEST_F(append_from_host, an_overflow_with_windows_relaunches_only_the_unfinished
     ASSERT_EQ(firsts.size(), statistics.launches);
     ASSERT_GT(firsts.size(), windows.size());
     const std::size_t relaunched_from = firsts[windows.size()];
-    EXPECT_GT(relaunched_from, work.inputs / 2)
-        << "the second round starts where the first ran out";
+    EXPECT_GT(relaunched_from, work.inputs / 2) << "the second round starts where the first ran out";
     EXPECT_NE(std::find(windows.begin(), windows.end(), relaunched_from), windows.end())
         << relaunched_from << " is not where a window begins";
     // The growth came from the refused window's rate: close to what was needed.
@@ -256,9 +251,8 @@ TEST_F(append_from_host, growth_past_max_size_is_out_of_memory_and_changes_nothi
   const workload work{.inputs = 100000};  // about 1.2 MB of elements
   auto vector = make(64);                 // 256 KiB at most
   vector.push_back(7);
-  EXPECT_THROW(
-      append_from_kernel(vector, host_launch{&work}, stream_ref{}, {.input_count = work.inputs}),
-      out_of_memory);
+  EXPECT_THROW(append_from_kernel(vector, host_launch{&work}, stream_ref{}, {.input_count = work.inputs}),
+               out_of_memory);
   EXPECT_EQ(vector.to_host(), (std::vector<std::uint64_t>{7}));
 }
 
@@ -269,18 +263,17 @@ TEST(append_view_on_the_host, refuses_what_passes_the_capacity_and_counts_it) {
   const append_view<std::uint64_t> view{memory.data(), 10, &count};
   EXPECT_FALSE(view.overflowed());
   const std::uint64_t values[5] = {1, 2, 3, 4, 5};
-  EXPECT_TRUE(view.push(std::span<const std::uint64_t>(values, 4)));  // slots 0-3
-  EXPECT_TRUE(view.push_selected(values, 0b10101));                   // 1, 3, 5 in slots 4-6
-  EXPECT_TRUE(view.push(std::uint64_t{9}));                           // slot 7
-  EXPECT_FALSE(
-      view.push(std::span<const std::uint64_t>(values, 3)));  // slots 8, 9 stored; 10 refused
+  EXPECT_TRUE(view.push(std::span<const std::uint64_t>(values, 4)));   // slots 0-3
+  EXPECT_TRUE(view.push_selected(values, 0b10101));                    // 1, 3, 5 in slots 4-6
+  EXPECT_TRUE(view.push(std::uint64_t{9}));                            // slot 7
+  EXPECT_FALSE(view.push(std::span<const std::uint64_t>(values, 3)));  // slots 8, 9 stored; 10 refused
   EXPECT_TRUE(view.overflowed());
   EXPECT_FALSE(view.push(std::uint64_t{9}));
   EXPECT_FALSE(view.push_selected(values, 0b11));
   EXPECT_TRUE(view.push_selected(values, 0));
   EXPECT_EQ(count, 14u);
-  EXPECT_EQ(memory, (std::vector<std::uint64_t>{1, 2, 3, 4, 1, 3, 5, 9, 1, 2, 0xdead, 0xdead,
-                                                0xdead, 0xdead, 0xdead, 0xdead}));
+  EXPECT_EQ(memory, (std::vector<std::uint64_t>{1, 2, 3, 4, 1, 3, 5, 9, 1, 2, 0xdead, 0xdead, 0xdead, 0xdead,
+                                                0xdead, 0xdead}));
   EXPECT_EQ(view.limit(100), 100u);
   EXPECT_EQ((append_view<std::uint64_t>{memory.data(), 10, &count, 50}.limit(100)), 50u);
 }
@@ -288,8 +281,7 @@ TEST(append_view_on_the_host, refuses_what_passes_the_capacity_and_counts_it) {
 // The windows a round is cut into: contiguous, covering [first, n), aligned, ramping from a
 // 64th of the inputs left to an eighth, and few enough for the status block.
 TEST(append_windows, ramp_from_a_sixty_fourth_to_an_eighth_of_what_is_left) {
-  for (const std::uint64_t first :
-       {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{1} << 20}) {
+  for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{1} << 20}) {
     for (const std::uint64_t n : {first + 1, first + 5000, first + (std::uint64_t{1} << 30) + 3}) {
       const auto ends = detail::append_windows(first, n);
       ASSERT_FALSE(ends.empty());

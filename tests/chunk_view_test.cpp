@@ -28,8 +28,8 @@ class chunk_views : public provider_test<Kind> {
   }
   // A buffer of `chunks` chunks of one granularity each, filled with pattern(seed).
   growable_buffer filled(std::size_t chunks, std::uint32_t seed) {
-    growable_buffer buffer(pool_, {.max_size = 16 * this->granularity_,
-                                   .policy = chunk_policy::fixed(this->granularity_)});
+    growable_buffer buffer(
+        pool_, {.max_size = 16 * this->granularity_, .policy = chunk_policy::fixed(this->granularity_)});
     if (chunks == 0) return buffer;
     buffer.resize(chunks * this->granularity_);
     write(buffer.data(), 0, pattern(buffer.size(), seed));
@@ -303,8 +303,8 @@ TYPED_TEST(chunk_views, bad_arguments_are_refused_and_leave_nothing_behind) {
   growable_buffer foreign(other_pool, {.max_size = 4 * g, .policy = chunk_policy::fixed(g)});
   foreign.resize(2 * g);
   const growable_buffer* mixed[] = {&buffer, &foreign};
-  expect_refused([&] { return concatenate(mixed); }, "comes from os host but chunk 0 from " +
-                                                         to_string(this->provider_->where()));
+  expect_refused([&] { return concatenate(mixed); },
+                 "comes from os host but chunk 0 from " + to_string(this->provider_->where()));
   // A grant the provider cannot give: the mappings made are undone.
   const access_grant foreign_grant[] = {{accessor::device(1 << 20), access_mode::read_write}};
   EXPECT_ANY_THROW((void)alias(buffer, 0, 2 * g, foreign_grant));
@@ -325,9 +325,9 @@ TYPED_TEST(chunk_views, moves_hand_over_the_mapping_and_assignment_lets_go_of_th
   void* const address = second.data();
   chunk_view moved = std::move(second);
   EXPECT_EQ(moved.data(), address);
-  EXPECT_EQ(second.data(), nullptr);  // NOLINT(bugprone-use-after-move): the contract under test
+  EXPECT_EQ(second.data(), nullptr);    // NOLINT(bugprone-use-after-move): the contract under test
   EXPECT_EQ(second.chunk_count(), 0u);  // NOLINT(bugprone-use-after-move)
-  first = std::move(moved);  // first's chunk goes back to the pool
+  first = std::move(moved);             // first's chunk goes back to the pool
   EXPECT_EQ(first.data(), address);
   EXPECT_EQ(this->used(), 2 * g);
   EXPECT_EQ(this->read(first.data(), g, g), this->chunks_of(pattern(3 * g, 21), 2, 1));

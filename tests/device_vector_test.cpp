@@ -300,8 +300,7 @@ TYPED_TEST(device_vectors, a_failed_growth_leaves_the_vector_exactly_as_it_was) 
   expect_unchanged("reserve past the cap");
   EXPECT_THROW(vector.reserve(vector.max_size() + 1), out_of_memory);
   expect_unchanged("reserve past max_size");
-  EXPECT_THROW(vector.resize(std::numeric_limits<std::size_t>::max(), element_init::zeroed),
-               out_of_memory);
+  EXPECT_THROW(vector.resize(std::numeric_limits<std::size_t>::max(), element_init::zeroed), out_of_memory);
   expect_unchanged("resize to SIZE_MAX");
 
   vector.resize(capacity, element_init::zeroed);  // the room that was left still works

@@ -84,7 +84,9 @@ TEST(errors, os_provider_unknown_location_ids_and_bad_granularity_are_refused) {
 
 // Counts cleanup failures instead of printing them.
 int cleanup_failures = 0;
-void count_failure(const char*) noexcept { ++cleanup_failures; }
+void count_failure(const char*) noexcept {
+  ++cleanup_failures;
+}
 
 TEST(errors, destructors_report_failures_instead_of_throwing) {
   auto provider = provider_for(location::os_host());

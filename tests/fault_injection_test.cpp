@@ -43,7 +43,9 @@ namespace {
 
 constexpr unsigned resize_errors = fails_out_of_memory | fails_os_error | fails_driver_error;
 
-std::uintptr_t address_of(const void* data) { return reinterpret_cast<std::uintptr_t>(data); }
+std::uintptr_t address_of(const void* data) {
+  return reinterpret_cast<std::uintptr_t>(data);
+}
 
 // Memory read through its provider, uncounted by the armed fault.
 std::vector<std::uint8_t> read_through(memory_provider& provider, const void* data, std::size_t n) {
@@ -90,8 +92,8 @@ class grow_path : public sweep_path {
  public:
   explicit grow_path(const sweep_context& context)
       : g_(context.granularity()),
-        buffer_(context.pool,
-                {.max_size = 64 * g_, .policy = Fixed ? chunk_policy::fixed(g_) : chunk_policy::geometric()}) {
+        buffer_(context.pool, {.max_size = 64 * g_,
+                               .policy = Fixed ? chunk_policy::fixed(g_) : chunk_policy::geometric()}) {
     buffer_.resize(g_ / 2);
     write_bytes(*context.provider, address_of(buffer_.data()), pattern(g_ / 2, 1));
   }
@@ -131,7 +133,8 @@ class grow_path : public sweep_path {
 class shrink_path : public sweep_path {
  public:
   explicit shrink_path(const sweep_context& context)
-      : g_(context.granularity()), pool_(context.pool),
+      : g_(context.granularity()),
+        pool_(context.pool),
         buffer_(context.pool, {.max_size = 16 * g_, .policy = chunk_policy::fixed(g_)}) {
     buffer_.resize(8 * g_);
     write_bytes(*context.provider, address_of(buffer_.data()), pattern(8 * g_, 2));
@@ -158,8 +161,9 @@ class shrink_path : public sweep_path {
     EXPECT_EQ(pool_->statistics().chunks_created, 8u);
     EXPECT_EQ(pool_->statistics().used_current, 8 * g_);
     const auto prefix = pattern(8 * g_, 2);
-    EXPECT_TRUE(read_through(*buffer_.provider(), buffer_.data(), g_ + 100) ==
-                std::vector<std::uint8_t>(prefix.begin(), prefix.begin() + static_cast<std::ptrdiff_t>(g_ + 100)));
+    EXPECT_TRUE(
+        read_through(*buffer_.provider(), buffer_.data(), g_ + 100) ==
+        std::vector<std::uint8_t>(prefix.begin(), prefix.begin() + static_cast<std::ptrdiff_t>(g_ + 100)));
   }
 
  private:
@@ -176,7 +180,9 @@ class vector_path : public sweep_path {
   using element = std::uint32_t;
 
   explicit vector_path(const sweep_context& context)
-      : g_(context.granularity()), per_chunk_(g_ / sizeof(element)), vector_(context.pool, {.max_size = 64 * g_}) {
+      : g_(context.granularity()),
+        per_chunk_(g_ / sizeof(element)),
+        vector_(context.pool, {.max_size = 64 * g_}) {
     std::vector<element> first(per_chunk_ / 2);
     std::iota(first.begin(), first.end(), element{0});
     vector_.append(std::span<const element>(first));
@@ -282,7 +288,8 @@ class views_path : public sweep_path {
     EXPECT_EQ(read_through(provider, views_[0].data(), 2 * g_), slice(a, g_, 2 * g_));
     const auto reversed = read_through(provider, views_[1].data(), 4 * g_);
     for (std::size_t i = 0; i < 4; ++i)
-      EXPECT_EQ(slice(reversed, i * g_, g_), slice(a, (3 - i) * g_, g_)) << "chunk " << i << " of the permutation";
+      EXPECT_EQ(slice(reversed, i * g_, g_), slice(a, (3 - i) * g_, g_))
+          << "chunk " << i << " of the permutation";
     auto joined = a;
     joined.insert(joined.end(), b.begin(), b.end());
     EXPECT_EQ(read_through(provider, views_[2].data(), 6 * g_), joined);
@@ -330,7 +337,8 @@ class striping_path : public sweep_path {
 
   void operator()() {
     during("striped_buffer", fails_out_of_memory | fails_driver_error);
-    striped_.emplace(std::vector<int>{0}, 4 * g_, striped_buffer_options{.stripe_size = g_, .pools = {pool_}});
+    striped_.emplace(std::vector<int>{0}, 4 * g_,
+                     striped_buffer_options{.stripe_size = g_, .pools = {pool_}});
   }
 
   void check(const outcome& result) {
@@ -362,7 +370,8 @@ constexpr unsigned export_errors = fails_out_of_memory | fails_os_error | fails_
 constexpr unsigned send_errors = fails_os_error;  // and timeout_error, which needs a peer that stops
 // imported_buffer::receive / receive_growth: invalid_argument for a handle the provider
 // refuses to import (a memfd whose seals cannot be read, an fd the driver does not take).
-constexpr unsigned import_errors = fails_out_of_memory | fails_os_error | fails_driver_error | fails_invalid_argument;
+constexpr unsigned import_errors =
+    fails_out_of_memory | fails_os_error | fails_driver_error | fails_invalid_argument;
 
 class export_path : public sweep_path {
  public:
@@ -563,7 +572,9 @@ class teardown_path : public sweep_path {
     buffer_.reset();
   }
 
-  void check(const outcome& result) { EXPECT_TRUE(result.succeeded()) << "a destructor threw: " << result.what; }
+  void check(const outcome& result) {
+    EXPECT_TRUE(result.succeeded()) << "a destructor threw: " << result.what;
+  }
 
  private:
   std::shared_ptr<memory_provider> provider_;
@@ -675,7 +686,9 @@ class os_fault_sweep : public ::testing::Test {
       make_os_host_provider({.granularity = granularity, .commit_budget = std::size_t{256} << 20});
 };
 
-TEST_F(os_fault_sweep, grow_with_fixed_chunks) { EXPECT_GT(run<grow_path<true>>("grow fixed").total_points(), 0u); }
+TEST_F(os_fault_sweep, grow_with_fixed_chunks) {
+  EXPECT_GT(run<grow_path<true>>("grow fixed").total_points(), 0u);
+}
 
 TEST_F(os_fault_sweep, grow_with_geometric_chunks) {
   EXPECT_GT(run<grow_path<false>>("grow geometric").total_points(), 0u);
@@ -691,13 +704,21 @@ TEST_F(os_fault_sweep, device_vector_push_back_append_resize_reserve) {
   EXPECT_GT(run<vector_path>("vector").total_points(), 0u);
 }
 
-TEST_F(os_fault_sweep, views_alias_permute_concatenate) { EXPECT_GT(run<views_path>("views").total_points(), 0u); }
+TEST_F(os_fault_sweep, views_alias_permute_concatenate) {
+  EXPECT_GT(run<views_path>("views").total_points(), 0u);
+}
 
-TEST_F(os_fault_sweep, ring_buffer_construction) { EXPECT_GT(run<ring_path>("ring_buffer").total_points(), 0u); }
+TEST_F(os_fault_sweep, ring_buffer_construction) {
+  EXPECT_GT(run<ring_path>("ring_buffer").total_points(), 0u);
+}
 
-TEST_F(os_fault_sweep, export_and_send_manifest) { EXPECT_GT(run<export_path>("export").total_points(), 0u); }
+TEST_F(os_fault_sweep, export_and_send_manifest) {
+  EXPECT_GT(run<export_path>("export").total_points(), 0u);
+}
 
-TEST_F(os_fault_sweep, import_by_receive) { EXPECT_GT(run<import_path>("import").total_points(), 0u); }
+TEST_F(os_fault_sweep, import_by_receive) {
+  EXPECT_GT(run<import_path>("import").total_points(), 0u);
+}
 
 TEST_F(os_fault_sweep, import_of_a_manifest_with_a_continuation_message) {
   // The source's memfds, the exporter's cache, a message's fds and the imported handles:
@@ -711,14 +732,16 @@ TEST_F(os_fault_sweep, import_of_a_manifest_with_a_continuation_message) {
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limit), 0);
   }
   // Page-sized chunks: hundreds of them per run cost little.
-  const auto small_chunks = make_os_host_provider({.granularity = 4096, .commit_budget = std::size_t{64} << 20});
-  const sweep_report report =
-      sweep<continuation_path>("continuation", small_chunks, fault::poll | fault::sendmsg | fault::recvmsg,
-                               {ENOMEM, EINVAL, EINTR});
+  const auto small_chunks =
+      make_os_host_provider({.granularity = 4096, .commit_budget = std::size_t{64} << 20});
+  const sweep_report report = sweep<continuation_path>(
+      "continuation", small_chunks, fault::poll | fault::sendmsg | fault::recvmsg, {ENOMEM, EINVAL, EINTR});
   EXPECT_GT(report.total_points(), 0u);
 }
 
-TEST_F(os_fault_sweep, follow_growth) { EXPECT_GT(run<follow_path>("follow-growth").total_points(), 0u); }
+TEST_F(os_fault_sweep, follow_growth) {
+  EXPECT_GT(run<follow_path>("follow-growth").total_points(), 0u);
+}
 
 TEST_F(os_fault_sweep, teardown_of_a_view_an_import_and_a_buffer) {
   const sweep_report report = run<teardown_path>("teardown");
@@ -744,7 +767,8 @@ TEST_F(os_fault_sweep, an_unmap_or_free_that_failed_is_tried_again_at_the_next_c
     EXPECT_EQ(retired_count(), 1u) << "the view that could not be unmapped waits on the list";
     EXPECT_EQ(provider_->address_space().usage().ranges, before.usage.ranges + 2);
     buffer.resize(0);
-    EXPECT_EQ(pool->statistics().used_current, 2 * g) << "chunks still mapped by the view went back to the pool";
+    EXPECT_EQ(pool->statistics().used_current, 2 * g)
+        << "chunks still mapped by the view went back to the pool";
     collect_retired();
     EXPECT_EQ(retired_count(), 0u);
     EXPECT_EQ(pool->statistics().used_current, 0u);
@@ -767,7 +791,9 @@ TEST_F(os_fault_sweep, an_unmap_or_free_that_failed_is_tried_again_at_the_next_c
   EXPECT_GT(cleanup_reports.load(), 0u) << "the failures were reported";
 }
 
-TEST_F(os_fault_sweep, handoff_on_one_thread) { EXPECT_GT(run<handoff_path>("hand-off").total_points(), 0u); }
+TEST_F(os_fault_sweep, handoff_on_one_thread) {
+  EXPECT_GT(run<handoff_path>("hand-off").total_points(), 0u);
+}
 
 // ---- the driver: every driver call, CUDA_ERROR_OUT_OF_MEMORY / CUDA_ERROR_UNKNOWN --------------
 

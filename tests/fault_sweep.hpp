@@ -79,18 +79,30 @@ inline std::string failure_names(unsigned kinds) {
 
 inline const char* site_name(std::uint32_t site) {
   switch (site) {
-    case fault::memfd_create: return "memfd_create";
-    case fault::fallocate: return "fallocate";
-    case fault::mmap: return "mmap";
-    case fault::munmap: return "munmap";
-    case fault::mprotect: return "mprotect";
-    case fault::fcntl: return "fcntl";
-    case fault::fstat: return "fstat";
-    case fault::sendmsg: return "sendmsg";
-    case fault::recvmsg: return "recvmsg";
-    case fault::poll: return "poll";
-    case fault::driver: return "driver";
-    default: return "?";
+    case fault::memfd_create:
+      return "memfd_create";
+    case fault::fallocate:
+      return "fallocate";
+    case fault::mmap:
+      return "mmap";
+    case fault::munmap:
+      return "munmap";
+    case fault::mprotect:
+      return "mprotect";
+    case fault::fcntl:
+      return "fcntl";
+    case fault::fstat:
+      return "fstat";
+    case fault::sendmsg:
+      return "sendmsg";
+    case fault::recvmsg:
+      return "recvmsg";
+    case fault::poll:
+      return "poll";
+    case fault::driver:
+      return "driver";
+    default:
+      return "?";
   }
 }
 
@@ -105,7 +117,8 @@ inline std::string error_name(std::uint32_t site, int error) {
 }
 
 // The calls that a signal may interrupt, which vmm must call again after EINTR.
-inline constexpr std::uint32_t interruptible_sites = fault::fallocate | fault::sendmsg | fault::recvmsg | fault::poll;
+inline constexpr std::uint32_t interruptible_sites =
+    fault::fallocate | fault::sendmsg | fault::recvmsg | fault::poll;
 
 // How an operation ended.
 struct outcome {
@@ -145,7 +158,8 @@ inline outcome current_outcome() {
 // operation without spending injection points.
 class armed_fault {
  public:
-  armed_fault(std::uint32_t site, std::uint64_t nth, int error) noexcept : site_(site), nth_(nth), error_(error) {
+  armed_fault(std::uint32_t site, std::uint64_t nth, int error) noexcept
+      : site_(site), nth_(nth), error_(error) {
     current_ = this;
     resume();
   }
@@ -225,7 +239,9 @@ class sweep_path {
 
 // Cleanup failures reported (not thrown) by destructors and housekeeping during a sweep.
 inline std::atomic<std::uint64_t> cleanup_reports{0};
-inline void count_cleanup_report(const char* /*what*/) noexcept { cleanup_reports.fetch_add(1); }
+inline void count_cleanup_report(const char* /*what*/) noexcept {
+  cleanup_reports.fetch_add(1);
+}
 
 // Installs count_cleanup_report for a scope.
 class counting_cleanup_reports {
@@ -252,7 +268,8 @@ inline held_resources resources_of(const memory_provider& provider) {
 
 inline std::string to_string(const address_space_usage& usage) {
   return fmt::format("{} ranges ({} bytes), {} handles ({} bytes), {} mappings ({} bytes)", usage.ranges,
-                     usage.range_bytes, usage.handles, usage.handle_bytes, usage.mappings, usage.mapped_bytes);
+                     usage.range_bytes, usage.handles, usage.handle_bytes, usage.mappings,
+                     usage.mapped_bytes);
 }
 
 // `reservations`: look for reservations left behind too (on the OS provider: the CUDA
@@ -260,8 +277,8 @@ inline std::string to_string(const address_space_usage& usage) {
 inline void expect_same_resources(const held_resources& before, const held_resources& after,
                                   bool reservations) {
   EXPECT_EQ(after.fds, before.fds) << "open file descriptors leaked (or closed twice)";
-  EXPECT_TRUE(after.usage == before.usage) << "address space usage: before " << to_string(before.usage)
-                                           << "; after " << to_string(after.usage);
+  EXPECT_TRUE(after.usage == before.usage)
+      << "address space usage: before " << to_string(before.usage) << "; after " << to_string(after.usage);
   EXPECT_EQ(memfd_mappings(after.maps), memfd_mappings(before.maps)) << "memfd mappings in /proc/self/maps";
   if (reservations) {
     EXPECT_EQ(bytes_reserved_since(before.maps, after.maps), 0u) << "bytes reserved in /proc/self/maps";
@@ -312,19 +329,21 @@ void run_once(const std::shared_ptr<memory_provider>& provider, std::uint32_t si
     ++report.runs;
     report.injected += fired ? 1 : 0;
     report.succeeded += result.succeeded() ? 1 : 0;
-    const std::string ended = result.succeeded() ? "succeeded" : failure_names(result.kind) + " from " + path.call();
+    const std::string ended =
+        result.succeeded() ? "succeeded" : failure_names(result.kind) + " from " + path.call();
     ++report.outcomes[fmt::format("{} {} -> {}", site_name(site), error_name(site, error), ended)];
     if (!fired) {
       EXPECT_TRUE(result.succeeded()) << "no failure was injected, yet " << ended << ": " << result.what;
     } else if (error == EINTR && (site & interruptible_sites) != 0) {
-      EXPECT_TRUE(result.succeeded()) << "EINTR from " << site_name(site) << " must be retried, yet " << ended
-                                      << ": " << result.what;
+      EXPECT_TRUE(result.succeeded())
+          << "EINTR from " << site_name(site) << " must be retried, yet " << ended << ": " << result.what;
     } else if (!result.succeeded()) {
       EXPECT_NE(result.kind & path.documented(), 0u)
           << path.call() << " threw " << failure_names(result.kind) << ", but its header documents "
           << failure_names(path.documented()) << ": " << result.what;
       if (result.kind == fails_os_error || result.kind == fails_driver_error) {
-        EXPECT_EQ(result.code, error) << "the error carries another code than the one injected: " << result.what;
+        EXPECT_EQ(result.code, error)
+            << "the error carries another code than the one injected: " << result.what;
       }
     }
     path.check(result);
@@ -345,8 +364,8 @@ void run_once(const std::shared_ptr<memory_provider>& provider, std::uint32_t si
 // See the file comment. Stops a path after a few failing runs (the first is the minimal
 // reproduction); prints and records the number of injection points.
 template <class Path>
-sweep_report sweep(const std::string& name, const std::shared_ptr<memory_provider>& provider, std::uint32_t sites,
-                   std::vector<int> errors) {
+sweep_report sweep(const std::string& name, const std::shared_ptr<memory_provider>& provider,
+                   std::uint32_t sites, std::vector<int> errors) {
   const counting_cleanup_reports counting;
   sweep_report report;
   report.path = name;
@@ -354,7 +373,8 @@ sweep_report sweep(const std::string& name, const std::shared_ptr<memory_provide
   const auto failed_parts = [] {
     const ::testing::TestResult& result = *::testing::UnitTest::GetInstance()->current_test_info()->result();
     int failed = 0;
-    for (int i = 0; i < result.total_part_count(); ++i) failed += result.GetTestPartResult(i).failed() ? 1 : 0;
+    for (int i = 0; i < result.total_part_count(); ++i)
+      failed += result.GetTestPartResult(i).failed() ? 1 : 0;
     return failed;
   };
   int failing_runs = 0;
@@ -386,18 +406,20 @@ sweep_report sweep(const std::string& name, const std::shared_ptr<memory_provide
   std::string per_site;
   for (const auto& [site, calls] : report.points)
     per_site += fmt::format("{}{} {}", per_site.empty() ? "" : ", ", site_name(site), calls);
-  std::printf("fault sweep %s: %llu injection points (%s); %llu runs, %llu failures injected, %llu succeeded "
-              "anyway, %llu cleanup failures reported\n",
-              name.c_str(), static_cast<unsigned long long>(report.total_points()), per_site.c_str(),
-              static_cast<unsigned long long>(report.runs), static_cast<unsigned long long>(report.injected),
-              static_cast<unsigned long long>(report.succeeded),
-              static_cast<unsigned long long>(report.cleanup_reports));
+  std::printf(
+      "fault sweep %s: %llu injection points (%s); %llu runs, %llu failures injected, %llu succeeded "
+      "anyway, %llu cleanup failures reported\n",
+      name.c_str(), static_cast<unsigned long long>(report.total_points()), per_site.c_str(),
+      static_cast<unsigned long long>(report.runs), static_cast<unsigned long long>(report.injected),
+      static_cast<unsigned long long>(report.succeeded),
+      static_cast<unsigned long long>(report.cleanup_reports));
   for (const auto& [what, runs] : report.outcomes)
     std::printf("  %s: %llu\n", what.c_str(), static_cast<unsigned long long>(runs));
   std::fflush(stdout);
   ::testing::Test::RecordProperty("injection_points", std::to_string(report.total_points()));
   for (const auto& [site, calls] : report.points)
-    ::testing::Test::RecordProperty(std::string("injection_points_") + site_name(site), std::to_string(calls));
+    ::testing::Test::RecordProperty(std::string("injection_points_") + site_name(site),
+                                    std::to_string(calls));
   return report;
 }
 

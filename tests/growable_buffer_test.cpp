@@ -64,14 +64,16 @@ TYPED_TEST(growable_buffers, shrinking_keeps_the_prefix_and_regrowing_reuses_the
   EXPECT_EQ(buffer.chunk_count(), 8u);
   buffer.resize(3 * g + 1);
   EXPECT_EQ(buffer.capacity(), 4 * g);
-  EXPECT_EQ(this->read(buffer, 0, 3 * g + 1), std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
+  EXPECT_EQ(this->read(buffer, 0, 3 * g + 1),
+            std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
   buffer.collect_retired();
   EXPECT_EQ(buffer.chunk_count(), 4u);
   EXPECT_EQ(this->pool_->statistics().used_current, 4 * g);
   const std::size_t created = this->pool_->statistics().chunks_created;
   buffer.resize(8 * g);  // the four idle chunks come back from the pool
   EXPECT_EQ(this->pool_->statistics().chunks_created, created);
-  EXPECT_EQ(this->read(buffer, 0, 3 * g + 1), std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
+  EXPECT_EQ(this->read(buffer, 0, 3 * g + 1),
+            std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 3 * g + 1));
   buffer.resize(0);
   buffer.collect_retired();
   EXPECT_EQ(buffer.capacity(), 0u);
@@ -110,8 +112,8 @@ TYPED_TEST(growable_buffers, a_failed_grow_leaves_the_buffer_exactly_as_it_was) 
   this->write(buffer, 0, bytes);
   const pool_statistics before = this->pool_->statistics();
   void* const address = buffer.data();
-  EXPECT_THROW(buffer.resize(12 * g), out_of_memory);    // the pool's cap
-  EXPECT_THROW(buffer.reserve(65 * g), out_of_memory);   // past max_size
+  EXPECT_THROW(buffer.resize(12 * g), out_of_memory);   // the pool's cap
+  EXPECT_THROW(buffer.reserve(65 * g), out_of_memory);  // past max_size
   EXPECT_EQ(buffer.data(), address);
   EXPECT_EQ(buffer.size(), 5 * g);
   EXPECT_EQ(buffer.capacity(), 5 * g);
@@ -217,7 +219,8 @@ TYPED_TEST(growable_buffers, a_full_pool_spills_onto_the_next_with_one_pointer_t
 
 TYPED_TEST(growable_buffers, the_default_maximum_is_the_locations_memory) {
   growable_buffer buffer(this->pool_);
-  EXPECT_EQ(buffer.max_size(), round_up(this->provider_->capabilities().physical_memory_size, this->granularity_));
+  EXPECT_EQ(buffer.max_size(),
+            round_up(this->provider_->capabilities().physical_memory_size, this->granularity_));
   EXPECT_THROW(growable_buffer(std::shared_ptr<chunk_pool>{}), invalid_argument);
 }
 

@@ -21,7 +21,9 @@ namespace {
 
 // Waits for whatever the process's growth thread still has (a buffer destroyed with a
 // request in flight leaves it running).
-void wait_for_the_growth_thread() { detail::growth_worker::shared()->wait_idle(); }
+void wait_for_the_growth_thread() {
+  detail::growth_worker::shared()->wait_idle();
+}
 
 template <class Kind>
 class growth_ahead : public provider_test<Kind> {
@@ -32,8 +34,8 @@ class growth_ahead : public provider_test<Kind> {
   }
   growable_buffer make(std::size_t max_chunks, growth_ahead_options ahead,
                        chunk_policy policy = chunk_policy::fixed(std::size_t{1})) {
-    return growable_buffer(pool_, {.max_size = max_chunks * this->granularity_, .policy = policy,
-                                   .growth_ahead = ahead});
+    return growable_buffer(
+        pool_, {.max_size = max_chunks * this->granularity_, .policy = policy, .growth_ahead = ahead});
   }
   void write(const growable_buffer& buffer, std::size_t offset, const std::vector<std::uint8_t>& bytes) {
     write_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(buffer.data()) + offset, bytes);
@@ -230,8 +232,8 @@ TEST(growth_ahead_faults, every_failure_on_the_thread_leaves_the_buffer_as_it_wa
     const address_space_usage before = provider->address_space().usage();
     bool fired = false;
     {
-      growable_buffer buffer(pool, {.max_size = 8 * g, .policy = chunk_policy::fixed(g),
-                                    .growth_ahead = {.bytes = g}});
+      growable_buffer buffer(
+          pool, {.max_size = 8 * g, .policy = chunk_policy::fixed(g), .growth_ahead = {.bytes = g}});
       buffer.resize(g);  // the buffer's own chunk, then the request
       buffer.wait_for_growth_ahead();
       buffer.shrink_to_fit();  // drops the ready chunk, which the pool then releases
@@ -240,7 +242,7 @@ TEST(growth_ahead_faults, every_failure_on_the_thread_leaves_the_buffer_as_it_wa
       detail::fault::arm(detail::fault::memfd_create | detail::fault::fallocate | detail::fault::mmap |
                              detail::fault::mprotect | detail::fault::fcntl,
                          nth, EINVAL);  // not ENOMEM: the pool retries a create that ran out
-      buffer.resize(g);  // nothing to map: only a request for one chunk, on the thread
+      buffer.resize(g);                 // nothing to map: only a request for one chunk, on the thread
       buffer.wait_for_growth_ahead();
       fired = detail::fault::fired();
       detail::fault::disarm();

@@ -44,7 +44,8 @@ class described_provider final : public memory_provider {
     return c;
   }
   std::uintptr_t do_allocate_range(std::size_t size, std::size_t alignment) override {
-    void* base = ::mmap(nullptr, size + alignment, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* base =
+        ::mmap(nullptr, size + alignment, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) throw out_of_memory("described_provider: mmap");
     const auto start = reinterpret_cast<std::uintptr_t>(base);
     const std::uintptr_t aligned = (start + alignment - 1) / alignment * alignment;
@@ -98,9 +99,13 @@ TEST(host_spill_options, gpu_memory_may_continue_in_pinned_host_memory_and_nothi
                   .spills_to_host());
 
   // Refused, each saying why.
-  std::string message = invalid_argument_of([&] { growable_buffer(pinned, {.max_size = max, .spill_to = {gpu0}}); });
-  EXPECT_NE(message.find("cannot spill from pinned host (numa 0) memory to gpu 0 memory"), std::string::npos) << message;
-  message = invalid_argument_of([&] { growable_buffer(gpu0, {.max_size = max, .spill_to = {pinned, gpu1}}); });
+  std::string message =
+      invalid_argument_of([&] { growable_buffer(pinned, {.max_size = max, .spill_to = {gpu0}}); });
+  EXPECT_NE(message.find("cannot spill from pinned host (numa 0) memory to gpu 0 memory"), std::string::npos)
+      << message;
+  message = invalid_argument_of([&] {
+    growable_buffer(gpu0, {.max_size = max, .spill_to = {pinned, gpu1}});
+  });
   EXPECT_NE(message.find("which then comes last"), std::string::npos) << message;
   message = invalid_argument_of([&] {
     growable_buffer(gpu0, {.max_size = max, .access = {{accessor::host()}}, .spill_to = {pinned}});
@@ -113,15 +118,20 @@ TEST(host_spill_options, gpu_memory_may_continue_in_pinned_host_memory_and_nothi
 
 TEST(host_spill_options, os_host_memory_spills_onto_nothing_but_its_own_provider) {
   const auto os = chunk_pool::create(provider_for(location::os_host()));
-  const auto pinned_like = described_pool(location::pinned_host(0), std::make_shared<address_space>("cuda-like"));
-  std::string message = invalid_argument_of([&] { growable_buffer(os, {.max_size = 4 * granule, .spill_to_host = true}); });
+  const auto pinned_like =
+      described_pool(location::pinned_host(0), std::make_shared<address_space>("cuda-like"));
+  std::string message =
+      invalid_argument_of([&] { growable_buffer(os, {.max_size = 4 * granule, .spill_to_host = true}); });
   EXPECT_NE(message.find("spill_to_host continues GPU memory"), std::string::npos) << message;
-  message = invalid_argument_of([&] { growable_buffer(os, {.max_size = 4 * granule, .spill_to = {pinned_like}}); });
-  EXPECT_NE(message.find("cannot spill from os host memory to pinned host (numa 0) memory"), std::string::npos)
+  message =
+      invalid_argument_of([&] { growable_buffer(os, {.max_size = 4 * granule, .spill_to = {pinned_like}}); });
+  EXPECT_NE(message.find("cannot spill from os host memory to pinned host (numa 0) memory"),
+            std::string::npos)
       << message;
   // Another OS provider is another address space.
   const auto other_os = chunk_pool::create(make_os_host_provider());
-  message = invalid_argument_of([&] { growable_buffer(os, {.max_size = 4 * granule, .spill_to = {other_os}}); });
+  message =
+      invalid_argument_of([&] { growable_buffer(os, {.max_size = 4 * granule, .spill_to = {other_os}}); });
   EXPECT_NE(message.find("another address space"), std::string::npos) << message;
   // The same provider's pools: as before.
   growable_buffer fine(os, {.max_size = 4 * granule, .spill_to = {chunk_pool::create(os->provider())}});
@@ -151,7 +161,8 @@ class host_spill : public ::testing::Test {
 TEST_F(host_spill, a_full_device_pool_continues_in_pinned_host_memory_under_one_pointer) {
   const address_space_usage before = device_->provider()->address_space().usage();
   {
-    growable_buffer buffer(device_, {.max_size = 16 * g_, .policy = chunk_policy::fixed(g_), .spill_to = {host_}});
+    growable_buffer buffer(device_,
+                           {.max_size = 16 * g_, .policy = chunk_policy::fixed(g_), .spill_to = {host_}});
     ASSERT_TRUE(buffer.spills_to_host());
     void* const address = buffer.data();
     buffer.resize(10 * g_);
@@ -205,13 +216,15 @@ TEST_F(host_spill, a_device_vector_with_spill_to_host_reads_and_fills_across_the
 }
 
 TEST_F(host_spill, growth_ahead_prepares_gpu_chunks_and_the_spill_still_works) {
-  growable_buffer buffer(device_, {.max_size = 16 * g_, .policy = chunk_policy::fixed(g_),
-                                   .spill_to = {host_}, .growth_ahead = {.bytes = 2 * g_}});
+  growable_buffer buffer(device_, {.max_size = 16 * g_,
+                                   .policy = chunk_policy::fixed(g_),
+                                   .spill_to = {host_},
+                                   .growth_ahead = {.bytes = 2 * g_}});
   buffer.resize(g_);
   buffer.wait_for_growth_ahead();
   EXPECT_EQ(buffer.ready_ahead(), 2 * g_);
   EXPECT_EQ(device_->statistics().chunks_created, 3u);
-  buffer.resize(8 * g_);  // two ready, one more on the GPU, four in host memory
+  buffer.resize(8 * g_);           // two ready, one more on the GPU, four in host memory
   buffer.wait_for_growth_ahead();  // then chunks are asked for where the buffer maps now
   EXPECT_EQ(device_->statistics().used_current, 4 * g_);
   EXPECT_EQ(host_->statistics().used_current, 4 * g_ + buffer.ready_ahead());

@@ -68,8 +68,7 @@ std::string to_string(std::span<const std::byte> bytes) {
 unique_fd make_memfd(std::string_view contents) {
   unique_fd fd{::memfd_create("ipc_fd_channel_test", MFD_CLOEXEC)};
   if (!fd) throw vmm::os_error(errno, "memfd_create");
-  if (::pwrite(fd.get(), contents.data(), contents.size(), 0) !=
-      static_cast<ssize_t>(contents.size())) {
+  if (::pwrite(fd.get(), contents.data(), contents.size(), 0) != static_cast<ssize_t>(contents.size())) {
     throw vmm::os_error(errno, "pwrite to memfd");
   }
   return fd;
@@ -120,8 +119,7 @@ void send_raw(int socket_fd, std::span<const std::byte> bytes, std::span<const i
       << std::strerror(errno);
 }
 
-std::vector<std::byte> header_bytes(std::uint32_t magic, std::uint32_t fd_count,
-                                    std::uint64_t payload_size) {
+std::vector<std::byte> header_bytes(std::uint32_t magic, std::uint32_t fd_count, std::uint64_t payload_size) {
   frame_header const header{magic, fd_count, payload_size};
   auto const bytes = std::as_bytes(std::span{&header, 1});
   return {bytes.begin(), bytes.end()};
@@ -389,9 +387,8 @@ TEST(FdChannel, WrongDescriptorCountIsRejectedAndClosesWhatArrived) {
   vmm::ipc::send_message(sender.get(), to_bytes("payload"), fds);
 
   std::size_t const before = open_fd_count();
-  expect_error<vmm::ipc::protocol_error>(
-      [&] { (void)vmm::ipc::receive_message(receiver.get(), 2); },
-      "expected 2 descriptors but the message carries 1");
+  expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get(), 2); },
+                                         "expected 2 descriptors but the message carries 1");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -406,8 +403,7 @@ TEST(FdChannel, PeerClosingBeforeAnyByteRaisesPeerClosed) {
     ADD_FAILURE() << "expected vmm::ipc::peer_closed";
   } catch (const vmm::ipc::peer_closed& error) {
     EXPECT_EQ(error.code().value(), ECONNRESET);
-    EXPECT_NE(std::string_view{error.what()}.find("before sending a message"),
-              std::string_view::npos)
+    EXPECT_NE(std::string_view{error.what()}.find("before sending a message"), std::string_view::npos)
         << error.what();
   }
 }
@@ -455,7 +451,7 @@ TEST(FdChannel, BadMagicIsRejectedAndClosesTheDescriptors) {
 
   std::size_t const before = open_fd_count();
   expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                           "bad magic 0xdeadbeef");
+                                         "bad magic 0xdeadbeef");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -468,7 +464,7 @@ TEST(FdChannel, OversizedDeclaredPayloadIsRejectedAndClosesTheDescriptors) {
 
   std::size_t const before = open_fd_count();
   expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                           "a payload of " + std::to_string(declared) + " bytes");
+                                         "a payload of " + std::to_string(declared) + " bytes");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -480,7 +476,7 @@ TEST(FdChannel, HeaderDescriptorCountMustMatchWhatArrived) {
 
   std::size_t const before = open_fd_count();
   expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                           "header declares 3 descriptors but 1 arrived");
+                                         "header declares 3 descriptors but 1 arrived");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -494,7 +490,7 @@ TEST(FdChannel, DescriptorsAfterTheFirstReadAreRejectedAndClosed) {
 
   std::size_t const before = open_fd_count();
   expect_error<vmm::ipc::protocol_error>([&] { (void)vmm::ipc::receive_message(receiver.get()); },
-                                           "2 descriptors arrived after 0 payload bytes");
+                                         "2 descriptors arrived after 0 payload bytes");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -536,14 +532,12 @@ TEST(FdChannel, SendRefusesTooManyDescriptorsOrTooLargeAPayload) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("limits");
   std::vector<int> const too_many(vmm::ipc::max_fds_per_message + 1, memfd.get());
-  expect_error<vmm::invalid_argument>(
-      [&] { vmm::ipc::send_message(sender.get(), to_bytes("x"), too_many); },
-      "254 descriptors; a message carries at most 253");
+  expect_error<vmm::invalid_argument>([&] { vmm::ipc::send_message(sender.get(), to_bytes("x"), too_many); },
+                                      "254 descriptors; a message carries at most 253");
 
   std::vector<std::byte> const too_large(vmm::ipc::max_payload_bytes + 1);
-  expect_error<vmm::invalid_argument>(
-      [&] { vmm::ipc::send_message(sender.get(), too_large); },
-      "payload of " + std::to_string(too_large.size()) + " bytes");
+  expect_error<vmm::invalid_argument>([&] { vmm::ipc::send_message(sender.get(), too_large); },
+                                      "payload of " + std::to_string(too_large.size()) + " bytes");
 
   // Nothing of the refused messages reached the stream.
   vmm::ipc::send_message(sender.get(), to_bytes("valid"));
@@ -588,9 +582,8 @@ TEST(FdChannel, PeerStoppingMidPayloadTimesOutAndClosesWhatArrived) {
   send_raw(sender.get(), frame, fds);  // and the sender stays open, sending nothing more
 
   std::size_t const before = open_fd_count();
-  expect_timeout(
-      [&] { (void)vmm::ipc::receive_message(receiver.get(), 2, short_timeout); },
-      "timed out with 3 of 100 payload bytes received");
+  expect_timeout([&] { (void)vmm::ipc::receive_message(receiver.get(), 2, short_timeout); },
+                 "timed out with 3 of 100 payload bytes received");
   EXPECT_EQ(open_fd_count(), before);
 }
 
@@ -627,8 +620,7 @@ TEST(FdChannel, ZeroTimeoutTakesOnlyWhatHasArrived) {
   expect_timeout([&] { (void)vmm::ipc::receive_message(receiver.get(), {}, milliseconds{0}); },
                  "0 of 16 header bytes");
   vmm::ipc::send_message(sender.get(), to_bytes("queued"), {}, milliseconds{0});
-  EXPECT_EQ(to_string(vmm::ipc::receive_message(receiver.get(), 0, milliseconds{0}).payload),
-            "queued");
+  EXPECT_EQ(to_string(vmm::ipc::receive_message(receiver.get(), 0, milliseconds{0}).payload), "queued");
 }
 
 TEST(FdChannel, NoTimeoutCarriesMessagesAsBefore) {
@@ -679,9 +671,8 @@ TEST(FdChannel, SendToAPeerThatNeverReadsTimesOut) {
       << "the socket buffer would hold the whole payload, so the send would not wait";
 
   std::vector<std::byte> const payload(payload_size);
-  expect_timeout(
-      [&] { vmm::ipc::send_message(sender.get(), payload, {}, short_timeout); },
-      " of " + std::to_string(sizeof(frame_header) + payload_size) + " bytes sent");
+  expect_timeout([&] { vmm::ipc::send_message(sender.get(), payload, {}, short_timeout); },
+                 " of " + std::to_string(sizeof(frame_header) + payload_size) + " bytes sent");
 }
 
 TEST(FdChannel, NonBlockingSocketsCarryALargeMessageWhole) {
@@ -738,10 +729,8 @@ TEST(FdChannel, ANegativeSocketIsEbadfAtOnce) {
 
 TEST(FdChannel, UnixSocketPathsAreValidated) {
   std::string const long_path = "/tmp/" + std::string(200, 'p');
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::listen_unix(long_path); },
-                                      "is 205 bytes");
-  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::connect_unix(long_path); },
-                                      "is 205 bytes");
+  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::listen_unix(long_path); }, "is 205 bytes");
+  expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::connect_unix(long_path); }, "is 205 bytes");
   expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::connect_unix(""); }, "empty");
 
   temporary_directory const directory;
@@ -797,8 +786,7 @@ class child_process {
   /// Waits for the child and returns its wait status.
   int wait() {
     int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {}
     pid_ = -1;
     return status;
   }
@@ -812,15 +800,13 @@ class child_process {
 /// (instead of blocking in accept forever).
 unique_fd accept_from(child_process& child, int listen_fd) {
   if (child.exit_watch() >= 0) {
-    std::array<pollfd, 2> watched{pollfd{listen_fd, POLLIN, 0},
-                                  pollfd{child.exit_watch(), POLLIN, 0}};
+    std::array<pollfd, 2> watched{pollfd{listen_fd, POLLIN, 0}, pollfd{child.exit_watch(), POLLIN, 0}};
     while (::poll(watched.data(), watched.size(), -1) < 0) {
       if (errno != EINTR) throw vmm::os_error(errno, "poll");
     }
     if ((watched[0].revents & POLLIN) == 0) {
       int const status = child.wait();
-      throw std::runtime_error("fd_peer exited before connecting, wait status " +
-                               std::to_string(status));
+      throw std::runtime_error("fd_peer exited before connecting, wait status " + std::to_string(status));
     }
   }
   return vmm::ipc::accept_unix(listen_fd);

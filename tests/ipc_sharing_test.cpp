@@ -87,8 +87,8 @@ struct forgery {
 std::vector<forgery> forgeries(const std::vector<std::byte>& valid, std::uint64_t g, memory_kind kind) {
   constexpr std::size_t h = ipc::manifest_header_bytes;
   constexpr std::size_t e = ipc::manifest_chunk_bytes;
-  const auto other_kind = static_cast<std::uint8_t>(kind == memory_kind::os_host ? memory_kind::device
-                                                                                  : memory_kind::os_host);
+  const auto other_kind =
+      static_cast<std::uint8_t>(kind == memory_kind::os_host ? memory_kind::device : memory_kind::os_host);
   return {
       {"bad magic", patched<std::uint32_t>(valid, 0, 0xdeadbeef), "magic"},
       {"unknown kind", patched<std::uint8_t>(valid, 6, 3), "kind"},
@@ -163,8 +163,8 @@ TEST(manifest_format, fabric_handles_travel_inside_the_manifest) {
   for (std::size_t i = 0; i < m.chunks[1].fabric.bytes.size(); ++i)
     m.chunks[1].fabric.bytes[i] = static_cast<std::byte>(i + 1);
   const auto bytes = ipc::serialize(m);
-  EXPECT_EQ(bytes.size(), ipc::manifest_header_bytes + 2 * ipc::manifest_chunk_bytes +
-                              ipc::manifest_fabric_handle_bytes);
+  EXPECT_EQ(bytes.size(),
+            ipc::manifest_header_bytes + 2 * ipc::manifest_chunk_bytes + ipc::manifest_fabric_handle_bytes);
   EXPECT_EQ(ipc::parse_manifest(bytes), m);
   EXPECT_EQ(m.fd_count(), 1u);
 }
@@ -209,7 +209,8 @@ TEST(manifest_format, an_unknown_version_is_refused_by_name) {
     (void)ipc::parse_manifest(bytes);
     ADD_FAILURE() << "parsed";
   } catch (const ipc::bad_manifest& error) {
-    EXPECT_NE(std::string(error.what()).find("version 2 is not supported"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("version 2 is not supported"), std::string::npos)
+        << error.what();
   }
   // Whatever follows the version: a later version may lay it out differently.
   EXPECT_THROW((void)ipc::parse_manifest(std::span(bytes).first(8)), ipc::bad_manifest);
@@ -240,7 +241,9 @@ class ipc_sharing : public provider_test<Kind> {
     pool_ = chunk_pool::create(this->provider_, {.release_threshold = 0});
   }
 
-  [[nodiscard]] bool exportable() const { return this->provider_->capabilities().export_kind != handle_kind::none; }
+  [[nodiscard]] bool exportable() const {
+    return this->provider_->capabilities().export_kind != handle_kind::none;
+  }
 
   // A buffer of `chunks` chunks of one granularity each, holding pattern(seed) over them.
   growable_buffer make_buffer(std::size_t chunks, std::uint32_t seed, std::size_t max_chunks = 16) {
@@ -279,7 +282,8 @@ class ipc_sharing : public provider_test<Kind> {
     {
       auto [sender, receiver] = ipc::make_socket_pair();
       ipc::send_message(sender.get(), payload, fds);
-      EXPECT_THROW((void)ipc::imported_buffer::receive(receiver.get(), {.access = access, .provider = this->provider_}),
+      EXPECT_THROW((void)ipc::imported_buffer::receive(receiver.get(),
+                                                       {.access = access, .provider = this->provider_}),
                    Error);
     }
     EXPECT_EQ(open_fd_count(), fds_before);
@@ -291,7 +295,8 @@ class ipc_sharing : public provider_test<Kind> {
   void warm_up_import() {
     const physical_allocation memory(this->provider_, this->granularity_);
     const unique_fd fd = memory.export_fd();
-    const physical_allocation imported = physical_allocation::import_fd(this->provider_, fd.get(), this->granularity_);
+    const physical_allocation imported =
+        physical_allocation::import_fd(this->provider_, fd.get(), this->granularity_);
     const address_range range(this->provider_, this->granularity_);
     const mapping mapped(imported, range.address(), access_mode::read_write);
   }
@@ -471,14 +476,17 @@ TYPED_TEST(ipc_sharing, growth_is_refused_when_the_chunks_below_the_importer_cha
   growable_buffer other = this->make_buffer(1, 11);
   ipc::exporter exporter;
   ipc::exported_manifest of_other = exporter.export_buffer(other);
-  EXPECT_THROW((void)exporter.export_growth(buffer, of_other.description), invalid_argument);  // another buffer's
+  EXPECT_THROW((void)exporter.export_growth(buffer, of_other.description),
+               invalid_argument);  // another buffer's
   const ipc::exported_manifest whole = exporter.export_buffer(buffer);
-  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, g / 2)), invalid_argument);  // not a boundary
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, g / 2)),
+               invalid_argument);  // not a boundary
   EXPECT_THROW((void)exporter.export_growth(other, whole.description), invalid_argument);
   buffer.resize(g);  // shrinks: chunks 1 and 2 go back to the pool
   buffer.collect_retired();
-  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, 3 * g)), invalid_argument);  // past the end now
-  buffer.resize(3 * g);  // new chunks at the same offsets
+  EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, 3 * g)),
+               invalid_argument);  // past the end now
+  buffer.resize(3 * g);            // new chunks at the same offsets
   EXPECT_THROW((void)exporter.export_growth(buffer, state_at(whole, 3 * g)), invalid_argument);
   // An importer of that export that maps only chunk 0 is refused too: the export shared the
   // old chunks 1 and 2, and another of its importers may map them.
@@ -513,7 +521,7 @@ TYPED_TEST(ipc_sharing, each_export_is_checked_on_its_own_so_a_stale_importer_is
   const ipc::exported_manifest to_a = exporter.export_buffer(buffer);  // importer A: chunks 0, 1
   buffer.resize(g);
   buffer.collect_retired();
-  buffer.resize(2 * g);  // chunk 1 replaced
+  buffer.resize(2 * g);                                                // chunk 1 replaced
   const ipc::exported_manifest to_b = exporter.export_buffer(buffer);  // importer B: the new chunk 1
   buffer.resize(3 * g);
   EXPECT_EQ(exporter.export_growth(buffer, to_b.description).description.chunks.size(), 1u);
@@ -693,9 +701,8 @@ TYPED_TEST(ipc_sharing, hand_off_messages_out_of_order_or_malformed_are_protocol
   };
   const std::size_t events_extra = 2 * sizeof(ipc::interprocess_event_handle::bytes);
   const std::size_t fds_before = open_fd_count();
-  expect_error<ipc::protocol_error>(
-      [&] { consumer_given(handoff_message(handoff_magic, handoff_ready, 1)); },
-      "message type 2 where \"events\" (1) was due");
+  expect_error<ipc::protocol_error>([&] { consumer_given(handoff_message(handoff_magic, handoff_ready, 1)); },
+                                    "message type 2 where \"events\" (1) was due");
   expect_error<ipc::protocol_error>(
       [&] { consumer_given(handoff_message(0x0badf00d, handoff_events, 0, events_extra)); },
       "bad magic 0x0badf00d");
@@ -795,9 +802,9 @@ TYPED_TEST(ipc_sharing, a_truncated_manifest_is_refused_with_nothing_mapped_and_
   ipc::exporter exporter;
   const ipc::exported_manifest exported = exporter.export_buffer(buffer);
   const int fds[] = {exported.fds[0].get(), exported.fds[1].get()};
-  for (const std::size_t length : {std::size_t{0}, std::size_t{7}, ipc::manifest_header_bytes - 1,
-                                   ipc::manifest_header_bytes + ipc::manifest_chunk_bytes - 1,
-                                   exported.bytes.size() - 1})
+  for (const std::size_t length :
+       {std::size_t{0}, std::size_t{7}, ipc::manifest_header_bytes - 1,
+        ipc::manifest_header_bytes + ipc::manifest_chunk_bytes - 1, exported.bytes.size() - 1})
     this->template expect_refused<ipc::bad_manifest>(std::span(exported.bytes).first(length), fds,
                                                      "truncated to " + std::to_string(length) + " bytes");
 }
@@ -832,15 +839,15 @@ TYPED_TEST(ipc_sharing, a_forged_manifest_is_refused_with_nothing_mapped_and_eve
                  ipc::bad_manifest);
     // A continuation in order, but without the fd it owes.
     ipc::send_message(sender.get(), ipc::serialize(many), first);
-    const std::vector<std::byte> continuation =
-        patched<std::uint32_t>(patched<std::uint32_t>(std::vector<std::byte>(8), 0, ipc::manifest_continuation_magic),
-                               4, 1);
+    const std::vector<std::byte> continuation = patched<std::uint32_t>(
+        patched<std::uint32_t>(std::vector<std::byte>(8), 0, ipc::manifest_continuation_magic), 4, 1);
     ipc::send_message(sender.get(), continuation);
     try {
       (void)ipc::receive_manifest(receiver.get());
       ADD_FAILURE() << "a continuation without its fd was accepted";
     } catch (const ipc::bad_manifest& error) {
-      EXPECT_NE(std::string(error.what()).find("continuation 1 carries 0 fds instead of 1"), std::string::npos)
+      EXPECT_NE(std::string(error.what()).find("continuation 1 carries 0 fds instead of 1"),
+                std::string::npos)
           << error.what();
     }
   }
@@ -871,7 +878,8 @@ TYPED_TEST(ipc_sharing, a_manifest_whose_continuation_never_comes_times_out_with
     ipc::send_message(sender.get(), ipc::serialize(many), first);
     expect_error<ipc::timeout_error>(
         [&] {
-          (void)ipc::imported_buffer::receive(receiver.get(), {.provider = this->provider_, .timeout = timeout});
+          (void)ipc::imported_buffer::receive(receiver.get(),
+                                              {.provider = this->provider_, .timeout = timeout});
         },
         "timed out with 0 of 16 header bytes received");
     ipc::send_message(sender.get(), ipc::serialize(many), first);

@@ -21,7 +21,9 @@ namespace {
 constexpr std::size_t kib = 1024;
 constexpr std::size_t mib = 1024 * kib;
 
-std::size_t rounded(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+std::size_t rounded(std::size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
 
 template <class Kind>
 class memory_resources : public provider_test<Kind> {
@@ -31,7 +33,8 @@ class memory_resources : public provider_test<Kind> {
     if (this->provider_ != nullptr) pool_ = chunk_pool::create(this->provider_);
   }
   // A resource of its own pool, bounded so that tests never take a machine's memory.
-  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {}, reuse_policies policies = {}) {
+  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {},
+                                        reuse_policies policies = {}) {
     if (properties.max_size == 0) properties.max_size = 256 * mib;
     return std::make_unique<memory_resource>(pool_, properties, policies);
   }
@@ -112,9 +115,9 @@ TYPED_TEST(memory_resources, bad_input_is_refused_and_changes_nothing) {
   // Refused deallocations are reported and counted, never thrown (deallocate is noexcept).
   const auto quiet = set_cleanup_failure_handler([](const char*) noexcept {});
   int x = 0;
-  resource->deallocate({}, &x, 4);                            // not this resource's
+  resource->deallocate({}, &x, 4);                             // not this resource's
   resource->deallocate({}, static_cast<char*>(p) + 256, 256);  // inside an allocation
-  resource->deallocate({}, p, 8 * kib);                       // another size
+  resource->deallocate({}, p, 8 * kib);                        // another size
   void* q = other->allocate({}, 4 * kib);
   resource->deallocate({}, q, 4 * kib);  // another resource's
   set_cleanup_failure_handler(quiet);
@@ -219,7 +222,8 @@ TYPED_TEST(memory_resources, access_applies_to_pages_mapped_now_and_later) {
   EXPECT_THROW(resource->set_access(foreign), invalid_argument);
   EXPECT_EQ(resource->access(first), access_mode::read_only);
   std::vector<access_grant> all;
-  for (const accessor& who : this->provider_->capabilities().default_accessors) all.push_back({who, access_mode::read_write});
+  for (const accessor& who : this->provider_->capabilities().default_accessors)
+    all.push_back({who, access_mode::read_write});
   resource->set_access(all);
   const auto bytes = pattern(4 * mib, 5);
   this->write(p, bytes);
@@ -397,7 +401,8 @@ TYPED_TEST(sleeping_resources, sleep_gives_every_page_back_and_wake_restores_the
   EXPECT_EQ(resource->statistics().allocations, 0u);
 }
 
-TYPED_TEST(sleeping_resources, a_wake_that_runs_out_of_memory_gives_back_what_it_took_and_says_how_much_was_missing) {
+TYPED_TEST(sleeping_resources,
+           a_wake_that_runs_out_of_memory_gives_back_what_it_took_and_says_how_much_was_missing) {
   const std::size_t g = this->granularity_;
   auto resource = this->make();
   void* w = resource->allocate({}, 4 * g, 256, allocation_tag{1});
@@ -411,7 +416,8 @@ TYPED_TEST(sleeping_resources, a_wake_that_runs_out_of_memory_gives_back_what_it
     resource->wake();
     ADD_FAILURE() << "no out_of_memory";
   } catch (const out_of_memory& error) {
-    EXPECT_NE(std::string(error.what()).find(std::to_string(2 * g) + " bytes were missing"), std::string::npos)
+    EXPECT_NE(std::string(error.what()).find(std::to_string(2 * g) + " bytes were missing"),
+              std::string::npos)
         << error.what();
   }
   EXPECT_TRUE(resource->asleep());

@@ -70,9 +70,11 @@ TYPED_TEST(primitives, bad_map_addresses_are_refused_and_leave_nothing_mapped) {
   address_range range(this->provider_, 2 * g);
   physical_allocation memory(this->provider_, g);
   EXPECT_THROW(mapping(memory, range.address() + 1, access_mode::read_write), invalid_argument);
-  EXPECT_THROW(mapping(memory, range.address() + 2 * g, access_mode::read_write), invalid_argument);  // past the end
+  EXPECT_THROW(mapping(memory, range.address() + 2 * g, access_mode::read_write),
+               invalid_argument);  // past the end
   physical_allocation big(this->provider_, 2 * g);
-  EXPECT_THROW(mapping(big, range.address() + g, access_mode::read_write), invalid_argument);  // runs past the end
+  EXPECT_THROW(mapping(big, range.address() + g, access_mode::read_write),
+               invalid_argument);  // runs past the end
   mapping first(memory, range.address(), access_mode::read_write);
   physical_allocation other(this->provider_, g);
   EXPECT_THROW(mapping(other, range.address(), access_mode::read_write), invalid_argument);  // overlaps
@@ -91,8 +93,8 @@ TYPED_TEST(primitives, double_unmap_and_bad_free_are_refused) {
   const std::uintptr_t address = mapped.release();
   this->provider_->unmap(address, g);
   EXPECT_THROW(this->provider_->unmap(address, g), invalid_argument);
-  EXPECT_THROW(this->provider_->unmap(address + g, g), invalid_argument);  // never mapped
-  EXPECT_THROW(this->provider_->free_range(range.address(), g), invalid_argument);  // wrong size
+  EXPECT_THROW(this->provider_->unmap(address + g, g), invalid_argument);               // never mapped
+  EXPECT_THROW(this->provider_->free_range(range.address(), g), invalid_argument);      // wrong size
   EXPECT_THROW(this->provider_->free_range(range.address() + g, g), invalid_argument);  // not a reservation
   EXPECT_THROW(this->provider_->destroy(0xdead0000), invalid_argument);
 }
@@ -169,8 +171,8 @@ int write_in_child(access_mode mode) {
 TYPED_TEST(primitives, a_write_through_a_read_only_mapping_fails) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const auto failed = [](int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); };
-  EXPECT_EXIT(std::_Exit(write_in_child<TypeParam>(access_mode::read_write)),
-              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(std::_Exit(write_in_child<TypeParam>(access_mode::read_write)), ::testing::ExitedWithCode(0),
+              "");
   EXPECT_EXIT(std::_Exit(write_in_child<TypeParam>(access_mode::read_only)), failed, "");
 }
 

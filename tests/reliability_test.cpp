@@ -72,7 +72,8 @@ TEST(reliability, an_os_host_vector_grown_to_its_max_size_stays_within_the_commi
 // touch, and the budget is still kept to as bookkeeping.
 TEST(reliability, an_os_host_provider_without_commit_on_create_keeps_its_budget_and_commits_at_touch) {
   const std::size_t budget = std::size_t{1} << 40;  // 1 TiB: more than the machine has
-  auto provider = make_os_host_provider({.granularity = 2 * mib, .commit_budget = budget, .commit_on_create = false});
+  auto provider =
+      make_os_host_provider({.granularity = 2 * mib, .commit_budget = budget, .commit_on_create = false});
   physical_allocation large(provider, budget / 2);
   const unique_fd fd = large.export_fd();
   struct stat status {};
@@ -84,7 +85,8 @@ TEST(reliability, an_os_host_provider_without_commit_on_create_keeps_its_budget_
   mapping mapped(small, range.address(), access_mode::read_write);
   write_bytes(*provider, range.address(), pattern(2 * mib, 3));
   EXPECT_EQ(read_bytes(*provider, range.address(), 2 * mib), pattern(2 * mib, 3));
-  const std::string message = message_of<out_of_memory>([&] { physical_allocation more(provider, budget / 2); });
+  const std::string message =
+      message_of<out_of_memory>([&] { physical_allocation more(provider, budget / 2); });
   EXPECT_NE(message.find("commit budget"), std::string::npos) << message;
 }
 
@@ -131,7 +133,7 @@ TEST(reliability, a_failed_unmap_keeps_the_chunk_and_a_failed_grow_over_retired_
   buffer.resize(2 * g);
   detail::fault::disarm();
   EXPECT_EQ(buffer.capacity(), 2 * g);
-  EXPECT_EQ(buffer.chunk_count(), 4u);  // chunks 2 and 3 stay, retired and still mapped
+  EXPECT_EQ(buffer.chunk_count(), 4u);                // chunks 2 and 3 stay, retired and still mapped
   EXPECT_EQ(pool->statistics().used_current, 4 * g);  // the pool lends them to no one else
 
   // A grow past the retired chunks that fails (no descriptor left for the new chunk)
@@ -167,8 +169,7 @@ TEST(reliability, an_import_may_not_reserve_more_than_its_bound) {
   forged.max_size = std::size_t{1} << 47;  // 128 TiB, no chunks
   const address_space_usage before = provider->address_space().usage();
   const std::vector<address_interval> mappings_before = process_mappings();
-  const std::string message =
-      message_of<invalid_argument>([&] { ipc::imported_buffer import(forged, {}); });
+  const std::string message = message_of<invalid_argument>([&] { ipc::imported_buffer import(forged, {}); });
   EXPECT_NE(message.find("max_size_limit"), std::string::npos) << message;
   EXPECT_EQ(provider->address_space().usage(), before);
   EXPECT_EQ(bytes_reserved_since(mappings_before), 0u);

@@ -110,7 +110,8 @@ TEST(resource_sharing_wire, every_truncated_or_forged_resource_message_is_refuse
       {patched<std::uint8_t>(valid, 6, 3), "unknown grant 3"},
       {patched<std::uint8_t>(valid, 7, 9), "unknown location kind 9"},
       {patched<std::uint32_t>(valid, 8, 0xffffffff), "negative"},
-      {patched<std::uint32_t>(patched<std::uint8_t>(valid, 7, 2), 8, 1), "os host memory has no location id 1"},
+      {patched<std::uint32_t>(patched<std::uint8_t>(valid, 7, 2), 8, 1),
+       "os host memory has no location id 1"},
       {patched<std::uint32_t>(valid, 12, 1), "reserved"},
       {patched<std::uint64_t>(valid, 16, 0), "resource id 0"},
       {patched<std::uint64_t>(valid, 24, 0), "granularity 0"},
@@ -143,7 +144,8 @@ TEST(resource_sharing_wire, every_truncated_or_forged_pointer_message_is_refused
   const auto valid = ipc::serialize(a_pointer(), g2);
   for (std::size_t length = 0; length < valid.size(); ++length) {
     SCOPED_TRACE(length);
-    EXPECT_THROW((void)ipc::parse_pointer_description(std::span(valid).first(length), g2), ipc::protocol_error);
+    EXPECT_THROW((void)ipc::parse_pointer_description(std::span(valid).first(length), g2),
+                 ipc::protocol_error);
   }
   auto longer = valid;
   longer.resize(longer.size() + 8);
@@ -171,7 +173,8 @@ TEST(resource_sharing_wire, every_truncated_or_forged_pointer_message_is_refused
     SCOPED_TRACE(says);
     if (says.find("72 bytes") != std::string::npos) {
       // Trailing bytes: the count says 3, the length 4.
-      expect_error<ipc::protocol_error>([&] { (void)ipc::parse_pointer_description(bytes, g2); }, "page ids call for");
+      expect_error<ipc::protocol_error>([&] { (void)ipc::parse_pointer_description(bytes, g2); },
+                                        "page ids call for");
       continue;
     }
     expect_error<ipc::protocol_error>([&] { (void)ipc::parse_pointer_description(bytes, g2); }, says);
@@ -195,12 +198,13 @@ class resource_sharing : public provider_test<Kind> {
     // Pages go back to the provider as soon as the resource gives them up, so that trimming
     // really gives memory back and fd counts return to their baselines.
     pool_ = chunk_pool::create(this->provider_, {.release_threshold = 0});
-    resource_.emplace(pool_, memory_resource_properties{.handle_type = handle_kind::posix_fd, .max_size = 256 * mib});
+    resource_.emplace(
+        pool_, memory_resource_properties{.handle_type = handle_kind::posix_fd, .max_size = 256 * mib});
     exporter_.emplace(*resource_);
     // In this process the importer maps through a provider of its own where it can: on the
     // OS kind, an address space of its own; GPU memory has one address space per process.
-    importer_provider_ = this->provider_->where().kind == memory_kind::os_host ? make_os_host_provider()
-                                                                              : this->provider_;
+    importer_provider_ =
+        this->provider_->where().kind == memory_kind::os_host ? make_os_host_provider() : this->provider_;
     warm_up();
   }
 
@@ -234,7 +238,8 @@ class resource_sharing : public provider_test<Kind> {
     return p;
   }
   std::vector<std::uint8_t> contents(const void* p, std::size_t n, memory_provider* through = nullptr) const {
-    return read_bytes(through != nullptr ? *through : *this->provider_, reinterpret_cast<std::uintptr_t>(p), n);
+    return read_bytes(through != nullptr ? *through : *this->provider_, reinterpret_cast<std::uintptr_t>(p),
+                      n);
   }
   std::uint64_t checksum_at(const void* p, std::size_t n) const {
     const auto bytes = contents(p, n);
@@ -258,12 +263,14 @@ class resource_sharing : public provider_test<Kind> {
     resource_peer_report baseline;
   };
   std::unique_ptr<peer> spawn() {
-    std::unique_ptr<peer> made(new peer{peer_process({VMM_RESOURCE_PEER_PATH, Kind::name}), resource_peer_report{}});
+    std::unique_ptr<peer> made(
+        new peer{peer_process({VMM_RESOURCE_PEER_PATH, Kind::name}), resource_peer_report{}});
     made->baseline = receive_resource_report(made->process.socket());
     ipc::send_resource(made->process.socket(), exporter_->export_resource());
     return made;
   }
-  resource_peer_report command(peer& to, resource_peer_op op, std::uint32_t slot = 0, std::uint64_t value = 0) {
+  resource_peer_report command(peer& to, resource_peer_op op, std::uint32_t slot = 0,
+                               std::uint64_t value = 0) {
     send_command(to.process.socket(), {op, slot, value});
     return receive_resource_report(to.process.socket());
   }
@@ -273,7 +280,8 @@ class resource_sharing : public provider_test<Kind> {
     return receive_resource_report(to.process.socket());
   }
   // The distinct pages that the allocations touch, as (arena, page).
-  std::set<std::pair<std::size_t, std::size_t>> pages_under(const std::vector<std::pair<void*, std::size_t>>& held) {
+  std::set<std::pair<std::size_t, std::size_t>> pages_under(
+      const std::vector<std::pair<void*, std::size_t>>& held) {
     std::set<std::pair<std::size_t, std::size_t>> pages;
     for (const auto& [p, n] : held) {
       const memory_resource::allocation_pages under = resource_->pages_of(p, n);
@@ -317,7 +325,8 @@ template <class Kind>
 class resource_sharing_every_kind : public provider_test<Kind> {};
 TYPED_TEST_SUITE(resource_sharing_every_kind, all_memory_kinds, memory_kind_names);
 
-TYPED_TEST(resource_sharing_every_kind, a_resource_whose_memory_cannot_be_exported_is_refused_with_the_reason) {
+TYPED_TEST(resource_sharing_every_kind,
+           a_resource_whose_memory_cannot_be_exported_is_refused_with_the_reason) {
   auto pool = chunk_pool::create(this->provider_);
   const bool exportable = this->provider_->capabilities().export_kind != handle_kind::none;
   if (!exportable) {  // pinned host memory: the resource itself refuses to promise it
@@ -333,8 +342,8 @@ TYPED_TEST(resource_sharing_every_kind, a_resource_whose_memory_cannot_be_export
     EXPECT_NE(exporter.export_resource().resource_id, 0u);
     EXPECT_EQ(exporter.export_resource().granularity, this->granularity_);
     EXPECT_EQ(exporter.export_resource().where, this->provider_->where());
-    expect_error<invalid_argument>([&] { ipc::resource_exporter bad(shareable, {.grant = access_mode::none}); },
-                                   "grant");
+    expect_error<invalid_argument>(
+        [&] { ipc::resource_exporter bad(shareable, {.grant = access_mode::none}); }, "grant");
   }
 }
 
@@ -373,7 +382,8 @@ TYPED_TEST(resource_sharing, pointers_that_share_pages_map_each_page_once_and_re
   auto peer = this->spawn();
   // Small blocks side by side in one arena: several per page.
   std::vector<std::pair<void*, std::size_t>> held;
-  for (std::uint32_t i = 0; i < 6; ++i) held.emplace_back(this->allocate_filled(300 * kib + i, 200 + i), 300 * kib + i);
+  for (std::uint32_t i = 0; i < 6; ++i)
+    held.emplace_back(this->allocate_filled(300 * kib + i, 200 + i), 300 * kib + i);
   const std::size_t distinct = this->pages_under(held).size();
   std::size_t touched = 0;
   for (const auto& [p, n] : held) touched += this->resource_->pages_of(p, n).pages.size();
@@ -388,17 +398,19 @@ TYPED_TEST(resource_sharing, pointers_that_share_pages_map_each_page_once_and_re
   EXPECT_EQ(report.mappings - peer->baseline.mappings, distinct);
 
   // Letting go of all but the last keeps exactly the pages the last one touches.
-  for (std::uint32_t i = 0; i + 1 < held.size(); ++i) report = this->command(*peer, resource_peer_op::release, i);
+  for (std::uint32_t i = 0; i + 1 < held.size(); ++i)
+    report = this->command(*peer, resource_peer_op::release, i);
   EXPECT_EQ(report.pointers, 1u);
-  EXPECT_EQ(report.pages_mapped, this->resource_->pages_of(held.back().first, held.back().second).pages.size());
+  EXPECT_EQ(report.pages_mapped,
+            this->resource_->pages_of(held.back().first, held.back().second).pages.size());
   EXPECT_EQ(this->command(*peer, resource_peer_op::report, 5).checksum,
             this->checksum_at(held.back().first, held.back().second));
   report = this->command(*peer, resource_peer_op::release, 5);
   EXPECT_EQ(report.pages_mapped, 0u);
   EXPECT_EQ(report.segments, 0u);
   EXPECT_EQ(report.pages_released, distinct);
-  EXPECT_TRUE(report.same_usage(peer->baseline)) << "ranges " << report.ranges << " handles " << report.handles
-                                                 << " mappings " << report.mappings;
+  EXPECT_TRUE(report.same_usage(peer->baseline))
+      << "ranges " << report.ranges << " handles " << report.handles << " mappings " << report.mappings;
   for (const auto& [p, n] : held) this->resource_->deallocate_sync(p, n);
 }
 
@@ -426,12 +438,14 @@ TYPED_TEST(resource_sharing, the_exporter_trims_and_its_memory_is_gone_once_the_
   std::vector<std::pair<void*, std::size_t>> held;
   for (std::uint32_t i = 0; i < sizes.size(); ++i) {
     held.emplace_back(this->allocate_filled(sizes[i], 400 + i), sizes[i]);
-    EXPECT_EQ(this->send_to(*peer, i, held[i].first, sizes[i]).checksum, this->checksum_at(held[i].first, sizes[i]));
+    EXPECT_EQ(this->send_to(*peer, i, held[i].first, sizes[i]).checksum,
+              this->checksum_at(held[i].first, sizes[i]));
   }
   EXPECT_GT(this->resource_->statistics().reserved_current, 0u);
   const std::size_t distinct = this->pages_under(held).size();
   resource_peer_report report;
-  for (std::uint32_t i = 0; i < sizes.size(); ++i) report = this->command(*peer, resource_peer_op::release, i);
+  for (std::uint32_t i = 0; i < sizes.size(); ++i)
+    report = this->command(*peer, resource_peer_op::release, i);
   EXPECT_TRUE(report.same_usage(peer->baseline));
   EXPECT_EQ(report.pages_mapped, 0u);
 
@@ -457,12 +471,14 @@ TYPED_TEST(resource_sharing, the_exporter_trims_and_its_memory_is_gone_once_the_
 
 TYPED_TEST(resource_sharing, allocating_from_an_imported_resource_is_refused_with_a_clear_error) {
   auto peer = this->spawn();
-  EXPECT_EQ(this->command(*peer, resource_peer_op::allocate).status, resource_peer_status::allocation_refused);
+  EXPECT_EQ(this->command(*peer, resource_peer_op::allocate).status,
+            resource_peer_status::allocation_refused);
   ipc::imported_resource imported = this->import_here();
   const address_space_usage before = this->importer_provider_->address_space().usage();
   expect_error<invalid_argument>([&] { (void)imported.allocate({}, 4096); },
                                  "cannot allocate from an imported resource");
-  expect_error<invalid_argument>([&] { (void)imported.allocate_sync(1); }, "cannot allocate from an imported resource");
+  expect_error<invalid_argument>([&] { (void)imported.allocate_sync(1); },
+                                 "cannot allocate from an imported resource");
   EXPECT_EQ(this->importer_provider_->address_space().usage(), before);
   EXPECT_EQ(imported.statistics().pointers, 0u);
 }
@@ -518,9 +534,11 @@ TYPED_TEST(resource_sharing, a_pointer_let_go_of_on_a_busy_stream_imports_again_
     this->importer_provider_->executor().fill(shared.data(), round, n, stream.get());
     shared.reset();  // unmapped once the fill has passed
     ipc::imported_pointer again = this->share_here(imported, p, n);
-    EXPECT_EQ(this->contents(again.data(), n, this->importer_provider_.get()), std::vector<std::uint8_t>(n, round));
+    EXPECT_EQ(this->contents(again.data(), n, this->importer_provider_.get()),
+              std::vector<std::uint8_t>(n, round));
   }
-  EXPECT_EQ(this->contents(keeps_the_mirror.data(), 3 * mib, this->importer_provider_.get()), pattern(3 * mib, 521));
+  EXPECT_EQ(this->contents(keeps_the_mirror.data(), 3 * mib, this->importer_provider_.get()),
+            pattern(3 * mib, 521));
   keeps_the_mirror.reset();
   collect_retired(true);
   EXPECT_EQ(imported.statistics().pages_mapped, 0u);
@@ -556,7 +574,8 @@ ipc::exported_manifest forged_pages(const ipc::exported_pointer& exported, Chang
   change(pages.description);
   pages.bytes = ipc::serialize(pages.description);
   for (std::size_t i = 0; i < pages.description.fd_count(); ++i)
-    pages.fds.emplace_back(::fcntl(exported.pages.fds[i % exported.pages.fds.size()].get(), F_DUPFD_CLOEXEC, 0));
+    pages.fds.emplace_back(
+        ::fcntl(exported.pages.fds[i % exported.pages.fds.size()].get(), F_DUPFD_CLOEXEC, 0));
   return pages;
 }
 
@@ -570,52 +589,61 @@ TYPED_TEST(resource_sharing, malformed_pointers_are_refused_with_nothing_mapped_
   const std::vector<std::byte>& bytes = valid.bytes;
   const std::uint64_t segment_size = valid.description.segment_size;
 
-  this->expect_refused(imported, patched<std::uint32_t>(bytes, 0, 0x0badf00d), valid.pages, "bad magic 0x0badf00d");
-  this->expect_refused(imported, patched<std::uint16_t>(bytes, 4, 2), valid.pages, "version 2 is not supported");
+  this->expect_refused(imported, patched<std::uint32_t>(bytes, 0, 0x0badf00d), valid.pages,
+                       "bad magic 0x0badf00d");
+  this->expect_refused(imported, patched<std::uint16_t>(bytes, 4, 2), valid.pages,
+                       "version 2 is not supported");
   this->expect_refused(imported, patched<std::uint32_t>(bytes, 16, ipc::max_segments), valid.pages,
-                 "segment 256 is out of range");
+                       "segment 256 is out of range");
   this->expect_refused(imported, patched<std::uint64_t>(bytes, 32, segment_size - mib), valid.pages,
-                 "runs past the end of the segment");
-  this->expect_refused(imported, patched<std::uint64_t>(bytes, 40, segment_size - valid.description.offset + 1),
+                       "runs past the end of the segment");
+  this->expect_refused(imported,
+                       patched<std::uint64_t>(bytes, 40, segment_size - valid.description.offset + 1),
                        valid.pages, "runs past the end of the segment");
-  for (const std::size_t length : {std::size_t{0}, std::size_t{5}, ipc::pointer_header_bytes - 1,
-                                   bytes.size() - 1})
+  for (const std::size_t length :
+       {std::size_t{0}, std::size_t{5}, ipc::pointer_header_bytes - 1, bytes.size() - 1})
     this->expect_refused(imported, std::span(bytes).first(length), valid.pages, "pointer message");
   // Another resource's pointer, its manifest consistent with it.
   this->expect_refused(imported, patched<std::uint64_t>(bytes, 8, valid.description.resource_id ^ 1),
-                       forged_pages(valid, [&](ipc::manifest& m) { m.buffer_id ^= 1; }), "a pointer of resource");
-  this->expect_refused(imported, patched<std::uint64_t>(bytes, 8, valid.description.resource_id ^ 1), valid.pages,
-                       "not the resource");
+                       forged_pages(valid, [&](ipc::manifest& m) { m.buffer_id ^= 1; }),
+                       "a pointer of resource");
+  this->expect_refused(imported, patched<std::uint64_t>(bytes, 8, valid.description.resource_id ^ 1),
+                       valid.pages, "not the resource");
   this->expect_refused(imported, patched<std::uint64_t>(bytes, 32, valid.description.offset + g), valid.pages,
-                 "starts at");  // the pages of another place
+                       "starts at");  // the pages of another place
 
   // Manifests that do not describe the pointer's pages.
   this->expect_refused(imported, bytes, forged_pages(valid, [&](ipc::manifest& m) { m.base_offset += g; }),
-                 "starts at");
+                       "starts at");
   this->expect_refused(imported, bytes, forged_pages(valid, [&](ipc::manifest& m) { m.buffer_id ^= 1; }),
-                 "names buffer");
+                       "names buffer");
   this->expect_refused(imported, bytes, forged_pages(valid, [&](ipc::manifest& m) { m.max_size += g; }),
-                 "max size");
-  this->expect_refused(imported, bytes, forged_pages(valid, [&](ipc::manifest& m) {
-                   m.chunks.pop_back();
-                   m.end = m.size = g;
-                 }),
-                 "lists 1 chunks for 2 pages");
-  this->expect_refused(imported, bytes, forged_pages(valid, [&](ipc::manifest& m) { m.kind = ipc::manifest_kind::growth; }),
-                 "growth manifest");
-  this->expect_refused(imported, bytes, forged_pages(valid, [&](ipc::manifest& m) {
-                   m.chunks.resize(1);
-                   m.chunks[0].size = 2 * g;
-                   m.end = m.size = 2 * g;
-                 }),
-                 "lists 1 chunks");
+                       "max size");
+  this->expect_refused(imported, bytes,
+                       forged_pages(valid,
+                                    [&](ipc::manifest& m) {
+                                      m.chunks.pop_back();
+                                      m.end = m.size = g;
+                                    }),
+                       "lists 1 chunks for 2 pages");
+  this->expect_refused(imported, bytes,
+                       forged_pages(valid, [&](ipc::manifest& m) { m.kind = ipc::manifest_kind::growth; }),
+                       "growth manifest");
+  this->expect_refused(imported, bytes,
+                       forged_pages(valid,
+                                    [&](ipc::manifest& m) {
+                                      m.chunks.resize(1);
+                                      m.chunks[0].size = 2 * g;
+                                      m.end = m.size = 2 * g;
+                                    }),
+                       "lists 1 chunks");
   {
     // A page of another device (os host memory has no id 1): the bytes patched, as no
     // serialize() would write them for os host memory.
     ipc::exported_manifest other_device = forged_pages(valid, [](ipc::manifest&) {});
     const std::size_t location_id = ipc::manifest_header_bytes + ipc::manifest_chunk_bytes + 20;
-    other_device.bytes =
-        patched<std::uint32_t>(other_device.bytes, location_id, valid.pages.description.chunks[1].where.id + 1);
+    other_device.bytes = patched<std::uint32_t>(other_device.bytes, location_id,
+                                                valid.pages.description.chunks[1].where.id + 1);
     this->expect_refused(imported, bytes, other_device, "memory");
   }
   // A manifest whose message lacks one of its fds.
@@ -666,8 +694,10 @@ TYPED_TEST(resource_sharing, a_page_the_importer_still_maps_with_other_memory_is
   ASSERT_EQ(new_pages.arena, old_pages.arena);
   ASSERT_EQ(new_pages.first_page, old_pages.first_page) << "the resource put the new block elsewhere";
   const ipc::exported_pointer exported = this->exporter_->export_pointer(q, n);
-  this->expect_refused(imported, exported.bytes, exported.pages, "it freed an allocation this process had not let go of");
-  EXPECT_EQ(this->contents(held.data(), n, this->importer_provider_.get()), pattern(n, 700));  // still the old memory
+  this->expect_refused(imported, exported.bytes, exported.pages,
+                       "it freed an allocation this process had not let go of");
+  EXPECT_EQ(this->contents(held.data(), n, this->importer_provider_.get()),
+            pattern(n, 700));  // still the old memory
   held.reset();
   ipc::imported_pointer fresh = this->share_here(imported, q, n);
   EXPECT_EQ(this->contents(fresh.data(), n, this->importer_provider_.get()), pattern(n, 701));
@@ -678,7 +708,8 @@ TYPED_TEST(resource_sharing, a_page_the_importer_still_maps_with_other_memory_is
 TYPED_TEST(resource_sharing, a_segment_larger_than_the_limit_is_refused_before_anything_is_reserved) {
   void* p = this->allocate_filled(mib, 800);
   const ipc::exported_pointer exported = this->exporter_->export_pointer(p, mib);
-  ipc::imported_resource small = this->import_here({.max_size_limit = exported.description.segment_size - this->granularity_});
+  ipc::imported_resource small =
+      this->import_here({.max_size_limit = exported.description.segment_size - this->granularity_});
   const address_space_usage before = this->importer_provider_->address_space().usage();
   const std::size_t fds_before = open_fd_count();
   {
@@ -700,7 +731,9 @@ TYPED_TEST(resource_sharing, a_read_only_grant_is_kept) {
   ipc::resource_exporter read_only(*this->resource_, {.grant = access_mode::read_only});
   EXPECT_EQ(read_only.export_resource().grant, access_mode::read_only);
   expect_error<invalid_argument>(
-      [&] { ipc::imported_resource refused(read_only.export_resource(), {.provider = this->importer_provider_}); },
+      [&] {
+        ipc::imported_resource refused(read_only.export_resource(), {.provider = this->importer_provider_});
+      },
       "granted read-only");
   ipc::imported_resource imported(read_only.export_resource(),
                                   {.access = access_mode::read_only, .provider = this->importer_provider_});

@@ -117,7 +117,8 @@ class scripted_executor final : public stream_executor {
 
 class stream_order : public ::testing::Test {
  protected:
-  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {}, reuse_policies policies = {}) {
+  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {},
+                                        reuse_policies policies = {}) {
     if (properties.max_size == 0) properties.max_size = 64 * mib;
     auto pool = chunk_pool::create(provider_);
     return std::make_unique<memory_resource>(pool, properties, policies);
@@ -149,8 +150,9 @@ TEST_F(stream_order, memory_freed_on_a_stream_is_reused_at_once_by_that_stream) 
 }
 
 TEST_F(stream_order, another_stream_gets_it_only_once_the_free_has_passed) {
-  auto resource = make({}, {.follow_event_dependencies = true, .allow_opportunistic = true,
-                            .allow_internal_dependencies = false});
+  auto resource = make(
+      {},
+      {.follow_event_dependencies = true, .allow_opportunistic = true, .allow_internal_dependencies = false});
   void* p = resource->allocate(a_, 4 * mib);
   executor_.enqueue(a_);  // still running
   resource->deallocate(a_, p, 4 * mib);
@@ -184,8 +186,9 @@ TEST_F(stream_order, an_internal_dependency_makes_the_allocating_stream_wait_for
 
 TEST_F(stream_order, without_internal_dependencies_the_busy_block_is_not_taken) {
   const std::size_t g = 2 * mib;
-  auto resource = make({.max_size = 4 * g}, {.follow_event_dependencies = false, .allow_opportunistic = true,
-                                              .allow_internal_dependencies = false});
+  auto resource = make({.max_size = 4 * g}, {.follow_event_dependencies = false,
+                                             .allow_opportunistic = true,
+                                             .allow_internal_dependencies = false});
   void* p = resource->allocate(a_, 4 * g);
   executor_.enqueue(a_);
   resource->deallocate(a_, p, 4 * g);
@@ -198,8 +201,9 @@ TEST_F(stream_order, without_internal_dependencies_the_busy_block_is_not_taken) 
 
 TEST_F(stream_order, wait_for_lets_the_waiting_stream_reuse_what_the_other_freed) {
   const std::size_t g = 2 * mib;
-  auto resource = make({.max_size = 4 * g}, {.follow_event_dependencies = true, .allow_opportunistic = false,
-                                              .allow_internal_dependencies = false});
+  auto resource = make({.max_size = 4 * g}, {.follow_event_dependencies = true,
+                                             .allow_opportunistic = false,
+                                             .allow_internal_dependencies = false});
   void* p = resource->allocate(a_, 4 * g);
   executor_.enqueue(a_);
   resource->deallocate(a_, p, 4 * g);
@@ -259,7 +263,8 @@ TEST_F(stream_order, a_random_run_never_hands_a_busy_block_to_another_stream) {
         if (executor_.completed(streams[f.stream]) >= f.position) continue;
         bool waited = false;
         for (const auto& w : executor_.waits())
-          waited = waited || (w.stream == streams[s] && w.waited == streams[f.stream] && w.position >= f.position);
+          waited =
+              waited || (w.stream == streams[s] && w.waited == streams[f.stream] && w.position >= f.position);
         ASSERT_TRUE(waited) << "step " << step << ": stream " << s << " got memory stream " << f.stream
                             << " freed and has not passed";
       }
@@ -272,7 +277,8 @@ TEST_F(stream_order, a_random_run_never_hands_a_busy_block_to_another_stream) {
       }
       model.emplace(address, live{bytes, s});
     }
-    std::erase_if(history, [&](const freed& f) { return executor_.completed(streams[f.stream]) >= f.position; });
+    std::erase_if(history,
+                  [&](const freed& f) { return executor_.completed(streams[f.stream]) >= f.position; });
   }
   for (auto& [address, entry] : model)
     resource->deallocate(streams[entry.stream], reinterpret_cast<void*>(address), entry.bytes);

@@ -63,8 +63,8 @@ TYPED_TEST(ring_buffers, every_window_across_the_wrap_is_contiguous) {
   };
   // Windows starting anywhere in [0, capacity), up to the whole capacity long, read through
   // one pointer: those that reach past `capacity` cross the wrap.
-  for (std::size_t start : {std::size_t{0}, std::size_t{1}, g / 2, g - 1, g, capacity - 4096,
-                            capacity - 7, capacity - 1}) {
+  for (std::size_t start :
+       {std::size_t{0}, std::size_t{1}, g / 2, g - 1, g, capacity - 4096, capacity - 7, capacity - 1}) {
     for (std::size_t length : {std::size_t{1}, std::size_t{64}, g + 3, capacity - start + 1, capacity}) {
       if (length > capacity) continue;
       ASSERT_EQ(this->read(ring.data(), start, length), rotated(start, length))
@@ -193,8 +193,8 @@ TYPED_TEST(ring_buffers, the_ring_holds_its_chunks_until_it_goes) {
     ring_buffer ring(this->pool_, 4 * g);
     EXPECT_EQ(this->pool_->statistics().used_current, 5 * g);  // the memory once, plus the control block
     ring_buffer moved = std::move(ring);
-    EXPECT_EQ(ring.data(), nullptr);  // NOLINT(bugprone-use-after-move): the contract under test
-    EXPECT_EQ(ring.capacity(), 0u);   // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(ring.data(), nullptr);       // NOLINT(bugprone-use-after-move): the contract under test
+    EXPECT_EQ(ring.capacity(), 0u);        // NOLINT(bugprone-use-after-move)
     EXPECT_EQ(ring.view().data, nullptr);  // NOLINT(bugprone-use-after-move)
     EXPECT_THROW((void)ring.head(), invalid_argument);  // NOLINT(bugprone-use-after-move)
     EXPECT_EQ(moved.capacity(), 4 * g);
@@ -212,8 +212,8 @@ TYPED_TEST(ring_buffers, a_capacity_off_the_granularity_is_refused_with_the_reas
       ring_buffer ring(this->pool_, capacity);
       ADD_FAILURE() << "capacity " << capacity << " was accepted";
     } catch (const invalid_argument& error) {
-      EXPECT_NE(std::string(error.what()).find(fmt::format(
-                    "capacity {} is not a multiple of the granularity {}", capacity, g)),
+      EXPECT_NE(std::string(error.what())
+                    .find(fmt::format("capacity {} is not a multiple of the granularity {}", capacity, g)),
                 std::string::npos)
           << error.what();
     }

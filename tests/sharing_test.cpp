@@ -31,16 +31,15 @@ template <class Kind>
 pid_t spawn_peer(const std::string& socket_path) {
   const std::string program = VMM_IMPORT_PEER_PATH;
   std::string kind = Kind::name;
-  char* argv[] = {const_cast<char*>(program.c_str()), kind.data(),
-                  const_cast<char*>(socket_path.c_str()), nullptr};
+  char* argv[] = {const_cast<char*>(program.c_str()), kind.data(), const_cast<char*>(socket_path.c_str()),
+                  nullptr};
   pid_t pid = -1;
   if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv, environ) != 0) return -1;
   return pid;
 }
 
 std::string temporary_socket_path() {
-  const auto directory = std::filesystem::temp_directory_path() /
-                         ("vmm-test-" + std::to_string(::getpid()));
+  const auto directory = std::filesystem::temp_directory_path() / ("vmm-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(directory);
   return (directory / "peer.sock").string();
 }

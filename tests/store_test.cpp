@@ -64,9 +64,13 @@ class daemon_process {
   std::unique_ptr<child_process> process_;
 };
 
-bool exited_cleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+bool exited_cleanly(int status) {
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
-std::uint64_t checksum_of(const std::vector<std::uint8_t>& bytes) { return checksum(bytes.data(), bytes.size()); }
+std::uint64_t checksum_of(const std::vector<std::uint8_t>& bytes) {
+  return checksum(bytes.data(), bytes.size());
+}
 
 std::vector<std::uint8_t> contents(const store::buffer& held) {
   return read_bytes(*held.provider(), reinterpret_cast<std::uintptr_t>(held.data()), held.size());
@@ -90,7 +94,8 @@ class store_test : public provider_test<Kind> {
     return child_process(argv);
   }
 
-  store::buffer create_filled(store::client& store, const std::string& name, std::size_t bytes, std::uint32_t seed) {
+  store::buffer create_filled(store::client& store, const std::string& name, std::size_t bytes,
+                              std::uint32_t seed) {
     store::buffer made = store.create(name, bytes, Kind::where());
     write_bytes(*made.provider(), reinterpret_cast<std::uintptr_t>(made.data()), pattern(bytes, seed));
     return made;
@@ -281,7 +286,7 @@ TYPED_TEST(store_test, daemon_killed_leaves_mappings_readable_and_a_restart_is_e
   } catch (const store::store_error& error) {
     EXPECT_EQ(error.code(), store::store_error::daemon_gone) << error.what();
   }
-  held.release();  // nothing to release to: must not throw or hang
+  held.release();                                     // nothing to release to: must not throw or hang
   daemon_process restarted(this->daemon_->socket());  // over the stale socket file
   store::client fresh = this->connect();
   EXPECT_NE(fresh.daemon().instance, instance);
@@ -344,7 +349,8 @@ template <class Kind>
 class store_cap_test : public store_test<Kind> {
  protected:
   std::vector<std::string> daemon_arguments() const override {
-    return {"--cap", std::to_string(8 * this->granularity_), "--client-cap", std::to_string(4 * this->granularity_)};
+    return {"--cap", std::to_string(8 * this->granularity_), "--client-cap",
+            std::to_string(4 * this->granularity_)};
   }
 };
 TYPED_TEST_SUITE(store_cap_test, store_kinds, memory_kind_names);
@@ -394,12 +400,17 @@ TEST(store_protocol, names_are_validated) {
   EXPECT_FALSE(store::valid_name("\xf4\x90\x80\x80"));  // past U+10FFFF
   EXPECT_FALSE(store::valid_name("cut\xe2\x82"));
   EXPECT_FALSE(store::valid_name("\x80"));
-  EXPECT_THROW((void)store::encode(store::request{.op = store::operation::stat, .name = ""}), invalid_argument);
+  EXPECT_THROW((void)store::encode(store::request{.op = store::operation::stat, .name = ""}),
+               invalid_argument);
 }
 
 TEST(store_protocol, requests_round_trip_and_forgeries_are_refused) {
-  const store::request asked{.op = store::operation::get, .name = "x", .access = access_mode::read_write,
-                             .entry = 7, .generation = 9, .end = 11};
+  const store::request asked{.op = store::operation::get,
+                             .name = "x",
+                             .access = access_mode::read_write,
+                             .entry = 7,
+                             .generation = 9,
+                             .end = 11};
   std::vector<std::byte> bytes = store::encode(asked);
   EXPECT_EQ(store::decode_request(bytes), asked);
   auto patched = [&](std::size_t at, std::uint8_t value) {
@@ -407,11 +418,11 @@ TEST(store_protocol, requests_round_trip_and_forgeries_are_refused) {
     copy.at(at) = static_cast<std::byte>(value);
     return copy;
   };
-  EXPECT_THROW((void)store::decode_request(patched(0, 0)), ipc::protocol_error);           // magic
+  EXPECT_THROW((void)store::decode_request(patched(0, 0)), ipc::protocol_error);  // magic
   EXPECT_THROW((void)store::decode_request(patched(4, 2)), store::unsupported_version_error);
-  EXPECT_THROW((void)store::decode_request(patched(6, 99)), ipc::protocol_error);          // op
-  EXPECT_THROW((void)store::decode_request(patched(8, 3)), ipc::protocol_error);           // access
-  EXPECT_THROW((void)store::decode_request(patched(9, 1)), ipc::protocol_error);           // reserved
+  EXPECT_THROW((void)store::decode_request(patched(6, 99)), ipc::protocol_error);  // op
+  EXPECT_THROW((void)store::decode_request(patched(8, 3)), ipc::protocol_error);   // access
+  EXPECT_THROW((void)store::decode_request(patched(9, 1)), ipc::protocol_error);   // reserved
   EXPECT_THROW((void)store::decode_request(std::span(bytes).first(bytes.size() - 1)), ipc::protocol_error);
   bytes.push_back(std::byte{0});
   EXPECT_THROW((void)store::decode_request(bytes), ipc::protocol_error);  // trailing byte
@@ -437,7 +448,8 @@ TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_
     std::memcpy(bytes.data(), &header, sizeof header);
     return bytes;
   };
-  std::vector<std::byte> valid_get = store::encode(store::request{.op = store::operation::get, .name = "kept"});
+  std::vector<std::byte> valid_get =
+      store::encode(store::request{.op = store::operation::get, .name = "kept"});
   std::vector<std::pair<std::string, std::vector<std::byte>>> raw = {
       {"bad frame magic", frame(0x12345678, 0, 8)},
       {"oversized frame", frame(ipc::frame_magic, 0, std::uint64_t{1} << 40)},
@@ -448,22 +460,37 @@ TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_
       {"garbage", std::vector<std::byte>(40, std::byte{0xab})},
       {"empty", {}},
       {"truncated get", std::vector<std::byte>(valid_get.begin(), valid_get.end() - 2)},
-      {"other version", [&] { auto b = valid_get; b[4] = std::byte{9}; return b; }()},
-      {"unknown op", [&] { auto b = valid_get; b[6] = std::byte{77}; return b; }()},
+      {"other version",
+       [&] {
+         auto b = valid_get;
+         b[4] = std::byte{9};
+         return b;
+       }()},
+      {"unknown op",
+       [&] {
+         auto b = valid_get;
+         b[6] = std::byte{77};
+         return b;
+       }()},
       {"release of nothing held", store::encode(store::request{.op = store::operation::release, .entry = 1})},
-      {"name of bad UTF-8", [&] { auto b = valid_get; b.back() = std::byte{0xff}; return b; }()},
+      {"name of bad UTF-8",
+       [&] {
+         auto b = valid_get;
+         b.back() = std::byte{0xff};
+         return b;
+       }()},
   };
   for (const auto& [what, bytes] : raw) {
     SCOPED_TRACE(what);
     const unique_fd socket = ipc::connect_unix(daemon.socket());
-    ASSERT_EQ(::send(socket.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(::send(socket.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
     ::shutdown(socket.get(), SHUT_WR);
     // An error reply or the end of the stream, never a hang: the daemon closes.
     try {
       const ipc::message got = ipc::receive_message(socket.get(), 0);
       EXPECT_NE(store::decode_reply(got.payload).code, status::ok);
-    } catch (const ipc::peer_closed&) {
-    }
+    } catch (const ipc::peer_closed&) {}
   }
   for (const auto& [what, bytes] : payloads) {
     SCOPED_TRACE(what);
@@ -471,7 +498,8 @@ TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_
     ipc::send_message(socket.get(), bytes);
     const ipc::message got = ipc::receive_message(socket.get(), 0);
     EXPECT_NE(store::decode_reply(got.payload).code, status::ok);
-    EXPECT_THROW((void)ipc::receive_message(socket.get(), 0), ipc::peer_closed) << "the connection stayed open";
+    EXPECT_THROW((void)ipc::receive_message(socket.get(), 0), ipc::peer_closed)
+        << "the connection stayed open";
   }
   {
     SCOPED_TRACE("descriptors attached");

@@ -80,8 +80,8 @@ void check_statistics(const pool_statistics& s, const chunk_pool_options& option
                       std::size_t threads, violations& found) {
   const auto fail = [&](const std::string& what) {
     found.add(what + ": reserved " + std::to_string(s.reserved_current) + ", used " +
-              std::to_string(s.used_current) + ", created " + std::to_string(s.chunks_created) + ", released " +
-              std::to_string(s.chunks_released));
+              std::to_string(s.used_current) + ", created " + std::to_string(s.chunks_created) +
+              ", released " + std::to_string(s.chunks_released));
   };
   if (s.used_current > s.reserved_current) fail("used_current > reserved_current");
   if (s.reserved_current > options.cap) fail("reserved_current > cap");
@@ -117,7 +117,9 @@ void work(int index, const std::shared_ptr<chunk_pool>& pool, ipc::exporter& exp
     buffers.emplace_back(pool, growable_buffer_options{.max_size = 12 * g, .policy = chunk_policy::fixed(g)});
   std::deque<chunk_view> views;
   const auto [sender, receiver] = ipc::make_socket_pair();
-  const auto fail = [&](const std::string& what) { found.add("worker " + std::to_string(index) + ": " + what); };
+  const auto fail = [&](const std::string& what) {
+    found.add("worker " + std::to_string(index) + ": " + what);
+  };
 
   for (; counts.operations < operations_per_worker && std::chrono::steady_clock::now() < deadline;
        ++counts.operations) {
@@ -154,8 +156,8 @@ void work(int index, const std::shared_ptr<chunk_pool>& pool, ipc::exporter& exp
         case 3: {  // export, import back, compare
           const ipc::exported_manifest exported = exporter.export_buffer(buffer);
           ipc::send_manifest(sender.get(), exported);
-          const ipc::imported_buffer imported =
-              ipc::imported_buffer::receive(receiver.get(), {.access = access_mode::read_only, .provider = provider});
+          const ipc::imported_buffer imported = ipc::imported_buffer::receive(
+              receiver.get(), {.access = access_mode::read_only, .provider = provider});
           ++counts.imports;
           if (imported.size() != buffer.size()) fail("an import of another size");
           if (buffer.size() > 0 && std::memcmp(imported.data(), buffer.data(), buffer.size()) != 0)
@@ -219,9 +221,10 @@ TEST(stress, threads_share_one_capped_pool_and_one_exporter) {
     views += c.views;
     imports += c.imports;
   }
-  std::printf("stress: %zu operations (%zu resizes, %zu refused at the cap, %zu views, %zu imports); %zu "
-              "statistics checks\n",
-              operations, resizes, capped, views, imports, checks);
+  std::printf(
+      "stress: %zu operations (%zu resizes, %zu refused at the cap, %zu views, %zu imports); %zu "
+      "statistics checks\n",
+      operations, resizes, capped, views, imports, checks);
   EXPECT_GT(checks, 1u);
   EXPECT_GT(resizes, 0u);
   EXPECT_GT(imports, 0u);
@@ -236,7 +239,8 @@ TEST(stress, threads_share_one_capped_pool_and_one_exporter) {
   EXPECT_EQ(after.chunks_created, after.chunks_released);
   EXPECT_LE(after.reserved_high, options.cap);
   EXPECT_EQ(retired_count(), 0u);
-  EXPECT_TRUE(provider->address_space().usage() == usage_before) << "address space usage differs from the start";
+  EXPECT_TRUE(provider->address_space().usage() == usage_before)
+      << "address space usage differs from the start";
   EXPECT_EQ(open_fd_count(), fds_before);
 }
 
@@ -315,15 +319,18 @@ TYPED_TEST(export_import_cycles, ten_thousand_cycles_keep_the_fd_count_of_both_p
   ::testing::Test::RecordProperty("cycles_seconds", std::to_string(seconds));
 
   EXPECT_EQ(open_fd_count(), fds_at_start) << "this process's descriptors after " << cycle_count << " cycles";
-  EXPECT_EQ(peer_fds.after_last, peer_fds.after_first) << "the peer's descriptors after " << cycle_count << " cycles";
+  EXPECT_EQ(peer_fds.after_last, peer_fds.after_first)
+      << "the peer's descriptors after " << cycle_count << " cycles";
   if (TypeParam::where().kind == memory_kind::os_host) {
-    EXPECT_EQ(peer_fds.after_last, peer_fds.before_first) << "the peer's descriptors: an import left one open";
+    EXPECT_EQ(peer_fds.after_last, peer_fds.before_first)
+        << "the peer's descriptors: an import left one open";
   }
   const ipc::export_statistics statistics = exporter.statistics();
   const std::size_t generations = (cycle_count - 1) / cycles_per_resize + 1;
   EXPECT_EQ(statistics.handles_exported, generations * cycle_chunks) << "each chunk exported once";
   EXPECT_EQ(statistics.cache_hits, (cycle_count - generations) * cycle_chunks);
-  EXPECT_EQ(statistics.entries_dropped, (generations - 1) * cycle_chunks) << "dead chunks dropped from the cache";
+  EXPECT_EQ(statistics.entries_dropped, (generations - 1) * cycle_chunks)
+      << "dead chunks dropped from the cache";
   EXPECT_EQ(statistics.cached_chunks, cycle_chunks);
 }
 

@@ -111,8 +111,8 @@ TEST(stripe_layout, every_offsets_owner_agrees_with_iteration) {
         for (std::uint64_t size = 1; size <= 61; size += (size < 20 ? 1 : 7)) {
           const stripe_layout layout = make_stripe_layout(size, stripe, devices, mode);
           SCOPED_TRACE(::testing::Message()
-                       << (mode == stripe_mode::round_robin ? "round_robin" : "contiguous")
-                       << " size " << size << " stripe " << stripe << " devices " << devices);
+                       << (mode == stripe_mode::round_robin ? "round_robin" : "contiguous") << " size "
+                       << size << " stripe " << stripe << " devices " << devices);
           std::vector<int> owner(size, -1);
           std::uint64_t stripes = 0;
           std::uint64_t total = 0;
@@ -183,8 +183,7 @@ TEST(stripe_layout, large_ranges_stay_exact) {
     EXPECT_EQ(layout.local_to_offset(last.device, layout.bytes_on(last.device) - 1), size - 1);
   }
   // 200 GiB + 6 MiB is 3201 units of 64 MiB: 1067 each in both modes.
-  EXPECT_EQ(make_stripe_layout(size, 64 * mib, 3, stripe_mode::round_robin).device_of(size - 1),
-            2u);
+  EXPECT_EQ(make_stripe_layout(size, 64 * mib, 3, stripe_mode::round_robin).device_of(size - 1), 2u);
   EXPECT_EQ(make_stripe_layout(size, 64 * mib, 3, stripe_mode::contiguous).stripe_of(2, 0).offset,
             2 * 1067 * 64 * mib);
 }
@@ -194,9 +193,9 @@ TEST(stripe_layout, bad_fields_are_refused) {
   EXPECT_THROW((void)make_stripe_layout(8, 0, 2, stripe_mode::round_robin), invalid_argument);
   EXPECT_THROW((void)make_stripe_layout(8, 4, 0, stripe_mode::contiguous), invalid_argument);
   EXPECT_THROW((void)make_stripe_layout(8, 4, 2, static_cast<stripe_mode>(7)), invalid_argument);
-  EXPECT_THROW((void)make_stripe_layout(std::numeric_limits<std::uint64_t>::max() - 3, 8, 2,
-                                        stripe_mode::round_robin),
-               invalid_argument);
+  EXPECT_THROW(
+      (void)make_stripe_layout(std::numeric_limits<std::uint64_t>::max() - 3, 8, 2, stripe_mode::round_robin),
+      invalid_argument);
   EXPECT_NO_THROW((void)make_stripe_layout(std::numeric_limits<std::uint64_t>::max() - 8, 8, 2,
                                            stripe_mode::round_robin));
 }

@@ -59,16 +59,16 @@ TEST(striped_buffer_arguments, bad_arguments_are_refused_before_any_driver_call)
               striped_buffer({0, 1, 0}, 8 * mib);
             }).find("gpu 0 is named twice"),
             std::string::npos);
-  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.mode = static_cast<stripe_mode>(9)}),
+  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.mode = static_cast<stripe_mode>(9)}), invalid_argument);
+  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib,
+                              {.access = {{accessor::device(0), access_mode::read_write},
+                                          {accessor::device(0), access_mode::read_only}}}),
                invalid_argument);
-  EXPECT_THROW(
-      striped_buffer({0, 1}, 8 * mib,
-                     {.access = {{accessor::device(0), access_mode::read_write}, {accessor::device(0), access_mode::read_only}}}),
-      invalid_argument);
   EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.access = {{accessor::device(-3), access_mode::read_write}}}),
                invalid_argument);
-  EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.access = {{accessor::device(1), static_cast<access_mode>(17)}}}),
-               invalid_argument);
+  EXPECT_THROW(
+      striped_buffer({0, 1}, 8 * mib, {.access = {{accessor::device(1), static_cast<access_mode>(17)}}}),
+      invalid_argument);
   EXPECT_THROW(striped_buffer({0, 1}, 8 * mib, {.streams = {{-1, nullptr}}}), invalid_argument);
   // Pools: one per device or none, never null, each of its own device's memory. OS memory
   // makes a real pool without any driver.
@@ -92,15 +92,12 @@ TEST(striped_buffer_arguments, arguments_that_need_the_driver_are_refused_by_it)
     return;
   }
   const int count = device_count();
-  const std::string unknown = message_of<invalid_argument>([&] {
-    striped_buffer({0, count}, 8 * mib);
-  });
+  const std::string unknown = message_of<invalid_argument>([&] { striped_buffer({0, count}, 8 * mib); });
   EXPECT_NE(unknown.find(std::to_string(count)), std::string::npos) << unknown;
   const std::size_t g = provider_for(location::device(0))->granularity();
   const std::string stripe =
       message_of<invalid_argument>([&] { striped_buffer({0}, 8 * g, {.stripe_size = g + g / 2}); });
-  EXPECT_NE(stripe.find("not a multiple of gpu 0's allocation granularity"), std::string::npos)
-      << stripe;
+  EXPECT_NE(stripe.find("not a multiple of gpu 0's allocation granularity"), std::string::npos) << stripe;
   EXPECT_THROW(striped_buffer({0}, 8 * g, {.access = {{accessor::device(count), access_mode::read_only}}}),
                invalid_argument);
   EXPECT_THROW(striped_buffer({0}, 8 * g, {.streams = {{count, nullptr}}}), invalid_argument);
@@ -116,18 +113,19 @@ TEST(striped_buffer_arguments, every_accessor_and_holder_pair_is_checked_for_pee
   };
   const std::vector<int> holders = {0, 1, 2};
   const std::vector<access_grant> fine = {{accessor::device(0), access_mode::read_write},
-                                           {accessor::device(1), access_mode::read_only}};
+                                          {accessor::device(1), access_mode::read_only}};
   EXPECT_NO_THROW(detail::require_peer_access(holders, fine, can_access));
   for (const auto& [accessor, holder] : asked)
     EXPECT_NE(accessor, holder) << "a device was asked about itself";
   EXPECT_EQ(asked.size(), 4u);
   // gpu 2 holds stripes but gets no access: nothing to check for it.
-  const std::vector<access_grant> none = {{accessor::device(0), access_mode::read_write}, {accessor::device(2), access_mode::none}};
+  const std::vector<access_grant> none = {{accessor::device(0), access_mode::read_write},
+                                          {accessor::device(2), access_mode::none}};
   EXPECT_NO_THROW(detail::require_peer_access(holders, none, can_access));
   const std::vector<access_grant> blocked = {{accessor::device(0), access_mode::read_write},
-                                              {accessor::device(2), access_mode::read_only}};
-  const std::string message = message_of<invalid_argument>(
-      [&] { detail::require_peer_access(holders, blocked, can_access); });
+                                             {accessor::device(2), access_mode::read_only}};
+  const std::string message =
+      message_of<invalid_argument>([&] { detail::require_peer_access(holders, blocked, can_access); });
   EXPECT_NE(message.find("gpu 2 cannot access the memory of gpu 1"), std::string::npos) << message;
   // An accessor that holds no stripes is checked against every holder too.
   const std::vector<int> one_holder = {1};
@@ -206,7 +204,7 @@ TEST_F(one_gpu_striped, running_out_of_memory_half_way_leaves_nothing_behind) {
   const std::string message =
       message_of<out_of_memory>([&] { striped_buffer({0}, 5 * g, {.pools = {pool}}); });
   EXPECT_NE(message.find("on gpu 0"), std::string::npos) << message;
-  EXPECT_EQ(pool->statistics().used_current, 0u);  // the three stripes mapped were given back
+  EXPECT_EQ(pool->statistics().used_current, 0u);         // the three stripes mapped were given back
   EXPECT_EQ(pool->statistics().reserved_current, 3 * g);  // idle in the pool now
   striped_buffer fits({0}, 3 * g, {.pools = {pool}});     // and they serve the next buffer
   EXPECT_EQ(pool->statistics().chunks_created, 3u);
@@ -228,8 +226,7 @@ class multi_gpu_striped : public ::testing::Test {
     }
     for (int a = 0; a < count; ++a)
       for (int b = 0; b < count; ++b)
-        if (!can_access_peer(a, b))
-          GTEST_SKIP() << "gpu " << a << " cannot access gpu " << b << "'s memory";
+        if (!can_access_peer(a, b)) GTEST_SKIP() << "gpu " << a << " cannot access gpu " << b << "'s memory";
   }
   // A pool of its own per device, so that the statistics count this test's chunks only.
   std::vector<std::shared_ptr<chunk_pool>> fresh_pools() const {
@@ -269,8 +266,7 @@ TEST_F(multi_gpu_striped, ownership_agrees_with_where_the_bytes_live) {
     const auto bytes = pattern(size, 17);
     std::size_t offset = 0;
     for (const shared_chunk& chunk : buffer.chunks()) {
-      write_bytes(*providers_[static_cast<std::size_t>(buffer.device_of(offset))],
-                  buffer.address() + offset,
+      write_bytes(*providers_[static_cast<std::size_t>(buffer.device_of(offset))], buffer.address() + offset,
                   {bytes.begin() + static_cast<std::ptrdiff_t>(offset),
                    bytes.begin() + static_cast<std::ptrdiff_t>(offset + chunk->size())});
       offset += chunk->size();
@@ -283,13 +279,12 @@ TEST_F(multi_gpu_striped, ownership_agrees_with_where_the_bytes_live) {
       const stripe_position stripe = layout.locate(offset);
       EXPECT_EQ(stripe.extent.offset, offset);
       EXPECT_EQ(stripe.extent.length, chunk->size());
-      EXPECT_EQ(chunk->memory().provider()->where(), location::device(owner))
-          << "stripe at " << offset;
+      EXPECT_EQ(chunk->memory().provider()->where(), location::device(owner)) << "stripe at " << offset;
       EXPECT_EQ(buffer.device_of(offset + chunk->size() - 1), owner);
-      EXPECT_EQ(read_on_its_own_device(*chunk),
-                std::vector<std::uint8_t>(
-                    bytes.begin() + static_cast<std::ptrdiff_t>(offset),
-                    bytes.begin() + static_cast<std::ptrdiff_t>(offset + chunk->size())))
+      EXPECT_EQ(
+          read_on_its_own_device(*chunk),
+          std::vector<std::uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(offset),
+                                    bytes.begin() + static_cast<std::ptrdiff_t>(offset + chunk->size())))
           << "stripe at " << offset << " on gpu " << owner;
       offset += chunk->size();
     }
@@ -305,8 +300,8 @@ TEST_F(multi_gpu_striped, contents_written_from_one_gpu_are_read_from_another) {
   striped_buffer buffer(devices_, 3 * n * g, {.stripe_size = g});
   // GPU 1 writes every stripe (its own and the others'), one value per stripe...
   for (std::size_t k = 0; k < 3 * n; ++k)
-    providers_[1]->executor().fill(static_cast<char*>(buffer.data()) + k * g, static_cast<std::uint8_t>(k + 1),
-                        g, {});
+    providers_[1]->executor().fill(static_cast<char*>(buffer.data()) + k * g,
+                                   static_cast<std::uint8_t>(k + 1), g, {});
   providers_[1]->executor().synchronize({});
   // ...and GPU 0 reads each of them back.
   for (std::size_t k = 0; k < 3 * n; ++k)
@@ -319,7 +314,8 @@ TEST_F(multi_gpu_striped, a_gpu_holding_no_stripes_can_be_given_access) {
   // Stripes on GPU 0 only; GPU 1 may read them.
   const std::size_t g = granularity_;
   striped_buffer buffer({0}, 4 * g,
-                        {.access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), access_mode::read_only}}});
+                        {.access = {{accessor::device(0), access_mode::read_write},
+                                    {accessor::device(1), access_mode::read_only}}});
   const auto bytes = pattern(g, 23);
   write_bytes(*providers_[0], buffer.address() + g, bytes);
   EXPECT_EQ(read_bytes(*providers_[1], buffer.address() + g, g), bytes);
@@ -337,8 +333,10 @@ int remote_write_in_child(access_mode mode) {
     const auto gpu1_provider = provider_for(location::device(1));
     memory_provider& gpu0 = *gpu0_provider;
     memory_provider& gpu1 = *gpu1_provider;
-    striped_buffer buffer({0, 1}, 4 * g,
-                          {.stripe_size = g, .access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), mode}}});
+    striped_buffer buffer(
+        {0, 1}, 4 * g,
+        {.stripe_size = g,
+         .access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), mode}}});
     if (buffer.device_of(2 * g) != 0) return 7;
     const auto bytes = pattern(g, 29);
     write_bytes(gpu0, buffer.address() + 2 * g, bytes);
@@ -359,8 +357,7 @@ TEST_F(multi_gpu_striped, read_only_access_is_enforced_on_a_remote_gpu) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const auto failed = [](int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); };
   // The control: with read-write access the same write goes through.
-  EXPECT_EXIT(std::_Exit(remote_write_in_child(access_mode::read_write)),
-              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(std::_Exit(remote_write_in_child(access_mode::read_write)), ::testing::ExitedWithCode(0), "");
   EXPECT_EXIT(std::_Exit(remote_write_in_child(access_mode::read_only)), failed, "");
 }
 
@@ -372,8 +369,7 @@ TEST_F(multi_gpu_striped, a_growable_buffer_spills_from_a_full_gpu_onto_the_next
   auto first = chunk_pool::create(providers_[0], {.cap = 4 * g});
   auto second = default_pool(location::device(1));
   const std::size_t second_used = second->statistics().used_current;
-  growable_buffer buffer(
-      first, {.max_size = 32 * g, .policy = chunk_policy::fixed(g), .spill_to = {second}});
+  growable_buffer buffer(first, {.max_size = 32 * g, .policy = chunk_policy::fixed(g), .spill_to = {second}});
   buffer.resize(3 * g);
   void* const address = buffer.data();
   buffer.resize(10 * g);
@@ -390,8 +386,7 @@ TEST_F(multi_gpu_striped, a_growable_buffer_spills_from_a_full_gpu_onto_the_next
   const std::vector<shared_chunk> chunks = buffer.chunks(0, 10 * g);
   ASSERT_EQ(chunks.size(), 10u);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
-    EXPECT_EQ(chunks[i]->memory().provider()->where(), location::device(i < 4 ? 0 : 1))
-        << "chunk " << i;
+    EXPECT_EQ(chunks[i]->memory().provider()->where(), location::device(i < 4 ? 0 : 1)) << "chunk " << i;
     EXPECT_EQ(read_on_its_own_device(*chunks[i]),
               std::vector<std::uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(i * g),
                                         bytes.begin() + static_cast<std::ptrdiff_t>((i + 1) * g)))
@@ -400,9 +395,8 @@ TEST_F(multi_gpu_striped, a_growable_buffer_spills_from_a_full_gpu_onto_the_next
   // Both GPUs may read all of it (the default grants cover every pool's device).
   EXPECT_EQ(read_bytes(*providers_[1], reinterpret_cast<std::uintptr_t>(buffer.data()), 4 * g),
             std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 4 * g));
-  EXPECT_EQ(
-      read_bytes(*providers_[0], reinterpret_cast<std::uintptr_t>(buffer.data()) + 4 * g, 6 * g),
-      std::vector<std::uint8_t>(bytes.begin() + 4 * g, bytes.end()));
+  EXPECT_EQ(read_bytes(*providers_[0], reinterpret_cast<std::uintptr_t>(buffer.data()) + 4 * g, 6 * g),
+            std::vector<std::uint8_t>(bytes.begin() + 4 * g, bytes.end()));
 }
 
 TEST_F(multi_gpu_striped, a_spilling_buffer_rolls_back_when_every_gpu_is_full) {
@@ -418,10 +412,8 @@ TEST_F(multi_gpu_striped, a_spilling_buffer_rolls_back_when_every_gpu_is_full) {
   EXPECT_EQ(second->statistics().used_current, buffer.capacity() - 3 * g);
   const auto bytes = pattern(buffer.capacity(), 37);
   std::size_t offset = 0;
-  for (const shared_chunk& chunk :
-       buffer.chunks(0, buffer.capacity())) {  // a chunk at a time, by its GPU
-    write_bytes(*chunk->memory().provider(),
-                reinterpret_cast<std::uintptr_t>(buffer.data()) + offset,
+  for (const shared_chunk& chunk : buffer.chunks(0, buffer.capacity())) {  // a chunk at a time, by its GPU
+    write_bytes(*chunk->memory().provider(), reinterpret_cast<std::uintptr_t>(buffer.data()) + offset,
                 {bytes.begin() + static_cast<std::ptrdiff_t>(offset),
                  bytes.begin() + static_cast<std::ptrdiff_t>(offset + chunk->size())});
     offset += chunk->size();
@@ -443,9 +435,8 @@ TEST_F(multi_gpu_striped, a_spilling_buffer_rolls_back_when_every_gpu_is_full) {
   offset = 0;
   for (const shared_chunk& chunk : buffer.chunks(0, buffer.capacity())) {
     EXPECT_EQ(read_on_its_own_device(*chunk),
-              std::vector<std::uint8_t>(
-                  bytes.begin() + static_cast<std::ptrdiff_t>(offset),
-                  bytes.begin() + static_cast<std::ptrdiff_t>(offset + chunk->size())))
+              std::vector<std::uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(offset),
+                                        bytes.begin() + static_cast<std::ptrdiff_t>(offset + chunk->size())))
         << "chunk at " << offset;
     offset += chunk->size();
   }

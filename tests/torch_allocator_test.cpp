@@ -39,7 +39,9 @@ class host_memory_environment : public ::testing::Environment {
 
 const auto* const environment = ::testing::AddGlobalTestEnvironment(new host_memory_environment);
 
-std::string last_error() { return host_memory_environment::last_error(); }
+std::string last_error() {
+  return host_memory_environment::last_error();
+}
 
 vmm_torch_statistics statistics_of(int device) {
   vmm_torch_statistics s{};
@@ -221,7 +223,7 @@ TEST(torch_allocator, sleep_keeps_offloaded_bytes_and_every_pointer) {
   ASSERT_EQ(vmm_torch_wake(device, nullptr, 0), 0) << last_error();
   EXPECT_EQ(vmm_torch_asleep(device), 0);
   EXPECT_TRUE(holds(weights, weight_bytes, 11));  // the same pointer, the same bytes
-  fill(cache, cache_bytes, 33);                    // dropped, but mapped again and usable
+  fill(cache, cache_bytes, 33);                   // dropped, but mapped again and usable
   EXPECT_TRUE(holds(cache, cache_bytes, 33));
   vmm_free(weights, weight_bytes, device, nullptr);
   vmm_free(cache, cache_bytes, device, nullptr);

@@ -26,8 +26,8 @@ inline std::array<std::byte, 8> continuation_payload(std::uint32_t index) {
 // Throws bad_manifest unless `payload` is continuation number `index`.
 inline void check_continuation(std::span<const std::byte> payload, std::uint32_t index) {
   if (payload.size() != 8)
-    throw bad_manifest(fmt::format("manifest: continuation {} has a payload of {} bytes, not 8", index,
-                                   payload.size()));
+    throw bad_manifest(
+        fmt::format("manifest: continuation {} has a payload of {} bytes, not 8", index, payload.size()));
   if (const auto magic = load<std::uint32_t>(payload, 0); magic != manifest_continuation_magic)
     throw bad_manifest(fmt::format("manifest: continuation {} has bad magic {:#010x}", index, magic));
   if (const auto number = load<std::uint32_t>(payload, 4); number != index)

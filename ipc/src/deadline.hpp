@@ -43,11 +43,9 @@ class deadline {
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
  private:
-  static clock::time_point end_after(clock::time_point start,
-                                     std::chrono::milliseconds timeout) noexcept {
+  static clock::time_point end_after(clock::time_point start, std::chrono::milliseconds timeout) noexcept {
     if (timeout <= std::chrono::milliseconds::zero()) return start;
-    const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
-        clock::time_point::max() - start);
+    const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(clock::time_point::max() - start);
     return timeout >= room ? clock::time_point::max() : start + timeout;
   }
 

@@ -90,9 +90,10 @@ exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, ma
                                          to_string(description.where)));
     const handle_kind kind = options.handle.value_or(provider->capabilities().export_kind);
     if (kind == handle_kind::none)
-      throw invalid_argument(fmt::format("exporter: chunk {} of {} ({} memory) cannot be exported: "
-                                         "it has no shareable handle",
-                                         i, chunks.size(), to_string(provider->where())));
+      throw invalid_argument(
+          fmt::format("exporter: chunk {} of {} ({} memory) cannot be exported: "
+                      "it has no shareable handle",
+                      i, chunks.size(), to_string(provider->where())));
     const auto found = cache_.find(chunk);
     cache_entry* entry = found == cache_.end() ? nullptr : &found->second;
     // An entry is made only once an export succeeded.
@@ -181,37 +182,38 @@ exported_manifest exporter::export_growth(const growable_buffer& buffer, const m
   // The generation is looked up after the purge, and nothing below erases it.
   const auto found = generations_.find(last.buffer_id);
   if (found == generations_.end() || found->second.buffer != buffer.data())
-    throw invalid_argument(fmt::format(
-        "export_growth: manifest {:#x} is not of an export of this buffer by this exporter "
-        "(export_buffer first)",
-        last.buffer_id));
+    throw invalid_argument(
+        fmt::format("export_growth: manifest {:#x} is not of an export of this buffer by this exporter "
+                    "(export_buffer first)",
+                    last.buffer_id));
   generation& exported = found->second;
   if (importer_end > buffer.capacity())
-    throw invalid_argument(fmt::format("export_growth: the importer maps {} bytes, but the buffer maps "
-                                       "only {} now: it shrank, so it must be imported again",
-                                       importer_end, buffer.capacity()));
+    throw invalid_argument(
+        fmt::format("export_growth: the importer maps {} bytes, but the buffer maps "
+                    "only {} now: it shrank, so it must be imported again",
+                    importer_end, buffer.capacity()));
   std::size_t below = 0;  // chunks that lie below importer_end
   std::size_t position = 0;
   while (position < importer_end) position += chunks[below++]->size();
   if (position != importer_end)
-    throw invalid_argument(fmt::format("export_growth: {} is not a chunk boundary of the buffer "
-                                       "(the chunk there ends at {})",
-                                       importer_end, position));
+    throw invalid_argument(
+        fmt::format("export_growth: {} is not a chunk boundary of the buffer "
+                    "(the chunk there ends at {})",
+                    importer_end, position));
   // Every chunk the generation ever exported must still be mapped where it was: some
   // importer of the generation may map it.
   for (std::size_t i = 0; i < exported.chunks.size() && i < chunks.size(); ++i)
     if (!same_chunk(exported.chunks[i], chunks[i]))
-      throw invalid_argument(fmt::format(
-          "export_growth: the buffer no longer maps chunk {} that manifest {:#x} exported (it "
-          "shrank and grew again): the importer must import it again",
-          i, last.buffer_id));
+      throw invalid_argument(
+          fmt::format("export_growth: the buffer no longer maps chunk {} that manifest {:#x} exported (it "
+                      "shrank and grew again): the importer must import it again",
+                      i, last.buffer_id));
 
   manifest description = describe(*buffer.provider(), last.buffer_id, buffer.max_size(), options);
   description.kind = manifest_kind::growth;
   description.start = importer_end;
   description.size = buffer.size();
-  exported_manifest result =
-      export_list(std::span(chunks).subspan(below), std::move(description), options);
+  exported_manifest result = export_list(std::span(chunks).subspan(below), std::move(description), options);
   for (std::size_t i = exported.chunks.size(); i < chunks.size(); ++i) exported.chunks.push_back(chunks[i]);
   return result;
 }

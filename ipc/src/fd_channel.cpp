@@ -60,9 +60,9 @@ sockaddr_un make_address(const std::string& path, const char* caller) {
         fmt::format("{}: the socket path is empty (abstract sockets are not supported)", caller));
   }
   if (path.size() >= sizeof(address.sun_path)) {
-    throw invalid_argument(fmt::format(
-        "{}: socket path \"{}\" is {} bytes; sockaddr_un::sun_path holds at most {}", caller,
-        path, path.size(), sizeof(address.sun_path) - 1));
+    throw invalid_argument(
+        fmt::format("{}: socket path \"{}\" is {} bytes; sockaddr_un::sun_path holds at most {}", caller,
+                    path, path.size(), sizeof(address.sun_path) - 1));
   }
   if (path.find('\0') != std::string::npos) {
     throw invalid_argument(fmt::format("{}: socket path holds a NUL byte", caller));
@@ -111,8 +111,7 @@ class iovec_cursor {
 /// "Ready" includes an error or a hang-up, which the recvmsg or sendmsg that follows
 /// reports. Calls poll() again after EINTR, with the time left then.
 /// @returns false if the deadline passed first.
-bool wait_until_ready(int socket_fd, short events, const detail::deadline& until,
-                      const char* caller) {
+bool wait_until_ready(int socket_fd, short events, const detail::deadline& until, const char* caller) {
   if (socket_fd < 0) {
     // poll() skips negative descriptors: it would wait out the deadline for nothing.
     throw os_error(EBADF, fmt::format("{}: socket {} is not a descriptor", caller, socket_fd));
@@ -136,8 +135,7 @@ bool wait_until_ready(int socket_fd, short events, const detail::deadline& until
 /// truncated control data.
 /// @returns the number of bytes read, 0 at end of stream; nullopt if `until` passed first.
 std::optional<std::size_t> receive_some(int socket_fd, std::span<std::byte> buffer,
-                                        std::vector<unique_fd>& fds,
-                                        const detail::deadline& until) {
+                                        std::vector<unique_fd>& fds, const detail::deadline& until) {
   // Reserve first, so that taking ownership below cannot fail with descriptors in flight.
   fds.reserve(fds.size() + max_fds_per_receive);
 
@@ -155,13 +153,11 @@ std::optional<std::size_t> receive_some(int socket_fd, std::span<std::byte> buff
     received = os::recvmsg(socket_fd, &header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   } while (received < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK));
   if (received < 0) {
-    throw os_error(errno, fmt::format("recvmsg on socket {} ({} bytes wanted)", socket_fd,
-                                      buffer.size()));
+    throw os_error(errno, fmt::format("recvmsg on socket {} ({} bytes wanted)", socket_fd, buffer.size()));
   }
 
   std::size_t const fds_before = fds.size();
-  for (cmsghdr* part = CMSG_FIRSTHDR(&header); part != nullptr;
-       part = CMSG_NXTHDR(&header, part)) {
+  for (cmsghdr* part = CMSG_FIRSTHDR(&header); part != nullptr; part = CMSG_NXTHDR(&header, part)) {
     if (part->cmsg_level != SOL_SOCKET || part->cmsg_type != SCM_RIGHTS) continue;
     std::size_t const count = (part->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (std::size_t i = 0; i < count; ++i) {
@@ -194,25 +190,22 @@ void receive_exact(int socket_fd, std::span<std::byte> buffer, std::vector<uniqu
       throw timeout_error(fmt::format(
           "receive_message on socket {}: timed out with {} of {} {} bytes received, after "
           "waiting {} ms (timeout {} ms)",
-          socket_fd, filled, buffer.size(), part, until.waited().count(),
-          until.timeout().count()));
+          socket_fd, filled, buffer.size(), part, until.waited().count(), until.timeout().count()));
     }
     if (!late_fds.empty()) {
-      throw protocol_error(fmt::format(
-          "receive_message on socket {}: {} descriptors arrived after {} {} bytes; they must "
-          "come with the message's first byte",
-          socket_fd, late_fds.size(), filled, part));
+      throw protocol_error(
+          fmt::format("receive_message on socket {}: {} descriptors arrived after {} {} bytes; they must "
+                      "come with the message's first byte",
+                      socket_fd, late_fds.size(), filled, part));
     }
     if (*received == 0) {
       if (first_of_message && filled == 0) {
         throw peer_closed(fmt::format(
-            "receive_message on socket {}: peer closed the connection before sending a message",
-            socket_fd));
+            "receive_message on socket {}: peer closed the connection before sending a message", socket_fd));
       }
-      throw os_error(ECONNRESET,
-                     fmt::format("receive_message on socket {}: peer closed after {} of {} {} "
-                                 "bytes",
-                                 socket_fd, filled, buffer.size(), part));
+      throw os_error(ECONNRESET, fmt::format("receive_message on socket {}: peer closed after {} of {} {} "
+                                             "bytes",
+                                             socket_fd, filled, buffer.size(), part));
     }
     filled += *received;
   }
@@ -231,8 +224,7 @@ std::pair<unique_fd, unique_fd> make_socket_pair() {
 unique_fd listen_unix(const std::string& path) {
   sockaddr_un const address = make_address(path, "listen_unix");
   unique_fd socket_fd = make_stream_socket("listen_unix");
-  if (::bind(socket_fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) !=
-      0) {
+  if (::bind(socket_fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
     throw os_error(errno, fmt::format("listen_unix: bind to \"{}\"", path));
   }
   if (::listen(socket_fd.get(), SOMAXCONN) != 0) {
@@ -248,8 +240,7 @@ unique_fd connect_unix(const std::string& path) {
   // unconnected, so unlike TCP it can simply be called again.
   int result = 0;
   do {
-    result =
-        ::connect(socket_fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+    result = ::connect(socket_fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address));
   } while (result != 0 && errno == EINTR);
   if (result != 0) throw os_error(errno, fmt::format("connect_unix: connect to \"{}\"", path));
   return socket_fd;
@@ -264,25 +255,24 @@ unique_fd accept_unix(int listen_fd) {
   return unique_fd{fd};
 }
 
-void detail::send_message(int socket_fd, std::span<const std::byte> payload,
-                          std::span<const int> fds, const deadline& until) {
+void detail::send_message(int socket_fd, std::span<const std::byte> payload, std::span<const int> fds,
+                          const deadline& until) {
   if (fds.size() > max_fds_per_message) {
     throw invalid_argument(
-        fmt::format("send_message on socket {}: {} descriptors; a message carries at most {}",
-                    socket_fd, fds.size(), max_fds_per_message));
+        fmt::format("send_message on socket {}: {} descriptors; a message carries at most {}", socket_fd,
+                    fds.size(), max_fds_per_message));
   }
   if (payload.size() > max_payload_bytes) {
     throw invalid_argument(
-        fmt::format("send_message on socket {}: payload of {} bytes; a message carries at most {}",
-                    socket_fd, payload.size(), max_payload_bytes));
+        fmt::format("send_message on socket {}: payload of {} bytes; a message carries at most {}", socket_fd,
+                    payload.size(), max_payload_bytes));
   }
 
   frame_header header{frame_magic, static_cast<std::uint32_t>(fds.size()),
                       static_cast<std::uint64_t>(payload.size())};
   // sendmsg takes non-const buffers but only reads them.
-  std::array<iovec, 2> buffers{
-      iovec{&header, sizeof(header)},
-      iovec{const_cast<std::byte*>(payload.data()), payload.size()}};
+  std::array<iovec, 2> buffers{iovec{&header, sizeof(header)},
+                               iovec{const_cast<std::byte*>(payload.data()), payload.size()}};
   iovec_cursor unsent{buffers};
 
   alignas(cmsghdr) std::array<std::byte, fds_control_space> control{};
@@ -291,10 +281,10 @@ void detail::send_message(int socket_fd, std::span<const std::byte> payload,
   std::size_t sent = 0;
   while (!unsent.done()) {
     if (!wait_until_ready(socket_fd, POLLOUT, until, "send_message")) {
-      throw timeout_error(fmt::format(
-          "send_message on socket {}: timed out with {} of {} bytes sent ({} descriptors), "
-          "after waiting {} ms (timeout {} ms) for the peer to read",
-          socket_fd, sent, total, fds.size(), until.waited().count(), until.timeout().count()));
+      throw timeout_error(
+          fmt::format("send_message on socket {}: timed out with {} of {} bytes sent ({} descriptors), "
+                      "after waiting {} ms (timeout {} ms) for the peer to read",
+                      socket_fd, sent, total, fds.size(), until.waited().count(), until.timeout().count()));
     }
     msghdr message_header{};
     message_header.msg_iov = unsent.data();
@@ -326,8 +316,8 @@ message detail::receive_message(int socket_fd, std::optional<std::size_t> expect
                                 const deadline& until) {
   message received;
   frame_header header{};
-  receive_exact(socket_fd, std::as_writable_bytes(std::span{&header, 1}), received.fds, true,
-                "header", until);
+  receive_exact(socket_fd, std::as_writable_bytes(std::span{&header, 1}), received.fds, true, "header",
+                until);
 
   if (header.magic != frame_magic) {
     throw protocol_error(
@@ -336,14 +326,14 @@ message detail::receive_message(int socket_fd, std::optional<std::size_t> expect
                     socket_fd, header.magic, frame_magic));
   }
   if (header.payload_size > max_payload_bytes) {
-    throw protocol_error(fmt::format(
-        "receive_message on socket {}: header declares a payload of {} bytes; at most {} allowed",
-        socket_fd, header.payload_size, max_payload_bytes));
+    throw protocol_error(
+        fmt::format("receive_message on socket {}: header declares a payload of {} bytes; at most {} allowed",
+                    socket_fd, header.payload_size, max_payload_bytes));
   }
   if (header.fd_count != received.fds.size()) {
     throw protocol_error(
-        fmt::format("receive_message on socket {}: header declares {} descriptors but {} arrived",
-                    socket_fd, header.fd_count, received.fds.size()));
+        fmt::format("receive_message on socket {}: header declares {} descriptors but {} arrived", socket_fd,
+                    header.fd_count, received.fds.size()));
   }
   if (expected_fd_count && *expected_fd_count != received.fds.size()) {
     throw protocol_error(

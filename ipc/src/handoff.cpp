@@ -18,7 +18,6 @@ namespace {
 using detail::load;
 using detail::store;
 
-
 constexpr std::uint32_t handoff_magic = 0x484d4d56;  // "VMMH"
 constexpr std::size_t header_bytes = 16;
 constexpr std::size_t handle_bytes = sizeof(interprocess_event_handle::bytes);
@@ -52,13 +51,15 @@ std::vector<std::byte> receive(int socket_fd, std::chrono::milliseconds timeout,
   message received = receive_message(socket_fd, 0, timeout);
   const std::span<const std::byte> bytes(received.payload);
   if (bytes.size() < header_bytes)
-    throw protocol_error(fmt::format("handoff on socket {}: a message of {} bytes where \"{}\" was due; "
-                                     "the header alone is {}",
-                                     socket_fd, bytes.size(), name(type), header_bytes));
+    throw protocol_error(
+        fmt::format("handoff on socket {}: a message of {} bytes where \"{}\" was due; "
+                    "the header alone is {}",
+                    socket_fd, bytes.size(), name(type), header_bytes));
   if (const auto magic = load<std::uint32_t>(bytes, 0); magic != handoff_magic)
-    throw protocol_error(fmt::format("handoff on socket {}: bad magic {:#010x} (expected {:#010x}): not a "
-                                     "hand-off message",
-                                     socket_fd, magic, handoff_magic));
+    throw protocol_error(
+        fmt::format("handoff on socket {}: bad magic {:#010x} (expected {:#010x}): not a "
+                    "hand-off message",
+                    socket_fd, magic, handoff_magic));
   if (const auto got = load<std::uint32_t>(bytes, 4); got != static_cast<std::uint32_t>(type))
     throw protocol_error(fmt::format("handoff on socket {}: message type {} where \"{}\" ({}) was due",
                                      socket_fd, got, name(type), static_cast<std::uint32_t>(type)));
@@ -114,15 +115,17 @@ handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provide
                                    std::chrono::milliseconds timeout)
     : socket_(socket_fd), timeout_(timeout) {
   provider = require(std::move(provider));
-  const std::vector<std::byte> handles = receive(socket_, timeout_, message_type::events, 0, 2 * handle_bytes);
+  const std::vector<std::byte> handles =
+      receive(socket_, timeout_, message_type::events, 0, 2 * handle_bytes);
   // The handles are the peer's bytes: one this memory cannot open is the peer's fault.
   const auto open = [&](std::size_t at, const char* which) {
     try {
       return interprocess_event::open(provider, handle_at(handles, at));
     } catch (const invalid_argument& error) {
-      throw protocol_error(fmt::format("handoff on socket {}: the producer's \"{}\" event handle cannot be "
-                                       "opened: {}",
-                                       socket_, which, error.what()));
+      throw protocol_error(
+          fmt::format("handoff on socket {}: the producer's \"{}\" event handle cannot be "
+                      "opened: {}",
+                      socket_, which, error.what()));
     }
   };
   ready_ = open(0, "ready");

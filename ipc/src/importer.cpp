@@ -15,7 +15,9 @@
 namespace vmm::ipc {
 namespace {
 
-std::size_t first_batch(std::size_t fd_count) { return std::min(fd_count, max_fds_per_message); }
+std::size_t first_batch(std::size_t fd_count) {
+  return std::min(fd_count, max_fds_per_message);
+}
 
 // Receives continuation message `index` of a manifest, carrying exactly `count` fds.
 std::vector<unique_fd> receive_continuation(int socket_fd, std::uint32_t index, std::size_t count,
@@ -48,8 +50,8 @@ received_manifest receive_manifest(int socket_fd, std::chrono::milliseconds time
   received_manifest result = receive_first(socket_fd, until);
   const std::size_t total = result.description.fd_count();
   for (std::uint32_t index = 1; result.fds.size() < total; ++index) {
-    std::vector<unique_fd> more =
-        receive_continuation(socket_fd, index, std::min(total - result.fds.size(), max_fds_per_message), until);
+    std::vector<unique_fd> more = receive_continuation(
+        socket_fd, index, std::min(total - result.fds.size(), max_fds_per_message), until);
     std::move(more.begin(), more.end(), std::back_inserter(result.fds));
   }
   return result;
@@ -168,21 +170,24 @@ std::shared_ptr<memory_provider> imported_buffer::provider_of(const location& wh
   if (provider == nullptr) {
     provider = provider_for(where);
   } else if (provider->where() != where) {
-    throw invalid_argument(fmt::format("imported_buffer: the manifest names {} memory, the provider given "
-                                       "serves {} memory",
-                                       to_string(where), to_string(provider->where())));
+    throw invalid_argument(
+        fmt::format("imported_buffer: the manifest names {} memory, the provider given "
+                    "serves {} memory",
+                    to_string(where), to_string(provider->where())));
   }
   if (provider->granularity() != granularity_)
-    throw invalid_argument(fmt::format("imported_buffer: the exporter's granularity is {}, but {} memory "
-                                       "here has {}",
-                                       granularity_, to_string(where), provider->granularity()));
+    throw invalid_argument(
+        fmt::format("imported_buffer: the exporter's granularity is {}, but {} memory "
+                    "here has {}",
+                    granularity_, to_string(where), provider->granularity()));
   return provider;
 }
 
 void imported_buffer::map_chunks(const manifest& description, fd_source& fds) {
   if (access_ == access_mode::read_write && description.grant == access_mode::read_only)
-    throw invalid_argument("imported_buffer: read-write access asked for, but the exporter granted "
-                           "read-only access");
+    throw invalid_argument(
+        "imported_buffer: read-write access asked for, but the exporter granted "
+        "read-only access");
   // Import every handle first: a bad fd or size fails before anything is reserved or mapped.
   std::vector<shared_chunk> fresh;
   fresh.reserve(description.chunks.size());
@@ -202,8 +207,8 @@ void imported_buffer::map_chunks(const manifest& description, fd_source& fds) {
     fresh.push_back(std::make_shared<const pooled_chunk>(pooled_chunk::own(std::move(memory))));
   }
   if (fds.remaining != 0)
-    throw bad_manifest(fmt::format("imported_buffer: {} fds left over after the manifest's chunks",
-                                     fds.remaining));
+    throw bad_manifest(
+        fmt::format("imported_buffer: {} fds left over after the manifest's chunks", fds.remaining));
   if (run_.data() == nullptr) {
     const std::shared_ptr<memory_provider> provider = provider_of(description.where);
     const std::size_t limit =
@@ -236,12 +241,13 @@ void imported_buffer::check_growth(const manifest& tail) const {
     throw bad_manifest(fmt::format(
         "imported_buffer: the growth manifest is for another buffer (id {:#x}, {}, granularity {}, "
         "max size {}, base offset {}; this import: id {:#x}, {}, {}, {}, {})",
-        tail.buffer_id, to_string(tail.where), tail.granularity, tail.max_size, tail.base_offset,
-        buffer_id_, to_string(where_), granularity_, run_.size(), base_offset_));
+        tail.buffer_id, to_string(tail.where), tail.granularity, tail.max_size, tail.base_offset, buffer_id_,
+        to_string(where_), granularity_, run_.size(), base_offset_));
   if (tail.start != run_.mapped())
-    throw bad_manifest(fmt::format("imported_buffer: the growth manifest starts at {}, but this import "
-                                   "maps {} bytes",
-                                   tail.start, run_.mapped()));
+    throw bad_manifest(
+        fmt::format("imported_buffer: the growth manifest starts at {}, but this import "
+                    "maps {} bytes",
+                    tail.start, run_.mapped()));
 }
 
 void imported_buffer::grow(const manifest& tail, std::vector<unique_fd> fds) {

@@ -15,16 +15,14 @@ namespace {
 using detail::load;
 using detail::store;
 
-
 constexpr std::uint8_t grant_read_only = 1;
 constexpr std::uint8_t grant_read_write = 2;
 
 // Field offsets of the header and of a chunk entry (see the file comment of manifest.hpp).
 namespace header {
-constexpr std::size_t magic = 0, version = 4, kind = 6, grant = 7, chunk_count = 8,
-                      location_kind = 12, reserved_13 = 13, location_id = 16, reserved_20 = 20,
-                      buffer_id = 24, granularity = 32, max_size = 40, base_offset = 48,
-                      start = 56, end = 64, size = 72;
+constexpr std::size_t magic = 0, version = 4, kind = 6, grant = 7, chunk_count = 8, location_kind = 12,
+                      reserved_13 = 13, location_id = 16, reserved_20 = 20, buffer_id = 24, granularity = 32,
+                      max_size = 40, base_offset = 48, start = 56, end = 64, size = 72;
 }  // namespace header
 namespace entry {
 constexpr std::size_t offset = 0, size = 8, location_kind = 16, handle_kind = 17, reserved = 18,
@@ -34,9 +32,13 @@ constexpr std::size_t offset = 0, size = 8, location_kind = 16, handle_kind = 17
 static_assert(header::size + 8 == manifest_header_bytes);
 static_assert(entry::location_id + 4 == manifest_chunk_bytes);
 
-[[noreturn]] void fail(const std::string& what) { throw bad_manifest("manifest: " + what); }
+[[noreturn]] void fail(const std::string& what) {
+  throw bad_manifest("manifest: " + what);
+}
 
-constexpr std::uint8_t kind_code(memory_kind kind) { return static_cast<std::uint8_t>(kind); }
+constexpr std::uint8_t kind_code(memory_kind kind) {
+  return static_cast<std::uint8_t>(kind);
+}
 
 memory_kind parse_memory_kind(std::uint8_t code, const std::string& what) {
   switch (code) {
@@ -97,16 +99,14 @@ void validate(const manifest& m) {
     fail(fmt::format("max size {} is not a non-zero multiple of the granularity {}", m.max_size,
                      m.granularity));
   if (!is_multiple(m.base_offset, m.granularity))
-    fail(fmt::format("base offset {} is not a multiple of the granularity {}", m.base_offset,
-                     m.granularity));
+    fail(fmt::format("base offset {} is not a multiple of the granularity {}", m.base_offset, m.granularity));
   if (m.base_offset > std::numeric_limits<std::uint64_t>::max() - m.max_size)
     fail(fmt::format("base offset {} + max size {} overflows", m.base_offset, m.max_size));
   if (m.kind == manifest_kind::whole && m.start != 0)
     fail(fmt::format("a whole manifest starts at offset 0, not {}", m.start));
   if (!is_multiple(m.start, m.granularity))
     fail(fmt::format("start {} is not a multiple of the granularity {}", m.start, m.granularity));
-  if (m.start > m.max_size)
-    fail(fmt::format("start {} lies past the max size {}", m.start, m.max_size));
+  if (m.start > m.max_size) fail(fmt::format("start {} lies past the max size {}", m.start, m.max_size));
 
   std::uint64_t position = m.start;
   for (std::size_t i = 0; i < m.chunks.size(); ++i) {
@@ -124,14 +124,13 @@ void validate(const manifest& m) {
       fail(fmt::format("{}: size {} is not a non-zero multiple of the granularity {}", what, c.size,
                        m.granularity));
     if (c.offset != position)
-      fail(fmt::format("{}: offset {} leaves {} (chunks must follow each other from {})", what,
-                       c.offset, c.offset > position ? "a gap" : "an overlap", position));
+      fail(fmt::format("{}: offset {} leaves {} (chunks must follow each other from {})", what, c.offset,
+                       c.offset > position ? "a gap" : "an overlap", position));
     if (c.size > m.max_size - position)
       fail(fmt::format("{}: [{}, +{}) runs past the max size {}", what, c.offset, c.size, m.max_size));
     position += c.size;  // <= max_size: no overflow
   }
-  if (m.end != position)
-    fail(fmt::format("end {} differs from where the chunks end, {}", m.end, position));
+  if (m.end != position) fail(fmt::format("end {} differs from where the chunks end, {}", m.end, position));
   if (m.size > m.end) fail(fmt::format("size {} exceeds the {} bytes mapped", m.size, m.end));
 }
 
@@ -179,8 +178,8 @@ manifest parse_manifest(std::span<const std::byte> bytes) {
   if (const auto magic = load<std::uint32_t>(bytes, header::magic); magic != manifest_magic)
     fail(fmt::format("bad magic {:#010x} (expected {:#010x}): not a vmm manifest", magic, manifest_magic));
   if (const auto version = load<std::uint16_t>(bytes, header::version); version != manifest_version)
-    fail(fmt::format("version {} is not supported (this reader knows version {})", version,
-                     manifest_version));
+    fail(
+        fmt::format("version {} is not supported (this reader knows version {})", version, manifest_version));
   if (bytes.size() < manifest_header_bytes)
     fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), manifest_header_bytes));
 
@@ -236,8 +235,8 @@ manifest parse_manifest(std::span<const std::byte> bytes) {
   }
   const std::uint64_t length = expected_length(chunk_count, fabric_count);
   if (bytes.size() < length)
-    fail(fmt::format("truncated: {} bytes, but {} chunk entries and {} fabric handles need {}",
-                     bytes.size(), chunk_count, fabric_count, length));
+    fail(fmt::format("truncated: {} bytes, but {} chunk entries and {} fabric handles need {}", bytes.size(),
+                     chunk_count, fabric_count, length));
   if (bytes.size() > length)
     fail(fmt::format("{} bytes after the last of {} chunk entries and {} fabric handles",
                      bytes.size() - length, chunk_count, fabric_count));

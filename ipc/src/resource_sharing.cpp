@@ -63,7 +63,9 @@ static_assert(pointer_field::bytes + 8 == pointer_header_bytes);
 constexpr std::uint8_t grant_read_only = 1;
 constexpr std::uint8_t grant_read_write = 2;
 
-[[noreturn]] void refuse(const std::string& what) { throw protocol_error(what); }
+[[noreturn]] void refuse(const std::string& what) {
+  throw protocol_error(what);
+}
 
 std::uint8_t grant_code(access_mode grant) {
   switch (grant) {
@@ -72,8 +74,8 @@ std::uint8_t grant_code(access_mode grant) {
     case access_mode::read_write:
       return grant_read_write;
     default:
-      throw invalid_argument(fmt::format("resource sharing: grant {}: share read-only or read-write",
-                                         to_string(grant)));
+      throw invalid_argument(
+          fmt::format("resource sharing: grant {}: share read-only or read-write", to_string(grant)));
   }
 }
 
@@ -90,7 +92,8 @@ std::uint64_t pages_touched(std::uint64_t offset, std::uint64_t bytes, std::uint
 template <class Fail>
 void check_pointer(const pointer_description& d, std::uint64_t granularity, Fail&& fail) {
   if (d.resource_id == 0) fail("resource id 0");
-  if (d.segment >= max_segments) fail(fmt::format("segment {} is out of range (at most {})", d.segment, max_segments - 1));
+  if (d.segment >= max_segments)
+    fail(fmt::format("segment {} is out of range (at most {})", d.segment, max_segments - 1));
   if (d.segment_size == 0 || d.segment_size % granularity != 0)
     fail(fmt::format("segment size {} is not a non-zero multiple of the granularity {}", d.segment_size,
                      granularity));
@@ -111,7 +114,8 @@ void check_pointer(const pointer_description& d, std::uint64_t granularity, Fail
 void check_pages(const pointer_description& d, const manifest& pages, std::uint64_t granularity,
                  std::size_t fds) {
   const auto fail = [&](const std::string& what) {
-    throw bad_manifest(fmt::format("pointer at segment {} offset {}: its manifest {}", d.segment, d.offset, what));
+    throw bad_manifest(
+        fmt::format("pointer at segment {} offset {}: its manifest {}", d.segment, d.offset, what));
   };
   validate(pages);
   if (pages.kind != manifest_kind::whole) fail("is a growth manifest");
@@ -129,10 +133,11 @@ void check_pages(const pointer_description& d, const manifest& pages, std::uint6
     fail(fmt::format("lists {} chunks for {} pages", pages.chunks.size(), d.page_ids.size()));
   for (std::size_t i = 0; i < pages.chunks.size(); ++i)
     if (pages.chunks[i].size != granularity)
-      fail(fmt::format("lists chunk {} of {} bytes, not one page of {}", i, pages.chunks[i].size, granularity));
+      fail(fmt::format("lists chunk {} of {} bytes, not one page of {}", i, pages.chunks[i].size,
+                       granularity));
   if (fds != pages.fd_count())
-    throw invalid_argument(fmt::format("imported_resource: {} fds for a manifest of {} posix-fd pages", fds,
-                                       pages.fd_count()));
+    throw invalid_argument(
+        fmt::format("imported_resource: {} fds for a manifest of {} posix-fd pages", fds, pages.fd_count()));
 }
 
 std::uint64_t fresh_resource_id() {
@@ -155,8 +160,8 @@ std::uint64_t fresh_resource_id() {
 std::vector<std::byte> serialize(const resource_description& d) {
   if (d.resource_id == 0) throw invalid_argument("resource message: resource id 0");
   if (!valid_granularity(d.granularity))
-    throw invalid_argument(fmt::format("resource message: granularity {} is not a power of two >= 4096",
-                                       d.granularity));
+    throw invalid_argument(
+        fmt::format("resource message: granularity {} is not a power of two >= 4096", d.granularity));
   if (d.where.id < 0 || (d.where.kind == memory_kind::os_host && d.where.id != 0))
     throw invalid_argument(fmt::format("resource message: location {} has a bad id", to_string(d.where)));
   std::vector<std::byte> bytes(resource_message_bytes);
@@ -176,7 +181,8 @@ resource_description parse_resource_description(std::span<const std::byte> bytes
     fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), resource_message_bytes));
   if (const auto magic = load<std::uint32_t>(bytes, resource_field::magic); magic != resource_message_magic)
     fail(fmt::format("bad magic {:#010x} (expected {:#010x})", magic, resource_message_magic));
-  if (const auto version = load<std::uint16_t>(bytes, resource_field::version); version != resource_sharing_version)
+  if (const auto version = load<std::uint16_t>(bytes, resource_field::version);
+      version != resource_sharing_version)
     fail(fmt::format("version {} is not supported (this library reads version {})", version,
                      resource_sharing_version));
   if (bytes.size() != resource_message_bytes)
@@ -193,7 +199,8 @@ resource_description parse_resource_description(std::span<const std::byte> bytes
       fail(fmt::format("unknown grant {}", load<std::uint8_t>(bytes, resource_field::grant)));
   }
   const auto kind = load<std::uint8_t>(bytes, resource_field::location_kind);
-  if (kind > static_cast<std::uint8_t>(memory_kind::os_host)) fail(fmt::format("unknown location kind {}", kind));
+  if (kind > static_cast<std::uint8_t>(memory_kind::os_host))
+    fail(fmt::format("unknown location kind {}", kind));
   const auto id = load<std::uint32_t>(bytes, resource_field::location_id);
   if (id > static_cast<std::uint32_t>(std::numeric_limits<int>::max()))
     fail(fmt::format("location id {} is negative", static_cast<std::int32_t>(id)));
@@ -211,9 +218,10 @@ resource_description parse_resource_description(std::span<const std::byte> bytes
 
 std::vector<std::byte> serialize(const pointer_description& d, std::uint64_t granularity) {
   if (!valid_granularity(granularity))
-    throw invalid_argument(fmt::format("pointer message: granularity {} is not a power of two >= 4096",
-                                       granularity));
-  check_pointer(d, granularity, [](const std::string& what) { throw invalid_argument("pointer message: " + what); });
+    throw invalid_argument(
+        fmt::format("pointer message: granularity {} is not a power of two >= 4096", granularity));
+  check_pointer(d, granularity,
+                [](const std::string& what) { throw invalid_argument("pointer message: " + what); });
   std::vector<std::byte> bytes(pointer_header_bytes + 8 * d.page_ids.size());
   store<std::uint32_t>(bytes, pointer_field::magic, pointer_message_magic);
   store<std::uint16_t>(bytes, pointer_field::version, resource_sharing_version);
@@ -231,20 +239,22 @@ std::vector<std::byte> serialize(const pointer_description& d, std::uint64_t gra
 pointer_description parse_pointer_description(std::span<const std::byte> bytes, std::uint64_t granularity) {
   const auto fail = [](const std::string& what) { refuse("pointer message: " + what); };
   if (!valid_granularity(granularity))
-    throw invalid_argument(fmt::format("pointer message: granularity {} is not a power of two >= 4096",
-                                       granularity));
+    throw invalid_argument(
+        fmt::format("pointer message: granularity {} is not a power of two >= 4096", granularity));
   if (bytes.size() < 6)
     fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), pointer_header_bytes));
   if (const auto magic = load<std::uint32_t>(bytes, pointer_field::magic); magic != pointer_message_magic)
     fail(fmt::format("bad magic {:#010x} (expected {:#010x})", magic, pointer_message_magic));
-  if (const auto version = load<std::uint16_t>(bytes, pointer_field::version); version != resource_sharing_version)
+  if (const auto version = load<std::uint16_t>(bytes, pointer_field::version);
+      version != resource_sharing_version)
     fail(fmt::format("version {} is not supported (this library reads version {})", version,
                      resource_sharing_version));
   if (bytes.size() < pointer_header_bytes)
     fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), pointer_header_bytes));
   if (load<std::uint16_t>(bytes, pointer_field::reserved) != 0) fail("reserved bytes are not 0");
   const std::uint64_t page_count = load<std::uint32_t>(bytes, pointer_field::page_count);
-  if (page_count > max_manifest_chunks) fail(fmt::format("{} pages: more than {}", page_count, max_manifest_chunks));
+  if (page_count > max_manifest_chunks)
+    fail(fmt::format("{} pages: more than {}", page_count, max_manifest_chunks));
   if (bytes.size() != pointer_header_bytes + 8 * page_count)
     fail(fmt::format("{} bytes, but {} page ids call for {}", bytes.size(), page_count,
                      pointer_header_bytes + 8 * page_count));
@@ -255,12 +265,14 @@ pointer_description parse_pointer_description(std::span<const std::byte> bytes, 
   d.offset = load<std::uint64_t>(bytes, pointer_field::offset);
   d.bytes = load<std::uint64_t>(bytes, pointer_field::bytes);
   d.page_ids.resize(page_count);
-  for (std::size_t i = 0; i < page_count; ++i) d.page_ids[i] = load<std::uint64_t>(bytes, pointer_header_bytes + 8 * i);
+  for (std::size_t i = 0; i < page_count; ++i)
+    d.page_ids[i] = load<std::uint64_t>(bytes, pointer_header_bytes + 8 * i);
   check_pointer(d, granularity, fail);
   return d;
 }
 
-void send_resource(int socket_fd, const resource_description& description, std::chrono::milliseconds timeout) {
+void send_resource(int socket_fd, const resource_description& description,
+                   std::chrono::milliseconds timeout) {
   send_message(socket_fd, serialize(description), {}, timeout);
 }
 
@@ -279,7 +291,8 @@ void send_pointer(int socket_fd, const exported_pointer& exported, std::chrono::
   send_manifest(socket_fd, exported.pages, left < 0 ? no_timeout : std::chrono::milliseconds(left));
 }
 
-received_pointer receive_pointer(int socket_fd, std::uint64_t granularity, std::chrono::milliseconds timeout) {
+received_pointer receive_pointer(int socket_fd, std::uint64_t granularity,
+                                 std::chrono::milliseconds timeout) {
   const detail::deadline until(timeout);
   const message header = detail::receive_message(socket_fd, 0, until);
   received_pointer result;
@@ -297,9 +310,10 @@ resource_exporter::resource_exporter(memory_resource& resource, resource_export_
   const provider_capabilities& offered = resource.provider()->capabilities();
   const handle_kind kind = resource.properties().handle_type;
   if (offered.export_kind == handle_kind::none)
-    throw invalid_argument(fmt::format("resource_exporter: {} memory cannot be exported: it has no shareable "
-                                       "handle",
-                                       to_string(offered.where)));
+    throw invalid_argument(
+        fmt::format("resource_exporter: {} memory cannot be exported: it has no shareable "
+                    "handle",
+                    to_string(offered.where)));
   if (kind == handle_kind::none)
     throw invalid_argument(fmt::format(
         "resource_exporter: the resource ({} memory) was made with handle_type none; make it with "
@@ -354,7 +368,9 @@ void resource_exporter::purge() {
   purge_ids_locked();
 }
 
-export_statistics resource_exporter::statistics() const { return exporter_.statistics(); }
+export_statistics resource_exporter::statistics() const {
+  return exporter_.statistics();
+}
 
 // ---- the importer ------------------------------------------------------------------------
 
@@ -410,7 +426,8 @@ class imported_resource_state : public std::enable_shared_from_this<imported_res
   imported_resource_statistics statistics_;
 };
 
-imported_resource_state::imported_resource_state(const resource_description& d, resource_import_options options)
+imported_resource_state::imported_resource_state(const resource_description& d,
+                                                 resource_import_options options)
     : description(d),
       provider(options.provider != nullptr ? std::move(options.provider) : provider_for(d.where)),
       access(options.access),
@@ -419,19 +436,22 @@ imported_resource_state::imported_resource_state(const resource_description& d, 
       limit_(options.max_size_limit != 0 ? options.max_size_limit
                                          : 4 * provider->capabilities().physical_memory_size) {
   if (provider->where() != d.where)
-    throw invalid_argument(fmt::format("imported_resource: the resource is {} memory, the provider given serves "
-                                       "{} memory",
-                                       to_string(d.where), to_string(provider->where())));
+    throw invalid_argument(
+        fmt::format("imported_resource: the resource is {} memory, the provider given serves "
+                    "{} memory",
+                    to_string(d.where), to_string(provider->where())));
   if (provider->granularity() != d.granularity)
-    throw invalid_argument(fmt::format("imported_resource: the exporter's granularity is {}, but {} memory here "
-                                       "has {}",
-                                       d.granularity, to_string(d.where), provider->granularity()));
+    throw invalid_argument(
+        fmt::format("imported_resource: the exporter's granularity is {}, but {} memory here "
+                    "has {}",
+                    d.granularity, to_string(d.where), provider->granularity()));
   if (access != access_mode::read_only && access != access_mode::read_write)
-    throw invalid_argument(fmt::format("imported_resource: access {} asked for; import read-only or read-write",
-                                       to_string(access)));
+    throw invalid_argument(fmt::format(
+        "imported_resource: access {} asked for; import read-only or read-write", to_string(access)));
   if (access == access_mode::read_write && d.grant == access_mode::read_only)
-    throw invalid_argument("imported_resource: read-write access asked for, but the exporter granted read-only "
-                           "access");
+    throw invalid_argument(
+        "imported_resource: read-write access asked for, but the exporter granted read-only "
+        "access");
   for (const accessor& who : provider->capabilities().default_accessors) grants_.push_back({who, access});
 }
 
@@ -457,15 +477,15 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
   check_pointer(d, g, [](const std::string& what) { refuse("imported_resource: pointer " + what); });
   check_pages(d, pages, g, received.pages.fds.size());
   if (d.resource_id != description.resource_id)
-    refuse(fmt::format("imported_resource: a pointer of resource {:#x}, but this is resource {:#x}", d.resource_id,
-                       description.resource_id));
+    refuse(fmt::format("imported_resource: a pointer of resource {:#x}, but this is resource {:#x}",
+                       d.resource_id, description.resource_id));
   if (pages.where != description.where)
     refuse(fmt::format("imported_resource: a pointer to {} memory in a resource of {} memory",
                        to_string(pages.where), to_string(description.where)));
   for (std::size_t i = 0; i < pages.chunks.size(); ++i)
     if (pages.chunks[i].where != description.where)
-      refuse(fmt::format("imported_resource: page {} of the pointer is {} memory in a resource of {} memory", i,
-                         to_string(pages.chunks[i].where), to_string(description.where)));
+      refuse(fmt::format("imported_resource: page {} of the pointer is {} memory in a resource of {} memory",
+                         i, to_string(pages.chunks[i].where), to_string(description.where)));
   if (pages.grant != description.grant)
     refuse(fmt::format("imported_resource: a pointer granted {} access in a resource granted {}",
                        to_string(pages.grant), to_string(description.grant)));
@@ -491,7 +511,8 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
       if (slot == m->pages.end()) continue;
       if (slot->second.id != d.page_ids[i])
         refuse(fmt::format(
-            "imported_resource: page {} of segment {} is mapped here with the exporter's page {} and in use by "
+            "imported_resource: page {} of segment {} is mapped here with the exporter's page {} and in use "
+            "by "
             "an imported pointer, but the exporter now has page {} there: it freed an allocation this "
             "process had not let go of (let go of imported pointers before the exporter frees them)",
             first + i, d.segment, slot->second.id, d.page_ids[i]));
@@ -511,17 +532,20 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
     page_slot slot;
     slot.id = d.page_ids[i];
     slot.users = 1;
-    slot.memory = chunk.handle == handle_kind::posix_fd ? physical_allocation::import_fd(provider, fd.get(), g)
-                                                        : import_fabric(provider, chunk.fabric, g);
+    slot.memory = chunk.handle == handle_kind::posix_fd
+                      ? physical_allocation::import_fd(provider, fd.get(), g)
+                      : import_fabric(provider, chunk.fabric, g);
     added.emplace(first + i, std::move(slot));
   }
   if (m == nullptr) {
-    m = &new_mirror.emplace(d.segment, mirror{std::make_shared<address_range>(provider, d.segment_size), {}, {}})
+    m = &new_mirror
+             .emplace(d.segment, mirror{std::make_shared<address_range>(provider, d.segment_size), {}, {}})
              .first->second;
   }
   wait_for_retired(*m, added);
   const std::uintptr_t base = m->range->address();
-  for (auto& [page, slot] : added) slot.mapped = mapping(slot.memory, base + page * g, std::span<const access_grant>{});
+  for (auto& [page, slot] : added)
+    slot.mapped = mapping(slot.memory, base + page * g, std::span<const access_grant>{});
   for (auto run = added.begin(); run != added.end();) {  // one access call per run of new pages
     auto end = std::next(run);
     std::size_t length = 1;
@@ -593,7 +617,8 @@ void imported_resource_state::release(const imported_pointer& pointer) noexcept 
   });
   if (!prepared) {
     // No room or no point: wait for the stream here, then unmap at once.
-    vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { executor.synchronize(pointer.stream_); });
+    vmm::detail::cleanup("imported_resource: waiting for a stream",
+                         [&] { executor.synchronize(pointer.stream_); });
     retired.reset();
     points.clear();
     kept_points.clear();
@@ -662,7 +687,9 @@ imported_pointer& imported_pointer::operator=(imported_pointer&& other) noexcept
   return *this;
 }
 
-imported_pointer::~imported_pointer() { reset(); }
+imported_pointer::~imported_pointer() {
+  reset();
+}
 
 void imported_pointer::reset() noexcept {
   if (state_ == nullptr) return;
@@ -695,14 +722,18 @@ imported_pointer imported_resource::import_pointer(received_pointer received) {
 }
 
 imported_pointer imported_resource::receive_pointer(int socket_fd, stream_ref stream) {
-  return import_pointer(ipc::receive_pointer(socket_fd, state_->description.granularity, state_->timeout), stream);
+  return import_pointer(ipc::receive_pointer(socket_fd, state_->description.granularity, state_->timeout),
+                        stream);
 }
 
-imported_pointer imported_resource::receive_pointer(int socket_fd) { return receive_pointer(socket_fd, state_->stream); }
+imported_pointer imported_resource::receive_pointer(int socket_fd) {
+  return receive_pointer(socket_fd, state_->stream);
+}
 
 void* imported_resource::allocate(stream_ref, std::size_t bytes, std::size_t) {
   throw invalid_argument(fmt::format(
-      "imported_resource: {} bytes asked for, but a process cannot allocate from an imported resource: it maps "
+      "imported_resource: {} bytes asked for, but a process cannot allocate from an imported resource: it "
+      "maps "
       "memory that resource {:#x} of another process allocated (allocate there and share the pointer)",
       bytes, state_->description.resource_id));
 }
@@ -711,9 +742,17 @@ void* imported_resource::allocate_sync(std::size_t bytes, std::size_t alignment)
   return allocate(stream_ref(), bytes, alignment);
 }
 
-const resource_description& imported_resource::description() const noexcept { return state_->description; }
-access_mode imported_resource::access() const noexcept { return state_->access; }
-const std::shared_ptr<memory_provider>& imported_resource::provider() const noexcept { return state_->provider; }
-imported_resource_statistics imported_resource::statistics() const { return state_->statistics(); }
+const resource_description& imported_resource::description() const noexcept {
+  return state_->description;
+}
+access_mode imported_resource::access() const noexcept {
+  return state_->access;
+}
+const std::shared_ptr<memory_provider>& imported_resource::provider() const noexcept {
+  return state_->provider;
+}
+imported_resource_statistics imported_resource::statistics() const {
+  return state_->statistics();
+}
 
 }  // namespace vmm::ipc

@@ -17,7 +17,7 @@ namespace vmm::ipc {
 namespace {
 
 const std::shared_ptr<memory_provider>& require_provider(const std::shared_ptr<memory_provider>& provider,
-                                                const char* who) {
+                                                         const char* who) {
   if (provider == nullptr) throw invalid_argument(fmt::format("{}: the provider is null", who));
   return provider;
 }
@@ -56,8 +56,8 @@ interprocess_event::interprocess_event(const std::shared_ptr<memory_provider>& p
   CUevent event = nullptr;
   VMM_DRIVER_CHECK(
       cuEventCreate,
-      [&] { return fmt::format("cuEventCreate(INTERPROCESS | DISABLE_TIMING) on gpu {}", device); },
-      &event, static_cast<unsigned>(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+      [&] { return fmt::format("cuEventCreate(INTERPROCESS | DISABLE_TIMING) on gpu {}", device); }, &event,
+      static_cast<unsigned>(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
   CUipcEventHandle exported{};
   if (const CUresult result = driver::try_call(driver::api().cuIpcGetEventHandle, &exported, event);
       result != CUDA_SUCCESS) {
@@ -85,18 +85,19 @@ interprocess_event interprocess_event::open(const std::shared_ptr<memory_provide
     return interprocess_event(provider->executor(), 0, handle, false);
   }
   if (host_token)
-    throw invalid_argument(fmt::format(
-        "interprocess_event::open: the handle is a host event's token, but {} memory needs a GPU "
-        "event",
-        to_string(provider->where())));
+    throw invalid_argument(
+        fmt::format("interprocess_event::open: the handle is a host event's token, but {} memory needs a GPU "
+                    "event",
+                    to_string(provider->where())));
   const int device = context_device(*provider);
   CUipcEventHandle opened{};
   std::memcpy(&opened, handle.bytes.data(), sizeof opened);
   driver::primary_context context(device);
   driver::scoped_context current(context.get());
   CUevent event = nullptr;
-  VMM_DRIVER_CHECK(cuIpcOpenEventHandle,
-                   [&] { return fmt::format("cuIpcOpenEventHandle() on gpu {}", device); }, &event, opened);
+  VMM_DRIVER_CHECK(
+      cuIpcOpenEventHandle, [&] { return fmt::format("cuIpcOpenEventHandle() on gpu {}", device); }, &event,
+      opened);
   return interprocess_event(provider->executor(), reinterpret_cast<event_handle>(event), handle, false);
 }
 
@@ -117,7 +118,9 @@ interprocess_event& interprocess_event::operator=(interprocess_event&& other) no
   return *this;
 }
 
-interprocess_event::~interprocess_event() { reset(); }
+interprocess_event::~interprocess_event() {
+  reset();
+}
 
 void interprocess_event::reset() noexcept {
   if (executor_ != nullptr) executor_->destroy_event(event_);
@@ -166,9 +169,11 @@ fabric_handle export_fabric(const physical_allocation& memory) {
   CUmemFabricHandle exported{};
   VMM_DRIVER_CHECK(
       cuMemExportToShareableHandle,
-      [&] { return fmt::format("cuMemExportToShareableHandle(size={}, fabric) on gpu {}", memory.size(), device); },
-      static_cast<void*>(&exported), CUmemGenericAllocationHandle{memory.get()},
-      CU_MEM_HANDLE_TYPE_FABRIC, 0ULL);
+      [&] {
+        return fmt::format("cuMemExportToShareableHandle(size={}, fabric) on gpu {}", memory.size(), device);
+      },
+      static_cast<void*>(&exported), CUmemGenericAllocationHandle{memory.get()}, CU_MEM_HANDLE_TYPE_FABRIC,
+      0ULL);
   fabric_handle result;
   static_assert(sizeof exported == sizeof result.bytes);
   std::memcpy(result.bytes.data(), &exported, sizeof exported);
@@ -179,9 +184,10 @@ physical_allocation import_fabric(const std::shared_ptr<memory_provider>& provid
                                   const fabric_handle& handle, std::size_t size) {
   require_provider(provider, "import_fabric");
   if (size == 0 || size % provider->granularity() != 0)
-    throw invalid_argument(fmt::format("import_fabric: size {} is not a non-zero multiple of the "
-                                       "granularity {}",
-                                       size, provider->granularity()));
+    throw invalid_argument(
+        fmt::format("import_fabric: size {} is not a non-zero multiple of the "
+                    "granularity {}",
+                    size, provider->granularity()));
   if (provider->capabilities().export_kind != handle_kind::fabric)
     throw invalid_argument(fmt::format("import_fabric: {} memory cannot take fabric handles here: {}",
                                        to_string(provider->where()),

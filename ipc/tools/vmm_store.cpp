@@ -43,16 +43,30 @@ std::uint64_t parse_number(const std::string& text, const char* what) {
   std::uint64_t value = 0;
   const char* end = text.data() + text.size();
   const auto [at, error] = std::from_chars(text.data(), end, value);
-  if (error != std::errc() || at == text.data()) throw usage_error{fmt::format("{}: not a number: {}", what, text)};
+  if (error != std::errc() || at == text.data())
+    throw usage_error{fmt::format("{}: not a number: {}", what, text)};
   std::uint64_t scale = 1;
   if (at != end) {
     if (at + 1 != end) throw usage_error{fmt::format("{}: bad suffix in {}", what, text)};
     switch (*at) {
-      case 'K': case 'k': scale = 1ull << 10; break;
-      case 'M': case 'm': scale = 1ull << 20; break;
-      case 'G': case 'g': scale = 1ull << 30; break;
-      case 'T': case 't': scale = 1ull << 40; break;
-      default: throw usage_error{fmt::format("{}: bad suffix in {}", what, text)};
+      case 'K':
+      case 'k':
+        scale = 1ull << 10;
+        break;
+      case 'M':
+      case 'm':
+        scale = 1ull << 20;
+        break;
+      case 'G':
+      case 'g':
+        scale = 1ull << 30;
+        break;
+      case 'T':
+      case 't':
+        scale = 1ull << 40;
+        break;
+      default:
+        throw usage_error{fmt::format("{}: bad suffix in {}", what, text)};
     }
   }
   if (value > UINT64_MAX / scale) throw usage_error{fmt::format("{}: too large: {}", what, text)};
@@ -60,7 +74,8 @@ std::uint64_t parse_number(const std::string& text, const char* what) {
 }
 
 std::string human(std::uint64_t bytes) {
-  if (bytes >= (1ull << 30) && bytes % (1ull << 20) == 0) return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30));
+  if (bytes >= (1ull << 30) && bytes % (1ull << 20) == 0)
+    return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30));
   if (bytes >= (1ull << 20)) return fmt::format("{:.2f} MiB", double(bytes) / (1ull << 20));
   return fmt::format("{} B", bytes);
 }
@@ -86,7 +101,8 @@ int serve(const std::vector<std::string>& args) {
       const std::string& list = value();
       for (std::size_t start = 0; start <= list.size();) {
         const std::size_t comma = std::min(list.find(',', start), list.size());
-        options.allowed_uids.push_back(static_cast<uid_t>(parse_number(list.substr(start, comma - start), "--allow-uid")));
+        options.allowed_uids.push_back(
+            static_cast<uid_t>(parse_number(list.substr(start, comma - start), "--allow-uid")));
         start = comma + 1;
       }
     } else if (args[i] == "--ready-fd") {
@@ -104,9 +120,11 @@ int serve(const std::vector<std::string>& args) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  fmt::print("vmm-store {}: serving {} (pid {}, protocol {}, instance {:#018x}); starting empty: no buffer of an "
-             "earlier daemon survives\n",
-             "daemon", daemon.options().socket_path, daemon.info().pid, daemon.info().version, daemon.info().instance);
+  fmt::print(
+      "vmm-store {}: serving {} (pid {}, protocol {}, instance {:#018x}); starting empty: no buffer of an "
+      "earlier daemon survives\n",
+      "daemon", daemon.options().socket_path, daemon.info().pid, daemon.info().version,
+      daemon.info().instance);
   std::fflush(stdout);
   if (ready_fd) {
     const char byte = 'r';
@@ -130,21 +148,24 @@ int client_command(const std::string& command, const std::vector<std::string>& a
     }
   }
   const std::size_t wanted = command == "ls" ? 0 : 1;
-  if (names.size() != wanted) throw usage_error{fmt::format("{} takes {} name{}", command, wanted, wanted == 1 ? "" : "s")};
+  if (names.size() != wanted)
+    throw usage_error{fmt::format("{} takes {} name{}", command, wanted, wanted == 1 ? "" : "s")};
   vmm::store::client store(options);
   if (command == "ls") {
     const auto infos = store.list();
-    fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION", "HOLDERS", "STATE");
+    fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION", "HOLDERS",
+               "STATE");
     for (const auto& info : infos)
       fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", info.name, human(info.size), human(info.capacity),
                  vmm::to_string(info.where), info.holders, info.sealed ? "sealed" : "open");
     fmt::print("{} buffer{}\n", infos.size(), infos.size() == 1 ? "" : "s");
   } else if (command == "stat") {
     const auto info = store.stat(names[0]);
-    fmt::print("name      {}\nentry     {}\nlocation  {}\nsize      {} ({} bytes)\ncapacity  {}\nmax size  {}\n"
-               "holders   {}\nstate     {}\n",
-               info.name, info.entry, vmm::to_string(info.where), human(info.size), info.size, human(info.capacity),
-               human(info.max_size), info.holders, info.sealed ? "sealed" : "open");
+    fmt::print(
+        "name      {}\nentry     {}\nlocation  {}\nsize      {} ({} bytes)\ncapacity  {}\nmax size  {}\n"
+        "holders   {}\nstate     {}\n",
+        info.name, info.entry, vmm::to_string(info.where), human(info.size), info.size, human(info.capacity),
+        human(info.max_size), info.holders, info.sealed ? "sealed" : "open");
   } else {
     store.remove(names[0]);
     fmt::print("removed {}\n", names[0]);

@@ -159,7 +159,8 @@ int status_of(outcome result) noexcept {
 
 device_state& device_at(int device) {
   if (device < 0 || device >= max_devices)
-    throw vmm::invalid_argument(fmt::format("vmm_torch: device {} is out of range [0, {})", device, max_devices));
+    throw vmm::invalid_argument(
+        fmt::format("vmm_torch: device {} is out of range [0, {})", device, max_devices));
   return library().devices[static_cast<std::size_t>(device)];
 }
 
@@ -186,7 +187,8 @@ vmm::memory_resource& resource_of(int device, device_state& state) {
                                ? vmm::handle_kind::none
                                : vmm::handle_kind::posix_fd;
   auto* made = new vmm::memory_resource(where, properties);  // never destroyed
-  if (!shared.any_made) shared.previous_handler.store(vmm::set_cleanup_failure_handler(&keep_cleanup_failure));
+  if (!shared.any_made)
+    shared.previous_handler.store(vmm::set_cleanup_failure_handler(&keep_cleanup_failure));
   shared.any_made = true;
   state.resource.store(made, std::memory_order_release);
   return *made;
@@ -247,19 +249,22 @@ void* allocate(std::size_t size, int device, CUstream_st* stream) {
   }
   std::lock_guard lock(state.mutex);
   if (resource.asleep())
-    throw vmm::invalid_argument(fmt::format(
-        "the allocator of {} is asleep: wake it first (vmm_torch.wake()); nothing was allocated", name_of(device)));
+    throw vmm::invalid_argument(
+        fmt::format("the allocator of {} is asleep: wake it first (vmm_torch.wake()); nothing was allocated",
+                    name_of(device)));
   return resource.allocate(vmm::stream_ref(stream), size, vmm::memory_resource::default_alignment, tag);
 }
 
 void count_failure(int device, outcome result) noexcept {
   if (device < 0 || device >= max_devices || result == outcome::ok) return;
   device_state& state = library().devices[static_cast<std::size_t>(device)];
-  (result == outcome::out_of_memory ? state.out_of_memory : state.failed).fetch_add(1, std::memory_order_relaxed);
+  (result == outcome::out_of_memory ? state.out_of_memory : state.failed)
+      .fetch_add(1, std::memory_order_relaxed);
 }
 
 std::vector<vmm::allocation_tag> tags_of(const std::uint32_t* tags, std::size_t count) {
-  if (count != 0 && tags == nullptr) throw vmm::invalid_argument(fmt::format("vmm_torch: {} tags at NULL", count));
+  if (count != 0 && tags == nullptr)
+    throw vmm::invalid_argument(fmt::format("vmm_torch: {} tags at NULL", count));
   std::vector<vmm::allocation_tag> result;
   result.reserve(count);
   for (std::size_t i = 0; i < count; ++i) result.push_back(vmm::allocation_tag{tags[i]});
@@ -281,9 +286,9 @@ void* vmm_alloc(size_t size, int device, CUstream_st* stream) {
 void* vmm_alloc_throwing(size_t size, int device, CUstream_st* stream) {
   void* result = nullptr;
   std::string message;
-  const outcome done = guarded([&] { result = allocate(size, device, stream); },
-                               [&] { return fmt::format("vmm_alloc({} bytes, {})", size, name_of(device)); },
-                               &message);
+  const outcome done =
+      guarded([&] { result = allocate(size, device, stream); },
+              [&] { return fmt::format("vmm_alloc({} bytes, {})", size, name_of(device)); }, &message);
   count_failure(device, done);
   if (done == outcome::ok) return result;
   // The prefix is PyTorch's own, which code that retries with less memory looks for.
@@ -298,7 +303,8 @@ void vmm_free(void* ptr, size_t size, int device, CUstream_st* stream) {
         device_state& state = device_at(device);
         vmm::memory_resource* resource = state.resource.load(std::memory_order_acquire);
         if (resource == nullptr)
-          throw vmm::invalid_argument("the device has no vmm resource, so the pointer is not vmm's; nothing freed");
+          throw vmm::invalid_argument(
+              "the device has no vmm resource, so the pointer is not vmm's; nothing freed");
         {
           gate_pass pass(state);
           if (pass.open()) {
@@ -323,8 +329,9 @@ int vmm_torch_allocate(int device, CUstream_st* stream, size_t size, void** out)
     return -1;
   }
   *out = nullptr;
-  const outcome done = guarded([&] { *out = allocate(size, device, stream); },
-                               [&] { return fmt::format("vmm_torch_allocate({} bytes, {})", size, name_of(device)); });
+  const outcome done =
+      guarded([&] { *out = allocate(size, device, stream); },
+              [&] { return fmt::format("vmm_torch_allocate({} bytes, {})", size, name_of(device)); });
   count_failure(device, done);
   return status_of(done);
 }
@@ -348,7 +355,9 @@ uint32_t vmm_torch_set_tag(uint32_t tag) {
   return previous;
 }
 
-uint32_t vmm_torch_tag(void) { return current_tag; }
+uint32_t vmm_torch_tag(void) {
+  return current_tag;
+}
 
 int vmm_torch_statistics_of(int device, vmm_torch_statistics* out) {
   return status_of(guarded(
@@ -412,7 +421,8 @@ int vmm_torch_sleep(int device, const uint32_t* offload_tags, size_t count) {
         vmm::memory_resource& resource = resource_of(device, state);
         std::lock_guard lock(state.mutex);
         if (resource.asleep())
-          throw vmm::invalid_argument("it is asleep already: wake it first (vmm_torch.wake()); nothing changed");
+          throw vmm::invalid_argument(
+              "it is asleep already: wake it first (vmm_torch.wake()); nothing changed");
         gate_closed gate(state);
         resource.sleep(offload);
         gate.keep_closed();
@@ -428,11 +438,13 @@ int vmm_torch_wake(int device, const uint32_t* tags, size_t count) {
         vmm::memory_resource* resource = state.resource.load(std::memory_order_acquire);
         std::lock_guard lock(state.mutex);
         if (resource == nullptr || !resource->asleep())
-          throw vmm::invalid_argument("it is not asleep: nothing to wake (vmm_torch.sleep() first); nothing changed");
+          throw vmm::invalid_argument(
+              "it is not asleep: nothing to wake (vmm_torch.sleep() first); nothing changed");
         resource->wake(waking);
         if (resource->asleep()) return;  // some tags still sleep
         // Every tag is awake: the frees that arrived meanwhile, in the order they came.
-        for (const deferred_free& free : state.deferred) resource->deallocate(free.stream, free.ptr, free.size);
+        for (const deferred_free& free : state.deferred)
+          resource->deallocate(free.stream, free.ptr, free.size);
         state.deferred.clear();
         state.gated.store(false);
       },
@@ -449,7 +461,8 @@ int vmm_torch_asleep(int device) {
 size_t vmm_torch_devices(int* out, size_t capacity) {
   std::size_t count = 0;
   for (int device = 0; device < max_devices; ++device) {
-    if (library().devices[static_cast<std::size_t>(device)].resource.load(std::memory_order_acquire) == nullptr)
+    if (library().devices[static_cast<std::size_t>(device)].resource.load(std::memory_order_acquire) ==
+        nullptr)
       continue;
     if (out != nullptr && count < capacity) out[count] = device;
     ++count;

@@ -46,25 +46,25 @@ struct CUstream_st; /* cudaStream_t and CUstream are pointers to it */
 /* What a device's resource holds: vmm::memory_resource_statistics plus what this layer
  * counts. Bytes unless said otherwise. */
 typedef struct vmm_torch_statistics {
-  uint64_t reserved_current;   /* physical bytes mapped or kept spare */
+  uint64_t reserved_current; /* physical bytes mapped or kept spare */
   uint64_t reserved_high;
-  uint64_t used_current;       /* bytes handed out, each rounded up to 256 */
+  uint64_t used_current; /* bytes handed out, each rounded up to 256 */
   uint64_t used_high;
-  uint64_t allocations;        /* live allocations */
-  uint64_t allocations_total;  /* allocations made */
-  uint64_t segments;           /* address ranges (arenas) */
-  uint64_t handles;            /* physical pages mapped or spare */
+  uint64_t allocations;       /* live allocations */
+  uint64_t allocations_total; /* allocations made */
+  uint64_t segments;          /* address ranges (arenas) */
+  uint64_t handles;           /* physical pages mapped or spare */
   uint64_t largest_free_block;
   uint64_t pages_stitched;
   uint64_t pages_created;
   uint64_t pages_released;
-  uint64_t bad_deallocations;  /* frees refused by the resource */
-  uint64_t out_of_memory;      /* allocations that failed for want of memory */
-  uint64_t failed;             /* allocations that failed otherwise (asleep, bad argument) */
-  uint64_t frees_deferred;     /* frees that arrived while asleep, done at the wake */
-  uint64_t page_size;          /* the granularity */
-  uint32_t asleep;             /* 1 while some tag sleeps */
-  uint32_t exportable;         /* 1 when the pages are exportable (POSIX fd) */
+  uint64_t bad_deallocations; /* frees refused by the resource */
+  uint64_t out_of_memory;     /* allocations that failed for want of memory */
+  uint64_t failed;            /* allocations that failed otherwise (asleep, bad argument) */
+  uint64_t frees_deferred;    /* frees that arrived while asleep, done at the wake */
+  uint64_t page_size;         /* the granularity */
+  uint32_t asleep;            /* 1 while some tag sleeps */
+  uint32_t exportable;        /* 1 when the pages are exportable (POSIX fd) */
 } vmm_torch_statistics;
 
 /* ---- what torch.cuda.memory.CUDAPluggableAllocator loads ------------------------------ */

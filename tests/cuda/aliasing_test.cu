@@ -67,17 +67,17 @@ class gpu_aliasing : public provider_test<Kind> {
                                 const std::vector<std::uint32_t>& map) {
     device_array<std::uint32_t> device_map(map.size());
     device_array<unsigned long long> count(1);
-    VMM_CUDA_CHECK(cudaMemcpy(device_map.get(), map.data(), map.size() * sizeof map[0],
-                              cudaMemcpyHostToDevice));
+    VMM_CUDA_CHECK(
+        cudaMemcpy(device_map.get(), map.data(), map.size() * sizeof map[0], cudaMemcpyHostToDevice));
     VMM_CUDA_CHECK(cudaMemset(count.get(), 0, sizeof(unsigned long long)));
-    count_mismatches<<<264, 256>>>(static_cast<const std::uint32_t*>(view), bytes / 4, seed,
-                                   device_map.get(), this->granularity_ / 4, count.get());
+    count_mismatches<<<264, 256>>>(static_cast<const std::uint32_t*>(view), bytes / 4, seed, device_map.get(),
+                                   this->granularity_ / 4, count.get());
     VMM_CUDA_CHECK(cudaGetLastError());
     return count.to_host(nullptr).front();
   }
   growable_buffer make_buffer(std::size_t chunks) {
-    growable_buffer buffer(pool_, {.max_size = chunks * this->granularity_,
-                                   .policy = chunk_policy::fixed(this->granularity_)});
+    growable_buffer buffer(
+        pool_, {.max_size = chunks * this->granularity_, .policy = chunk_policy::fixed(this->granularity_)});
     buffer.resize(chunks * this->granularity_);
     return buffer;
   }

@@ -42,13 +42,12 @@ constexpr int threads = 100;  // three warps and a partial one of 4 lanes
 // Neighbouring lanes take different branches (i % 4) and push different numbers of
 // elements, through each form of the view.
 template <append_atomics Atomics>
-__global__ void push_divergent(std::uint64_t first, std::uint64_t n,
-                               append_view<std::uint32_t> view, bool stop_when_overflowed) {
+__global__ void push_divergent(std::uint64_t first, std::uint64_t n, append_view<std::uint32_t> view,
+                               bool stop_when_overflowed) {
   if (stop_when_overflowed && view.overflowed()) return;
   const std::uint64_t end = view.limit(n);
   const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
-  for (std::uint64_t i = first + std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < end;
-       i += stride) {
+  for (std::uint64_t i = first + std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < end; i += stride) {
     const unsigned count = elements_of(i);
     const std::uint32_t values[3] = {element(i, 0), element(i, 1), element(i, 2)};
     switch (i % 4) {
@@ -101,22 +100,20 @@ class append_kernels : public gpu_test {
     pool_ = chunk_pool::create(provider_for(location::device(0)));
   }
 
-  device_vector<std::uint32_t> make(std::size_t max_bytes,
-                                    chunk_policy policy = chunk_policy::geometric()) {
+  device_vector<std::uint32_t> make(std::size_t max_bytes, chunk_policy policy = chunk_policy::geometric()) {
     return device_vector<std::uint32_t>(pool_, {.max_size = max_bytes, .policy = policy});
   }
 
   template <append_atomics Atomics>
   static auto divergent_launch(std::uint64_t n, bool stop_when_overflowed) {
     return [=](append_view<std::uint32_t> view, std::size_t first, stream_ref stream) {
-      push_divergent<Atomics>
-          <<<blocks, threads, 0, stream.get()>>>(first, n, view, stop_when_overflowed);
+      push_divergent<Atomics><<<blocks, threads, 0, stream.get()>>>(first, n, view, stop_when_overflowed);
     };
   }
 
   // Every element of inputs [0, n) is in vector[from, size()) exactly once, and nothing else.
-  void expect_each_once(const device_vector<std::uint32_t>& vector, std::size_t from,
-                        std::uint64_t n, cudaStream_t stream) {
+  void expect_each_once(const device_vector<std::uint32_t>& vector, std::size_t from, std::uint64_t n,
+                        cudaStream_t stream) {
     const std::uint64_t range = 4 * n;
     device_array<std::uint32_t> counts(range);
     device_array<unsigned long long> out_of_range(1);
@@ -188,8 +185,8 @@ TEST_F(append_kernels, an_output_a_hundred_times_the_capacity_relaunches_only_wh
     EXPECT_GE(statistics.growths, 1u);
     EXPECT_LE(statistics.rounds, 3u);
     const double capacity = static_cast<double>(vector.capacity() * sizeof(std::uint32_t));
-    EXPECT_LE(capacity, 1.13 * static_cast<double>(vector.size() * sizeof(std::uint32_t)) +
-                            pool_->granularity())
+    EXPECT_LE(capacity,
+              1.13 * static_cast<double>(vector.size() * sizeof(std::uint32_t)) + pool_->granularity())
         << "capacity " << vector.capacity() << " for " << vector.size() << " elements";
   }
 }
@@ -217,12 +214,11 @@ TEST_F(append_kernels, an_empty_result_appends_nothing) {
   vector.push_back(5);
   append_statistics statistics;
   const auto nothing = [](append_view<std::uint32_t> view, std::size_t first, stream_ref stream) {
-    push_divergent<append_atomics::per_warp>
-        <<<blocks, threads, 0, stream.get()>>>(first, first, view, true);
+    push_divergent<append_atomics::per_warp><<<blocks, threads, 0, stream.get()>>>(first, first, view, true);
   };
-  EXPECT_EQ(append_from_kernel(vector, nothing, stream.get(),
-                               {.input_count = 1 << 20, .statistics = &statistics}),
-            0u);
+  EXPECT_EQ(
+      append_from_kernel(vector, nothing, stream.get(), {.input_count = 1 << 20, .statistics = &statistics}),
+      0u);
   EXPECT_EQ(vector.to_host(), std::vector<std::uint32_t>{5});
   EXPECT_EQ(statistics.rounds, 1u);
   EXPECT_EQ(statistics.growths, 0u);
@@ -233,10 +229,8 @@ TEST_F(append_kernels, a_launch_the_runtime_refuses_is_reported_and_changes_noth
   auto vector = make(std::size_t{64} << 20);
   vector.push_back(5);
   const std::size_t capacity = vector.capacity();
-  const auto too_many_threads = [](append_view<std::uint32_t> view, std::size_t first,
-                                   stream_ref stream) {
-    push_divergent<append_atomics::per_warp>
-        <<<1, 4096, 0, stream.get()>>>(first, first + 10, view, true);
+  const auto too_many_threads = [](append_view<std::uint32_t> view, std::size_t first, stream_ref stream) {
+    push_divergent<append_atomics::per_warp><<<1, 4096, 0, stream.get()>>>(first, first + 10, view, true);
   };
   EXPECT_THROW(append_from_kernel(vector, too_many_threads, stream.get()), driver_error);
   EXPECT_EQ(vector.to_host(), std::vector<std::uint32_t>{5});
@@ -274,8 +268,7 @@ enum class fault { trap, illegal_address };
       if (vector.size() != 1) {
         std::fprintf(stderr, "the size changed to %zu\n", vector.size());
       } else if (pool->statistics().used_current != used) {
-        std::fprintf(stderr, "the pool lends %zu bytes, %zu before\n",
-                     pool->statistics().used_current, used);
+        std::fprintf(stderr, "the pool lends %zu bytes, %zu before\n", pool->statistics().used_current, used);
       } else {
         std::fprintf(stderr, "reported: %s\n", error.what());
         code = 0;
@@ -301,8 +294,7 @@ TEST_F(append_faults, a_trap_in_the_kernel_is_reported_and_leaves_the_vector_as_
   EXPECT_EXIT(fault_in_child(fault::trap), ::testing::ExitedWithCode(0), "reported: .*");
 }
 
-TEST_F(append_faults,
-       an_illegal_address_in_the_kernel_is_reported_and_leaves_the_vector_as_it_was) {
+TEST_F(append_faults, an_illegal_address_in_the_kernel_is_reported_and_leaves_the_vector_as_it_was) {
   EXPECT_EXIT(fault_in_child(fault::illegal_address), ::testing::ExitedWithCode(0), "reported: .*");
 }
 

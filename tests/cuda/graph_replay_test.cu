@@ -13,8 +13,7 @@ namespace {
 
 __global__ void copy_elements(const int* source, int* destination, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    destination[i] = source[i];
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) destination[i] = source[i];
 }
 
 class cuda_graphs : public gpu_test {};

@@ -84,7 +84,8 @@ TEST(headers_in_cuda, inline_comparisons_and_values_link_and_work) {
   // A resource shared and a pointer imported, on host memory, from nvcc-compiled code.
   const ipc::resource_description described{7, location::device(0), 2u << 20, access_mode::read_write};
   EXPECT_TRUE(ipc::parse_resource_description(ipc::serialize(described)) == described);
-  memory_resource resource(location::os_host(), {.handle_type = handle_kind::posix_fd, .max_size = 64u << 20});
+  memory_resource resource(location::os_host(),
+                           {.handle_type = handle_kind::posix_fd, .max_size = 64u << 20});
   ipc::resource_exporter exporter(resource);
   ipc::imported_resource imported(exporter.export_resource());
   void* p = resource.allocate_sync(5000);

@@ -15,7 +15,8 @@ namespace {
 
 __global__ void add_index(std::uint32_t* data, std::size_t count, std::uint32_t* wrong) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count; i += stride) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
     if (data[i] != static_cast<std::uint32_t>(i) * 3u) atomicAdd(wrong, 1u);
     data[i] += static_cast<std::uint32_t>(i);
   }

@@ -100,8 +100,8 @@ class held_kernel {
               long long cycles_per_ms)
       : stream_(stream), flags_(flags) {
     *flags_ = held_flags{};  // visible to the kernel: the launch comes after
-    hold_and_check<<<8, 256, 0, stream>>>(static_cast<std::uint32_t*>(data), bytes / sizeof(std::uint32_t), seed,
-                                          min_ms * cycles_per_ms, cap_ms * cycles_per_ms, flags);
+    hold_and_check<<<8, 256, 0, stream>>>(static_cast<std::uint32_t*>(data), bytes / sizeof(std::uint32_t),
+                                          seed, min_ms * cycles_per_ms, cap_ms * cycles_per_ms, flags);
     VMM_CUDA_CHECK(cudaGetLastError());
   }
   held_kernel(const held_kernel&) = delete;
@@ -149,7 +149,8 @@ class resource_stream_order : public gpu_test {
   }
 
   // A resource of its own pool, bounded so that a test never takes the GPU's memory.
-  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {}, reuse_policies policies = {}) {
+  std::unique_ptr<memory_resource> make(memory_resource_properties properties = {},
+                                        reuse_policies policies = {}) {
     if (properties.max_size == 0) properties.max_size = 256 * page_;
     return std::make_unique<memory_resource>(pool_, properties, policies);
   }
@@ -170,9 +171,11 @@ class resource_stream_order : public gpu_test {
     return other;
   }
   // The physical pages under a live allocation.
-  static std::vector<physical_handle> pages(const memory_resource& resource, const void* p, std::size_t bytes) {
+  static std::vector<physical_handle> pages(const memory_resource& resource, const void* p,
+                                            std::size_t bytes) {
     std::vector<physical_handle> handles;
-    for (const shared_chunk& chunk : resource.pages_of(p, bytes).pages) handles.push_back(chunk->memory().get());
+    for (const shared_chunk& chunk : resource.pages_of(p, bytes).pages)
+      handles.push_back(chunk->memory().get());
     return handles;
   }
 

@@ -40,19 +40,20 @@ __host__ __device__ std::uint32_t word_value(std::uint32_t seed, std::uint64_t i
 __device__ std::uint64_t first_thread() {
   return blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
 }
-__device__ std::uint64_t all_threads() { return std::uint64_t{gridDim.x} * blockDim.x; }
+__device__ std::uint64_t all_threads() {
+  return std::uint64_t{gridDim.x} * blockDim.x;
+}
 
 __global__ void fill_words(std::uint32_t* words, std::uint64_t count, std::uint32_t value) {
   for (std::uint64_t i = first_thread(); i < count; i += all_threads()) words[i] = value;
 }
 
 __global__ void write_words(std::uint32_t* words, std::uint64_t count, std::uint32_t seed) {
-  for (std::uint64_t i = first_thread(); i < count; i += all_threads())
-    words[i] = word_value(seed, i);
+  for (std::uint64_t i = first_thread(); i < count; i += all_threads()) words[i] = word_value(seed, i);
 }
 
-__global__ void count_mismatches(const std::uint32_t* words, std::uint64_t count,
-                                 std::uint32_t seed, unsigned long long* mismatches) {
+__global__ void count_mismatches(const std::uint32_t* words, std::uint64_t count, std::uint32_t seed,
+                                 unsigned long long* mismatches) {
   unsigned long long local = 0;
   for (std::uint64_t i = first_thread(); i < count; i += all_threads())
     if (words[i] != word_value(seed, i)) ++local;
@@ -61,8 +62,8 @@ __global__ void count_mismatches(const std::uint32_t* words, std::uint64_t count
 
 // The kernel of the issue: device `device` (a layout index) writes its own stripes only,
 // walking them as the layout hands them out: one stripe at a time, contiguous inside.
-__global__ void write_own_stripes(std::uint32_t* base, vmm::stripe_layout layout,
-                                  std::uint32_t device, std::uint32_t seed) {
+__global__ void write_own_stripes(std::uint32_t* base, vmm::stripe_layout layout, std::uint32_t device,
+                                  std::uint32_t seed) {
   const std::uint64_t stripes = layout.stripes_of(device);
   for (std::uint64_t k = 0; k < stripes; ++k) {
     const vmm::stripe_extent stripe = layout.stripe_of(device, k);
@@ -73,8 +74,8 @@ __global__ void write_own_stripes(std::uint32_t* base, vmm::stripe_layout layout
 }
 
 // Every word of the range holds what its owner (by layout.device_of) wrote.
-__global__ void count_misplaced(const std::uint32_t* base, vmm::stripe_layout layout,
-                                std::uint32_t seed, unsigned long long* mismatches) {
+__global__ void count_misplaced(const std::uint32_t* base, vmm::stripe_layout layout, std::uint32_t seed,
+                                unsigned long long* mismatches) {
   unsigned long long local = 0;
   for (std::uint64_t i = first_thread(); i < layout.size / 4; i += all_threads())
     if (base[i] != word_value(seed + layout.device_of(i * 4), i)) ++local;
@@ -88,8 +89,7 @@ __global__ void count_own_mismatches(const std::uint32_t* base, vmm::stripe_layo
   unsigned long long local = 0;
   for (std::uint64_t j = first_thread(); j < layout.bytes_on(device) / 4; j += all_threads()) {
     const std::uint64_t offset = layout.local_to_offset(device, j * 4);
-    if (layout.device_of(offset) != device ||
-        base[offset / 4] != word_value(seed + device, offset / 4))
+    if (layout.device_of(offset) != device || base[offset / 4] != word_value(seed + device, offset / 4))
       ++local;
   }
   if (local != 0) atomicAdd(mismatches, local);
@@ -140,8 +140,7 @@ class allocation_probe {
   static void fetch(Fn& fn, const char* symbol) {
     void* address = nullptr;
     cudaDriverEntryPointQueryResult status{};
-    VMM_CUDA_CHECK(
-        cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &status));
+    VMM_CUDA_CHECK(cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &status));
     if (status != cudaDriverEntryPointSuccess || address == nullptr)
       throw std::runtime_error(std::string("the driver has no entry point ") + symbol);
     fn = reinterpret_cast<Fn>(address);
@@ -169,8 +168,7 @@ class multi_gpu_kernels : public ::testing::Test {
     if (count < 2) GTEST_SKIP() << "needs 2 GPUs; this machine has " << count;
     for (int d = 0; d < count; ++d) {
       for (int e = 0; e < count; ++e)
-        if (!can_access_peer(d, e))
-          GTEST_SKIP() << "gpu " << d << " cannot access gpu " << e << "'s memory";
+        if (!can_access_peer(d, e)) GTEST_SKIP() << "gpu " << d << " cannot access gpu " << e << "'s memory";
       on_device selected(d);
       VMM_CUDA_CHECK(cudaFree(nullptr));  // the primary context, which vmm's driver layer uses too
       devices_.push_back(d);
@@ -210,8 +208,8 @@ TEST_F(multi_gpu_kernels, each_gpu_processes_only_its_own_stripes) {
     // All GPUs at once, each on its own stream, each on its own stripes.
     for (std::size_t i = 0; i < n; ++i) {
       on_device selected(devices_[i]);
-      write_own_stripes<<<blocks, threads, 0, streams[i]->get()>>>(
-          words, buffer.layout(), buffer.device_index(devices_[i]), 100);
+      write_own_stripes<<<blocks, threads, 0, streams[i]->get()>>>(words, buffer.layout(),
+                                                                   buffer.device_index(devices_[i]), 100);
       VMM_CUDA_CHECK(cudaGetLastError());
     }
     for (const auto& stream : streams) stream->synchronize();
@@ -223,8 +221,8 @@ TEST_F(multi_gpu_kernels, each_gpu_processes_only_its_own_stripes) {
     for (std::size_t i = 0; i < n; ++i)
       EXPECT_EQ(count_on(devices_[i],
                          [&](unsigned long long* c) {
-                           count_own_mismatches<<<blocks, threads>>>(
-                               words, buffer.layout(), static_cast<std::uint32_t>(i), 100, c);
+                           count_own_mismatches<<<blocks, threads>>>(words, buffer.layout(),
+                                                                     static_cast<std::uint32_t>(i), 100, c);
                          }),
                 0u)
           << "gpu " << devices_[i];
@@ -237,8 +235,7 @@ TEST_F(multi_gpu_kernels, each_gpu_processes_only_its_own_stripes) {
   }
 }
 
-TEST_F(multi_gpu_kernels,
-       a_kernel_on_one_gpu_reads_what_another_wrote_with_peer_access_never_enabled) {
+TEST_F(multi_gpu_kernels, a_kernel_on_one_gpu_reads_what_another_wrote_with_peer_access_never_enabled) {
   // Make sure no peer access is on (a test before might have turned it on): VMM memory
   // needs none.
   for (int a : devices_)
@@ -246,8 +243,7 @@ TEST_F(multi_gpu_kernels,
       if (a == b) continue;
       on_device selected(a);
       const cudaError_t disabled = cudaDeviceDisablePeerAccess(b);
-      if (disabled != cudaSuccess && disabled != cudaErrorPeerAccessNotEnabled)
-        VMM_CUDA_CHECK(disabled);
+      if (disabled != cudaSuccess && disabled != cudaErrorPeerAccessNotEnabled) VMM_CUDA_CHECK(disabled);
       (void)cudaGetLastError();
     }
   const std::size_t g = granularity_;
@@ -280,8 +276,7 @@ TEST_F(multi_gpu_kernels, the_driver_places_each_stripe_on_the_gpu_the_layout_na
   const std::size_t g = granularity_;
   const allocation_probe probe;
   for (stripe_mode mode : {stripe_mode::round_robin, stripe_mode::contiguous}) {
-    striped_buffer buffer(devices_, (3 * devices_.size() + 1) * g,
-                          {.stripe_size = g, .mode = mode});
+    striped_buffer buffer(devices_, (3 * devices_.size() + 1) * g, {.stripe_size = g, .mode = mode});
     const auto* base = static_cast<const char*>(buffer.data());
     const stripe_layout& layout = buffer.layout();
     for (std::uint32_t d = 0; d < layout.device_count; ++d)
@@ -305,11 +300,10 @@ TEST_F(multi_gpu_kernels, one_copy_spans_every_gpu) {
   std::vector<std::uint32_t> host(count);
   for (std::uint64_t i = 0; i < count; ++i) host[i] = word_value(11, i);
   VMM_CUDA_CHECK(cudaMemcpy(words, host.data(), buffer.size(), cudaMemcpyDefault));
-  EXPECT_EQ(count_on(devices_[1],
-                     [&](unsigned long long* c) {
-                       count_mismatches<<<blocks, threads>>>(words, count, 11, c);
-                     }),
-            0u);
+  EXPECT_EQ(
+      count_on(devices_[1],
+               [&](unsigned long long* c) { count_mismatches<<<blocks, threads>>>(words, count, 11, c); }),
+      0u);
   write_words<<<blocks, threads>>>(words, count, 12);
   VMM_CUDA_CHECK(cudaGetLastError());
   VMM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -326,8 +320,10 @@ int remote_kernel_write_in_child(access_mode mode) {
   try {
     if (cudaSetDevice(0) != cudaSuccess) return 7;
     const std::size_t g = provider_for(location::device(0))->granularity();
-    striped_buffer buffer({0, 1}, 4 * g,
-                          {.stripe_size = g, .access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), mode}}});
+    striped_buffer buffer(
+        {0, 1}, 4 * g,
+        {.stripe_size = g,
+         .access = {{accessor::device(0), access_mode::read_write}, {accessor::device(1), mode}}});
     auto* words = static_cast<std::uint32_t*>(buffer.data());
     const std::uint64_t count = buffer.size() / 4;
     write_words<<<64, 256>>>(words, count, 21);
@@ -338,8 +334,7 @@ int remote_kernel_write_in_child(access_mode mode) {
     if (cudaMemset(mismatches, 0, sizeof *mismatches) != cudaSuccess) return 7;
     count_mismatches<<<64, 256>>>(words, count, 21, mismatches);
     unsigned long long seen = 1;
-    if (cudaMemcpy(&seen, mismatches, sizeof seen, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        seen != 0)
+    if (cudaMemcpy(&seen, mismatches, sizeof seen, cudaMemcpyDeviceToHost) != cudaSuccess || seen != 0)
       return 5;
     write_own_stripes<<<64, 256>>>(words, buffer.layout(), 0, 300);  // GPU 0's stripes, from GPU 1
     if (cudaDeviceSynchronize() != cudaSuccess) return 3;            // the write faulted
@@ -358,8 +353,8 @@ TEST_F(multi_gpu_kernels, a_kernel_write_from_a_gpu_granted_read_only_access_fai
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const auto failed = [](int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); };
   // The control: with read-write access the same kernel's writes land.
-  EXPECT_EXIT(std::_Exit(remote_kernel_write_in_child(access_mode::read_write)),
-              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(std::_Exit(remote_kernel_write_in_child(access_mode::read_write)), ::testing::ExitedWithCode(0),
+              "");
   EXPECT_EXIT(std::_Exit(remote_kernel_write_in_child(access_mode::read_only)), failed, "");
 }
 
@@ -368,8 +363,7 @@ TEST_F(multi_gpu_kernels, a_growable_buffer_spilled_across_gpus_is_one_pointer_f
   const std::size_t g = granularity_;
   auto first = chunk_pool::create(provider_for(location::device(0)), {.cap = 4 * g});
   auto second = chunk_pool::create(provider_for(location::device(1)));
-  growable_buffer buffer(
-      first, {.max_size = 32 * g, .policy = chunk_policy::fixed(g), .spill_to = {second}});
+  growable_buffer buffer(first, {.max_size = 32 * g, .policy = chunk_policy::fixed(g), .spill_to = {second}});
   buffer.resize(2 * g);
   void* const address = buffer.data();
   buffer.resize(10 * g);
@@ -383,22 +377,18 @@ TEST_F(multi_gpu_kernels, a_growable_buffer_spilled_across_gpus_is_one_pointer_f
   write_words<<<blocks, threads>>>(words, count, 41);  // GPU 0, over both GPUs' memory
   VMM_CUDA_CHECK(cudaGetLastError());
   VMM_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(count_on(1,
-                     [&](unsigned long long* c) {
-                       count_mismatches<<<blocks, threads>>>(words, count, 41, c);
-                     }),
-            0u);
+  EXPECT_EQ(
+      count_on(1, [&](unsigned long long* c) { count_mismatches<<<blocks, threads>>>(words, count, 41, c); }),
+      0u);
   {
     on_device selected(1);
     write_words<<<blocks, threads>>>(words, count, 42);
     VMM_CUDA_CHECK(cudaGetLastError());
     VMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  EXPECT_EQ(count_on(0,
-                     [&](unsigned long long* c) {
-                       count_mismatches<<<blocks, threads>>>(words, count, 42, c);
-                     }),
-            0u);
+  EXPECT_EQ(
+      count_on(0, [&](unsigned long long* c) { count_mismatches<<<blocks, threads>>>(words, count, 42, c); }),
+      0u);
   synchronize_all();
 }
 

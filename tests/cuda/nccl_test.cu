@@ -100,7 +100,8 @@ class nccl_two_gpus : public ::testing::Test {
     for (int d = 0; d < ranks; ++d) {
       const provider_capabilities& offered = provider_for(location::device(d))->capabilities();
       if (offered.export_kind == handle_kind::none)
-        GTEST_SKIP() << "gpu " << d << " cannot export its memory (no POSIX-fd handles): NCCL cannot register it";
+        GTEST_SKIP() << "gpu " << d
+                     << " cannot export its memory (no POSIX-fd handles): NCCL cannot register it";
       on_device selected(d);
       VMM_CUDA_CHECK(cudaFree(nullptr));  // the primary context, which vmm's driver layer uses too
       streams_.push_back(std::make_unique<cuda_stream>());
@@ -127,7 +128,8 @@ class nccl_two_gpus : public ::testing::Test {
     }
     VMM_NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < ranks; ++r)
-      VMM_NCCL_CHECK(ncclAllReduce(send[r], receive[r], floats, ncclFloat, ncclSum, comms_[r], streams_[r]->get()));
+      VMM_NCCL_CHECK(
+          ncclAllReduce(send[r], receive[r], floats, ncclFloat, ncclSum, comms_[r], streams_[r]->get()));
     VMM_NCCL_CHECK(ncclGroupEnd());
     for (int r = 0; r < ranks; ++r) {
       on_device selected(r);

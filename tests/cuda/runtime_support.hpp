@@ -23,7 +23,6 @@ inline void cuda_check(cudaError_t result, const char* call) {
 }
 #define VMM_CUDA_CHECK(call) ::vmm::testing::cuda_check((call), #call)
 
-
 // A non-blocking stream: no implicit order with the legacy default stream.
 class cuda_stream {
  public:

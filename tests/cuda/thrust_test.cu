@@ -23,7 +23,8 @@ TEST_F(thrust_algorithms, sequence_reduce_and_sort_run_across_chunk_boundaries) 
   cuda_stream stream;
   auto pool = chunk_pool::create(provider_for(location::device(0)));
   const std::size_t g = pool->granularity();
-  device_vector<int> vector(pool, {.max_size = 64 * g, .policy = chunk_policy::fixed(g), .stream = stream.get()});
+  device_vector<int> vector(pool,
+                            {.max_size = 64 * g, .policy = chunk_policy::fixed(g), .stream = stream.get()});
   const std::size_t n = 5 * g / sizeof(int) + 123;
   vector.resize(n, element_init::uninitialized);
   ASSERT_EQ(vector.chunk_count(), 6u);

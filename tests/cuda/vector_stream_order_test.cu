@@ -19,8 +19,7 @@ __global__ void fill_with(int* target, std::size_t n, int value) {
 
 __global__ void copy_elements(const int* source, int* destination, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    destination[i] = source[i];
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) destination[i] = source[i];
 }
 
 class vector_stream_order : public gpu_test {
@@ -40,7 +39,7 @@ class vector_stream_order : public gpu_test {
 TEST_F(vector_stream_order, a_zeroed_resize_is_ordered_between_kernels_on_the_vectors_stream) {
   cuda_stream stream;
   device_vector<int> vector(pool_, {.max_size = 16 * pool_->granularity(), .stream = stream.get()});
-  vector.reserve(n_);  // mapped now: nothing below maps memory while the stream is held
+  vector.reserve(n_);                      // mapped now: nothing below maps memory while the stream is held
   vector.resize(1, element_init::zeroed);  // a first fill before the gate, as for kernels
   vector.clear();
   stream.synchronize();

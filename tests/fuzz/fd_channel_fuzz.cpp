@@ -50,15 +50,17 @@ void check_message(const ipc::message& received, std::span<const std::byte> stre
                         stream.size()));
   std::memcpy(&header, stream.data() + at, sizeof(header));
   const std::size_t payload_at = at + sizeof(header);
-  if (received.payload.size() != header.payload_size || payload_at + received.payload.size() > stream.size() ||
+  if (received.payload.size() != header.payload_size ||
+      payload_at + received.payload.size() > stream.size() ||
       (!received.payload.empty() &&
        std::memcmp(received.payload.data(), stream.data() + payload_at, received.payload.size()) != 0))
-    finding(fmt::format("the message at offset {} carries {} payload bytes that are not the {} its header "
-                        "announces",
-                        at, received.payload.size(), header.payload_size));
+    finding(
+        fmt::format("the message at offset {} carries {} payload bytes that are not the {} its header "
+                    "announces",
+                    at, received.payload.size(), header.payload_size));
   if (received.fds.size() != header.fd_count)
-    finding(fmt::format("the message at offset {} carries {} fds, its header says {}", at, received.fds.size(),
-                        header.fd_count));
+    finding(fmt::format("the message at offset {} carries {} fds, its header says {}", at,
+                        received.fds.size(), header.fd_count));
   for (const vmm::unique_fd& fd : received.fds) {
     const int flags = ::fcntl(fd.get(), F_GETFD);
     if (flags < 0 || (flags & FD_CLOEXEC) == 0)
@@ -91,7 +93,8 @@ void run(vmm::fuzz::byte_reader input) {
       at += sizeof(ipc::frame_header) + received.payload.size();
     } catch (const ipc::peer_closed&) {
       if (at != stream.size())
-        finding(fmt::format("peer_closed after {} of {} bytes: not at the end of the stream", at, stream.size()));
+        finding(
+            fmt::format("peer_closed after {} of {} bytes: not at the end of the stream", at, stream.size()));
       return;
     } catch (const vmm::os_error& error) {
       if (error.code().value() == ECONNRESET && at >= stream.size())

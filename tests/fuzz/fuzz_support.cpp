@@ -93,7 +93,9 @@ std::span<const std::byte> byte_reader::take(std::size_t n) noexcept {
   return part;
 }
 
-void put_u8(std::vector<std::byte>& out, std::uint8_t value) { out.push_back(static_cast<std::byte>(value)); }
+void put_u8(std::vector<std::byte>& out, std::uint8_t value) {
+  out.push_back(static_cast<std::byte>(value));
+}
 
 void put_u16(std::vector<std::byte>& out, std::uint16_t value) {
   put_u8(out, static_cast<std::uint8_t>(value));
@@ -134,7 +136,8 @@ mapping_census take_mapping_census() {
   while (at < length) {
     const char* line = text.data() + at;
     const auto* newline = static_cast<const char*>(std::memchr(line, '\n', length - at));
-    const std::size_t line_length = newline != nullptr ? static_cast<std::size_t>(newline - line) : length - at;
+    const std::size_t line_length =
+        newline != nullptr ? static_cast<std::size_t>(newline - line) : length - at;
     at += line_length + 1;
     const std::string entry(line, line_length);
     unsigned long begin = 0;
@@ -151,24 +154,29 @@ mapping_census take_mapping_census() {
     ++census.lines;
     const std::string_view path = std::string_view(entry).substr(static_cast<std::size_t>(path_at));
     if (path.find("/memfd:") != std::string_view::npos) ++census.memfd_mappings;
-    if (path.empty() && inode == 0 && std::string_view(permissions) == "---p") census.inaccessible_bytes += end - begin;
+    if (path.empty() && inode == 0 && std::string_view(permissions) == "---p")
+      census.inaccessible_bytes += end - begin;
   }
   return census;
 }
 
 leak_check::leak_check(bool mappings)
-    : mappings_(mappings), fds_(open_fd_count()), census_(mappings ? take_mapping_census() : mapping_census{}) {}
+    : mappings_(mappings),
+      fds_(open_fd_count()),
+      census_(mappings ? take_mapping_census() : mapping_census{}) {}
 
 void leak_check::check(const char* target) const {
   const std::size_t fds = open_fd_count();
-  if (fds != fds_) finding(fmt::format("{}: {} descriptors open before the input, {} after it", target, fds_, fds));
+  if (fds != fds_)
+    finding(fmt::format("{}: {} descriptors open before the input, {} after it", target, fds_, fds));
   if (!mappings_) return;
   const mapping_census now = take_mapping_census();
   if (!now.same_library_share(census_))
-    finding(fmt::format("{}: /proc/self/maps changed over the input: memfd mappings {} -> {}, inaccessible "
-                        "anonymous bytes {} -> {}, lines {} -> {}",
-                        target, census_.memfd_mappings, now.memfd_mappings, census_.inaccessible_bytes,
-                        now.inaccessible_bytes, census_.lines, now.lines));
+    finding(
+        fmt::format("{}: /proc/self/maps changed over the input: memfd mappings {} -> {}, inaccessible "
+                    "anonymous bytes {} -> {}, lines {} -> {}",
+                    target, census_.memfd_mappings, now.memfd_mappings, census_.inaccessible_bytes,
+                    now.inaccessible_bytes, census_.lines, now.lines));
 }
 
 std::vector<int> fd_stock::make_all(std::span<const std::uint8_t> specs) {
@@ -241,7 +249,8 @@ void put_segment(std::vector<std::byte>& out, const segment& part) {
     put_u8(out, static_cast<std::uint8_t>(specs.size()));
     for (const std::uint8_t spec : specs) put_u8(out, spec);
   } else {
-    if (specs.size() > ipc::max_fds_per_message || std::count(specs.begin(), specs.end(), specs[0]) != std::ssize(specs))
+    if (specs.size() > ipc::max_fds_per_message ||
+        std::count(specs.begin(), specs.end(), specs[0]) != std::ssize(specs))
       throw std::invalid_argument("put_segment: more than 7 fds must be copies of one spec, at most 253");
     put_u8(out, 8);
     put_u8(out, specs[0]);
@@ -295,7 +304,8 @@ std::size_t peer_channel::send(std::span<const std::byte> bytes, std::span<const
     sent = ::sendmsg(writer_.get(), &header, MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
   if (sent < 0 && errno != EAGAIN && errno != ETOOMANYREFS)
-    finding(fmt::format("peer: sendmsg of {} bytes with {} fds: {}", bytes.size(), fds.size(), std::strerror(errno)));
+    finding(fmt::format("peer: sendmsg of {} bytes with {} fds: {}", bytes.size(), fds.size(),
+                        std::strerror(errno)));
   open_ = sent == static_cast<ssize_t>(bytes.size());
   return sent < 0 ? 0 : static_cast<std::size_t>(sent);
 }
@@ -310,7 +320,8 @@ bool peer_channel::send_frame(std::span<const std::byte> payload, std::span<cons
 
 void peer_channel::finish() {
   open_ = false;
-  if (::shutdown(writer_.get(), SHUT_WR) != 0) finding(fmt::format("peer: shutdown: {}", std::strerror(errno)));
+  if (::shutdown(writer_.get(), SHUT_WR) != 0)
+    finding(fmt::format("peer: shutdown: {}", std::strerror(errno)));
 }
 
 }  // namespace vmm::fuzz

@@ -85,8 +85,8 @@ void run(vmm::fuzz::byte_reader input) {
   } catch (const ipc::protocol_error&) {
     // a malformed or out-of-order message: refused
   } catch (const std::exception& error) {
-    finding(fmt::format("hand-off {} threw an undocumented exception: {}", producer_side ? "producer" : "consumer",
-                        error.what()));
+    finding(fmt::format("hand-off {} threw an undocumented exception: {}",
+                        producer_side ? "producer" : "consumer", error.what()));
   }
 }
 

@@ -62,7 +62,8 @@ void touch(const ipc::imported_buffer& imported) {
 void check(const ipc::imported_buffer& imported, vmm::access_mode asked) {
   if (imported.data() == nullptr || imported.max_size() == 0)
     finding("an import succeeded with no address range");
-  if (const std::size_t limit = import_provider->capabilities().physical_memory_size; imported.max_size() > limit)
+  if (const std::size_t limit = import_provider->capabilities().physical_memory_size;
+      imported.max_size() > limit)
     finding(fmt::format("import: a max size of {} bytes reserved, past the default max_size_limit {}",
                         imported.max_size(), limit));
   if (imported.size() > imported.capacity() || imported.capacity() > imported.max_size())
@@ -78,7 +79,8 @@ void check(const ipc::imported_buffer& imported, vmm::access_mode asked) {
 
 void run(vmm::fuzz::byte_reader input) {
   const std::uint8_t options = input.u8();
-  const vmm::access_mode access = (options & 1) != 0 ? vmm::access_mode::read_only : vmm::access_mode::read_write;
+  const vmm::access_mode access =
+      (options & 1) != 0 ? vmm::access_mode::read_only : vmm::access_mode::read_write;
   const bool truncate = (options & 2) != 0;
   const std::size_t truncated = (options >> 2) & 31;
 

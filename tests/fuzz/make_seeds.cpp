@@ -135,7 +135,8 @@ void manifest_seeds() {
   for (std::size_t size = 4 * page; size <= 40 * page; size += 5 * page) buffer.resize(size);
   const ipc::exported_manifest whole = exporter.export_buffer(buffer);
   write_seed("manifest", "geometric-chunks", whole.bytes);
-  write_seed("manifest", "read-only-grant", exporter.export_buffer(buffer, {.grant = vmm::access_mode::read_only}).bytes);
+  write_seed("manifest", "read-only-grant",
+             exporter.export_buffer(buffer, {.grant = vmm::access_mode::read_only}).bytes);
   buffer.resize(60 * page);
   const ipc::exported_manifest growth = exporter.export_growth(buffer, whole.description);
   write_seed("manifest", "growth", growth.bytes);
@@ -158,8 +159,10 @@ void manifest_seeds() {
   gpu.max_size = std::size_t{64} << 20;
   gpu.end = gpu.size = std::size_t{6} << 20;
   ipc::manifest_chunk fabric{0, std::size_t{2} << 20, gpu.where, vmm::handle_kind::fabric, {}};
-  for (std::size_t i = 0; i < fabric.fabric.bytes.size(); ++i) fabric.fabric.bytes[i] = static_cast<std::byte>(i + 1);
-  gpu.chunks = {fabric, {std::size_t{2} << 20, std::size_t{4} << 20, gpu.where, vmm::handle_kind::posix_fd, {}}};
+  for (std::size_t i = 0; i < fabric.fabric.bytes.size(); ++i)
+    fabric.fabric.bytes[i] = static_cast<std::byte>(i + 1);
+  gpu.chunks = {fabric,
+                {std::size_t{2} << 20, std::size_t{4} << 20, gpu.where, vmm::handle_kind::posix_fd, {}}};
   write_seed("manifest", "gpu-fabric-and-fd", ipc::serialize(gpu));
 }
 
@@ -189,7 +192,8 @@ void fd_channel_seeds() {
   write_seed("fd_channel", "empty-message", script_input(0, {{{}, frame({})}}));
   write_seed("fd_channel", "payload", script_input(0, {{{}, frame(text("hello, peer"))}}));
   write_seed("fd_channel", "three-fds", script_input(0, {{three_specs, frame(text("fds"), three)}}));
-  write_seed("fd_channel", "three-fds-expected", script_input(0x83, {{three_specs, frame(text("fds"), three)}}));
+  write_seed("fd_channel", "three-fds-expected",
+             script_input(0x83, {{three_specs, frame(text("fds"), three)}}));
   const int file = stock.make(fd_spec(fd_kind::read_only_file));
   write_seed("fd_channel", "read-only-file",
              script_input(0, {{{fd_spec(fd_kind::read_only_file)}, frame(text("file"), std::array{file})}}));
@@ -199,9 +203,9 @@ void fd_channel_seeds() {
   const auto half = static_cast<std::ptrdiff_t>(second.size() / 2);
   write_seed("fd_channel", "three-messages",
              script_input(0, {{{}, frame(text("first"))},
-                                  {{fd_spec(fd_kind::memfd, 2)}, bytes(second.begin(), second.begin() + half)},
-                                  {{}, bytes(second.begin() + half, second.end())},
-                                  {{}, frame(text("third"))}}));
+                              {{fd_spec(fd_kind::memfd, 2)}, bytes(second.begin(), second.begin() + half)},
+                              {{}, bytes(second.begin() + half, second.end())},
+                              {{}, frame(text("third"))}}));
 
   // A real manifest message with its chunks' fds.
   ipc::exporter exporter;
@@ -257,8 +261,10 @@ void handoff_seeds() {
   const auto input = [](std::uint8_t side, const bytes& stream, std::size_t piece) {
     std::vector<vmm::fuzz::segment> parts;
     for (std::size_t at = 0; at < stream.size(); at += piece)
-      parts.push_back({{}, bytes(stream.begin() + static_cast<std::ptrdiff_t>(at),
-                                 stream.begin() + static_cast<std::ptrdiff_t>(std::min(stream.size(), at + piece)))});
+      parts.push_back(
+          {{},
+           bytes(stream.begin() + static_cast<std::ptrdiff_t>(at),
+                 stream.begin() + static_cast<std::ptrdiff_t>(std::min(stream.size(), at + piece)))});
     return script_input(side, parts);
   };
   write_seed("handoff", "consumer-three-rounds", input(0, from_producer, from_producer.size()));
@@ -289,7 +295,8 @@ void import_seeds() {
   write_seed("import", "one-unsealed-chunk", import_input(0, {&first}, fd_kind::memfd));
   write_seed("import", "peer-truncates-sealed-chunk", import_input(2, {&first}));
   write_seed("import", "one-write-sealed-chunk", import_input(0, {&first}, fd_kind::write_sealed_memfd));
-  const ipc::exported_manifest read_only = exporter.export_buffer(buffer, {.grant = vmm::access_mode::read_only});
+  const ipc::exported_manifest read_only =
+      exporter.export_buffer(buffer, {.grant = vmm::access_mode::read_only});
   write_seed("import", "read-only", import_input(1, {&read_only}));
   buffer.resize(20 * page);
   const ipc::exported_manifest growth = exporter.export_growth(buffer, first.description);
@@ -312,7 +319,8 @@ void import_seeds() {
   std::size_t sent = 0;
   for (const bytes& payload : payloads(many.stream)) {
     const std::size_t count = std::min(many.exported.fds.size() - sent, ipc::max_fds_per_message);
-    vmm::fuzz::put_segment(input, {std::vector<std::uint8_t>(count, fd_spec(fd_kind::sealed_memfd, 1)), payload});
+    vmm::fuzz::put_segment(input,
+                           {std::vector<std::uint8_t>(count, fd_spec(fd_kind::sealed_memfd, 1)), payload});
     sent += count;
   }
   write_seed("import", "continuation", input);
@@ -339,45 +347,81 @@ class operations {
 
 void stateful_seeds() {
   // The operation codes of stateful_fuzz.cpp; sizes are written divided by 5.
-  enum : std::uint8_t { resize, write, whole, growth, to_zero, release, shrink, reserve, purge, drop, range, renew };
+  enum : std::uint8_t {
+    resize,
+    write,
+    whole,
+    growth,
+    to_zero,
+    release,
+    shrink,
+    reserve,
+    purge,
+    drop,
+    range,
+    renew
+  };
   write_seed("stateful", "grow-export-grow-follow",
              operations(0)
-                 .op(resize).u16(2000)
-                 .op(write).u16(10).u16(5000).u8(7)
+                 .op(resize)
+                 .u16(2000)
+                 .op(write)
+                 .u16(10)
+                 .u16(5000)
+                 .u8(7)
                  .op(whole)
-                 .op(resize).u16(20000)
-                 .op(write).u16(9000).u16(40000).u8(9)
+                 .op(resize)
+                 .u16(20000)
+                 .op(write)
+                 .u16(9000)
+                 .u16(40000)
+                 .u8(9)
                  .op(growth)
-                 .op(range).u8(1).u8(1)
-                 .op(resize).u16(40000)
+                 .op(range)
+                 .u8(1)
+                 .u8(1)
+                 .op(resize)
+                 .u16(40000)
                  .op(growth)
                  .get());
   write_seed("stateful", "shrink-and-reimport",
              operations(0x01 | (3 << 1))  // fixed chunks of 4 pages
-                 .op(resize).u16(30000)
+                 .op(resize)
+                 .u16(30000)
                  .op(whole)
-                 .op(resize).u16(100)
-                 .op(release).u8(1)
-                 .op(resize).u16(30000)
+                 .op(resize)
+                 .u16(100)
+                 .op(release)
+                 .u8(1)
+                 .op(resize)
+                 .u16(30000)
                  .op(growth)
                  .op(whole)
-                 .op(write).u16(0).u16(60000).u8(3)
+                 .op(write)
+                 .u16(0)
+                 .u16(60000)
+                 .u8(3)
                  .op(whole)
                  .get());
   write_seed("stateful", "fixed-chunks-read-only",
              operations(0x10 | 0x01 | (1 << 1))
-                 .op(reserve).u16(12000)
-                 .op(resize).u16(9000)
+                 .op(reserve)
+                 .u16(12000)
+                 .op(resize)
+                 .u16(9000)
                  .op(whole)
                  .op(shrink)
-                 .op(resize).u16(20000)
+                 .op(resize)
+                 .u16(20000)
                  .op(growth)
                  .op(drop)
                  .op(growth)
                  .op(renew)
                  .op(whole)
                  .op(purge)
-                 .op(range).u8(0).u8(2)
+                 .op(range)
+                 .u8(0)
+                 .u8(2)
                  .get());
   write_seed("stateful", "past-max-size",
              operations(0).op(resize).u16(60000).op(whole).op(reserve).u16(65000).op(growth).get());

@@ -43,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ipc::validate(parsed);
     again = ipc::serialize(parsed);
   } catch (const std::exception& error) {
-    finding(fmt::format("a manifest parse_manifest accepted does not validate or serialize: {}", error.what()));
+    finding(
+        fmt::format("a manifest parse_manifest accepted does not validate or serialize: {}", error.what()));
   }
   if (again.size() != size || std::memcmp(again.data(), data, size) != 0)
     finding(fmt::format("serialize(parse_manifest(bytes)) differs from the {} bytes parsed ({} bytes)", size,

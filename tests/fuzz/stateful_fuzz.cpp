@@ -169,9 +169,10 @@ class session {
                             buffer_.capacity()));
       return;
     }
-    if (buffer_.size() != (reserve_only ? size : bytes) || buffer_.capacity() < std::max(bytes, buffer_.size()))
-      finding(fmt::format("{}({}): size {}, capacity {}", reserve_only ? "reserve" : "resize", bytes, buffer_.size(),
-                          buffer_.capacity()));
+    if (buffer_.size() != (reserve_only ? size : bytes) ||
+        buffer_.capacity() < std::max(bytes, buffer_.size()))
+      finding(fmt::format("{}({}): size {}, capacity {}", reserve_only ? "reserve" : "resize", bytes,
+                          buffer_.size(), buffer_.capacity()));
     note_capacity();
   }
 
@@ -194,9 +195,10 @@ class session {
     if (n != 0 && std::memcmp(mine, theirs, n) != 0) {
       std::size_t first = 0;
       while (mine[first] == theirs[first]) ++first;
-      finding(fmt::format("{}: the imported bytes differ from the buffer's at {} of {} (buffer offset {}: {:#04x}, "
-                          "import: {:#04x})",
-                          what, first, n, buffer_offset, mine[first], theirs[first]));
+      finding(fmt::format(
+          "{}: the imported bytes differ from the buffer's at {} of {} (buffer offset {}: {:#04x}, "
+          "import: {:#04x})",
+          what, first, n, buffer_offset, mine[first], theirs[first]));
     }
   }
 
@@ -234,9 +236,10 @@ class session {
       exported.emplace(exporter_->export_growth(buffer_, *last_, {.grant = grant_}));
     } catch (const vmm::invalid_argument& error) {
       if (generation_current_ && generation_min_capacity_ >= generation_end_)
-        finding(fmt::format("export_growth after {} bytes refused though the buffer kept every chunk its generation "
-                            "exported (capacity never below {} since export_buffer): {}",
-                            last_->end, generation_end_, error.what()));
+        finding(fmt::format(
+            "export_growth after {} bytes refused though the buffer kept every chunk its generation "
+            "exported (capacity never below {} since export_buffer): {}",
+            last_->end, generation_end_, error.what()));
       return;
     }
     last_ = exported->description;
@@ -246,8 +249,8 @@ class session {
     try {
       import_->receive_growth(reader_.get());
     } catch (const std::exception& error) {
-      finding(fmt::format("receive_growth of an export_growth after {} bytes failed: {}", exported->description.start,
-                          error.what()));
+      finding(fmt::format("receive_growth of an export_growth after {} bytes failed: {}",
+                          exported->description.start, error.what()));
     }
     check_whole(*import_, "import after export_growth");
   }
@@ -255,7 +258,8 @@ class session {
   void export_range(std::uint8_t first, std::uint8_t count) {
     if (buffer_.capacity() == 0) return;
     std::vector<std::size_t> sizes;
-    for (const vmm::shared_chunk& chunk : buffer_.chunks(0, buffer_.capacity())) sizes.push_back(chunk->size());
+    for (const vmm::shared_chunk& chunk : buffer_.chunks(0, buffer_.capacity()))
+      sizes.push_back(chunk->size());
     const std::size_t begin = first % sizes.size();
     const std::size_t end = begin + count % (sizes.size() - begin) + 1;
     std::size_t offset = 0;
@@ -263,7 +267,8 @@ class session {
     std::size_t length = 0;
     for (std::size_t i = begin; i < end; ++i) length += sizes[i];
 
-    const ipc::exported_manifest exported = exporter_->export_range(buffer_, offset, length, {.grant = grant_});
+    const ipc::exported_manifest exported =
+        exporter_->export_range(buffer_, offset, length, {.grant = grant_});
     send(exported);
     std::optional<ipc::imported_buffer> imported;
     try {
@@ -273,9 +278,9 @@ class session {
     }
     const std::size_t size = buffer_.size() > offset ? std::min(length, buffer_.size() - offset) : 0;
     if (imported->capacity() != length || imported->size() != size || imported->base_offset() != offset)
-      finding(fmt::format("import of export_range({}, {}): capacity {}, size {}, base offset {}; expected {}, {}, {}",
-                          offset, length, imported->capacity(), imported->size(), imported->base_offset(), length,
-                          size, offset));
+      finding(fmt::format(
+          "import of export_range({}, {}): capacity {}, size {}, base offset {}; expected {}, {}, {}", offset,
+          length, imported->capacity(), imported->size(), imported->base_offset(), length, size, offset));
     compare(*imported, offset, "import after export_range");
   }
 

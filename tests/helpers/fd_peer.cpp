@@ -48,8 +48,7 @@ std::vector<std::byte> read_whole_file(int fd) {
   std::vector<std::byte> bytes(static_cast<std::size_t>(status.st_size));
   std::size_t filled = 0;
   while (filled < bytes.size()) {
-    ssize_t const got = ::pread(fd, bytes.data() + filled, bytes.size() - filled,
-                                static_cast<off_t>(filled));
+    ssize_t const got = ::pread(fd, bytes.data() + filled, bytes.size() - filled, static_cast<off_t>(filled));
     if (got < 0) {
       if (errno == EINTR) continue;
       throw vmm::os_error(errno, fmt::format("pread from fd {}", fd));
@@ -66,8 +65,7 @@ int run(const char* socket_path) {
   int const shared_file = request.fds.front().get();
 
   std::vector<std::byte> const original = read_whole_file(shared_file);
-  write_all_at(shared_file, std::as_bytes(std::span{fd_peer_suffix}),
-               static_cast<off_t>(original.size()));
+  write_all_at(shared_file, std::as_bytes(std::span{fd_peer_suffix}), static_cast<off_t>(original.size()));
 
   vmm::unique_fd reversed{::memfd_create("fd_peer_reversed", MFD_CLOEXEC)};
   if (!reversed) throw vmm::os_error(errno, "memfd_create(\"fd_peer_reversed\")");

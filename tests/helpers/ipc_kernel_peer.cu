@@ -42,11 +42,12 @@ __global__ void min_max(const int* data, std::size_t n, int* result) {
   atomicMax(&result[1], high);
 }
 
-
-
 class pinned_result {
  public:
-  pinned_result() { VMM_CUDA_CHECK(cudaMallocHost(&host_, 2 * sizeof(int))); VMM_CUDA_CHECK(cudaMalloc(&device_, 2 * sizeof(int))); }
+  pinned_result() {
+    VMM_CUDA_CHECK(cudaMallocHost(&host_, 2 * sizeof(int)));
+    VMM_CUDA_CHECK(cudaMalloc(&device_, 2 * sizeof(int)));
+  }
   pinned_result(const pinned_result&) = delete;
   pinned_result& operator=(const pinned_result&) = delete;
   ~pinned_result() {
@@ -68,7 +69,8 @@ void queue_read(const vmm::ipc::imported_buffer& imported, const pinned_result& 
   min_max<<<128, 256, 0, stream>>>(static_cast<const int*>(imported.data()), imported.size() / sizeof(int),
                                    result.device());
   VMM_CUDA_CHECK(cudaGetLastError());
-  VMM_CUDA_CHECK(cudaMemcpyAsync(result.host(), result.device(), 2 * sizeof(int), cudaMemcpyDeviceToHost, stream));
+  VMM_CUDA_CHECK(
+      cudaMemcpyAsync(result.host(), result.device(), 2 * sizeof(int), cudaMemcpyDeviceToHost, stream));
 }
 
 int run() {

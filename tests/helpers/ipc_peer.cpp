@@ -56,8 +56,8 @@ vmm::location parse_location(const std::string& name) {
 
 peer_report report_of(const vmm::ipc::imported_buffer& imported) {
   peer_report report;
-  const auto bytes = vmm::testing::read_bytes(*imported.provider(), reinterpret_cast<std::uintptr_t>(imported.data()),
-                                              imported.size());
+  const auto bytes = vmm::testing::read_bytes(
+      *imported.provider(), reinterpret_cast<std::uintptr_t>(imported.data()), imported.size());
   report.checksum = vmm::testing::checksum(bytes.data(), bytes.size());
   report.size = imported.size();
   report.capacity = imported.capacity();
@@ -66,7 +66,9 @@ peer_report report_of(const vmm::ipc::imported_buffer& imported) {
 }
 
 sigjmp_buf fault_jump;
-void on_fault(int) { siglongjmp(fault_jump, 1); }
+void on_fault(int) {
+  siglongjmp(fault_jump, 1);
+}
 
 // Writes over [data, data + n) through the provider; true when the write faulted.
 bool write_faults(vmm::memory_provider& provider, void* data, std::size_t n) {
@@ -142,11 +144,11 @@ int run_cycles(const std::shared_ptr<vmm::memory_provider>& provider, int socket
   for (unsigned long cycle = 1; cycle <= cycles; ++cycle) {
     peer_report report;
     {
-      const vmm::ipc::imported_buffer imported =
-          vmm::ipc::imported_buffer::receive(socket, {.access = vmm::access_mode::read_only, .provider = provider});
-      report.checksum = vmm::testing::sampled_checksum(*provider, reinterpret_cast<std::uintptr_t>(imported.data()),
-                                                       imported.size(), provider->granularity(),
-                                                       vmm::testing::cycle_sample_bytes);
+      const vmm::ipc::imported_buffer imported = vmm::ipc::imported_buffer::receive(
+          socket, {.access = vmm::access_mode::read_only, .provider = provider});
+      report.checksum = vmm::testing::sampled_checksum(
+          *provider, reinterpret_cast<std::uintptr_t>(imported.data()), imported.size(),
+          provider->granularity(), vmm::testing::cycle_sample_bytes);
       report.size = imported.size();
       report.capacity = imported.capacity();
       report.address = reinterpret_cast<std::uintptr_t>(imported.data());
@@ -171,7 +173,8 @@ int run(int argc, char** argv) {
   const auto where = parse_location(arg(1));
   const std::size_t granularity = std::stoul(arg(2));
   const std::string mode = arg(3);
-  const auto provider = granularity == 0 ? vmm::provider_for(where) : vmm::make_os_host_provider({.granularity = granularity});
+  const auto provider =
+      granularity == 0 ? vmm::provider_for(where) : vmm::make_os_host_provider({.granularity = granularity});
   const int socket = vmm::testing::peer_socket_fd;
   if (mode == "cycles") return run_cycles(provider, socket, std::stoul(arg(4)));
   if (mode == "export")

@@ -49,8 +49,7 @@ inline void send_report(int socket_fd, const peer_report& report) {
 inline peer_report receive_report(int socket_fd) {
   const ipc::message received = ipc::receive_message(socket_fd, 0);
   peer_report report;
-  if (received.payload.size() != sizeof report)
-    throw ipc::protocol_error("peer report of the wrong size");
+  if (received.payload.size() != sizeof report) throw ipc::protocol_error("peer report of the wrong size");
   std::memcpy(&report, received.payload.data(), sizeof report);
   return report;
 }
@@ -156,6 +155,8 @@ class peer_process {
   unique_fd socket_;
 };
 
-inline bool exited_cleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+inline bool exited_cleanly(int status) {
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
 }  // namespace vmm::testing

@@ -33,11 +33,12 @@ vmm::location parse_location(const std::string& name) {
   throw vmm::invalid_argument("unknown location " + name);
 }
 
-resource_peer_report report_of(const vmm::ipc::imported_resource* shared, const vmm::ipc::imported_pointer* pointer,
-                               vmm::memory_provider& provider) {
+resource_peer_report report_of(const vmm::ipc::imported_resource* shared,
+                               const vmm::ipc::imported_pointer* pointer, vmm::memory_provider& provider) {
   resource_peer_report report;
   if (pointer != nullptr && *pointer) {
-    const auto bytes = read_bytes(provider, reinterpret_cast<std::uintptr_t>(pointer->data()), pointer->size());
+    const auto bytes =
+        read_bytes(provider, reinterpret_cast<std::uintptr_t>(pointer->data()), pointer->size());
     report.checksum = checksum(bytes.data(), bytes.size());
     report.address = reinterpret_cast<std::uintptr_t>(pointer->data());
     report.size = pointer->size();
@@ -86,13 +87,15 @@ int run(const std::string& where_name) {
       case resource_peer_op::report:
         break;
       case resource_peer_op::fill:
-        provider->executor().fill(slot.data(), static_cast<std::uint8_t>(command.value), slot.size(), stream.get());
+        provider->executor().fill(slot.data(), static_cast<std::uint8_t>(command.value), slot.size(),
+                                  stream.get());
         provider->executor().synchronize(stream.get());
         break;
       case resource_peer_op::consume:
         if (!consumer) consumer.emplace(socket, provider);
         consumer->acquire(stream.get());  // the stream waits for the exporter's work
-        provider->executor().fill(slot.data(), static_cast<std::uint8_t>(command.value), slot.size(), stream.get());
+        provider->executor().fill(slot.data(), static_cast<std::uint8_t>(command.value), slot.size(),
+                                  stream.get());
         slot.reset();                    // unmapped once the fill has passed
         consumer->finish(stream.get());  // the exporter's stream waits for the fill
         break;
@@ -104,9 +107,10 @@ int run(const std::string& where_name) {
           (void)shared.allocate(stream.get(), 4096);
           status = resource_peer_status::allocation_allowed;
         } catch (const vmm::invalid_argument& error) {
-          status = std::string(error.what()).find("cannot allocate from an imported resource") != std::string::npos
-                       ? resource_peer_status::allocation_refused
-                       : resource_peer_status::allocation_other;
+          status =
+              std::string(error.what()).find("cannot allocate from an imported resource") != std::string::npos
+                  ? resource_peer_status::allocation_refused
+                  : resource_peer_status::allocation_other;
         } catch (const std::exception&) {
           status = resource_peer_status::allocation_other;
         }

@@ -35,9 +35,9 @@ struct resource_peer_command {
 
 enum class resource_peer_status : std::uint64_t {
   ok = 0,
-  allocation_refused = 1,   // allocate: vmm::invalid_argument saying it cannot allocate
-  allocation_allowed = 2,   // allocate: it returned memory: a failure
-  allocation_other = 3,     // allocate: refused with another error or message: a failure
+  allocation_refused = 1,  // allocate: vmm::invalid_argument saying it cannot allocate
+  allocation_allowed = 2,  // allocate: it returned memory: a failure
+  allocation_other = 3,    // allocate: refused with another error or message: a failure
 };
 
 // What the peer sees: the slot's bytes and address, its imported resource, its address space.

@@ -33,7 +33,8 @@ using vmm::testing::store_report;
 
 store_report report_of(const vmm::store::buffer& held) {
   store_report report;
-  const auto bytes = vmm::testing::read_bytes(*held.provider(), reinterpret_cast<std::uintptr_t>(held.data()), held.size());
+  const auto bytes =
+      vmm::testing::read_bytes(*held.provider(), reinterpret_cast<std::uintptr_t>(held.data()), held.size());
   report.checksum = vmm::testing::checksum(bytes.data(), bytes.size());
   report.size = held.size();
   report.capacity = held.capacity();
@@ -52,7 +53,9 @@ bool wait_word(int socket) {
 }
 
 sigjmp_buf fault_jump;
-void on_fault(int) { siglongjmp(fault_jump, 1); }
+void on_fault(int) {
+  siglongjmp(fault_jump, 1);
+}
 
 bool write_faults(vmm::memory_provider& provider, void* data, std::size_t n) {
   struct sigaction action {};

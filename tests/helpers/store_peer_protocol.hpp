@@ -33,7 +33,7 @@ struct store_report {
   std::uint64_t size = 0;
   std::uint64_t capacity = 0;
   std::uint64_t address = 0;
-  std::int64_t error = 0;      // 0, or the store_error code of the refused request
+  std::int64_t error = 0;  // 0, or the store_error code of the refused request
   std::uint64_t write_faulted = 0;
 };
 

@@ -21,15 +21,15 @@ void address_space::check_size(std::size_t size, std::size_t granularity, const 
                                const char* what) const {
   if (size == 0) throw invalid_argument(fmt::format("{}: {} size is zero", who, what));
   if (size % granularity != 0)
-    throw invalid_argument(fmt::format("{}: {} size {} is not a multiple of the granularity {}",
-                                       who, what, size, granularity));
+    throw invalid_argument(
+        fmt::format("{}: {} size {} is not a multiple of the granularity {}", who, what, size, granularity));
 }
 
-void address_space::check_address(std::uintptr_t address, std::size_t granularity,
-                                  const char* who, const char* what) const {
+void address_space::check_address(std::uintptr_t address, std::size_t granularity, const char* who,
+                                  const char* what) const {
   if (address == 0 || address % granularity != 0)
-    throw invalid_argument(fmt::format("{}: {} address {:#x} is not aligned to the granularity {}",
-                                       who, what, address, granularity));
+    throw invalid_argument(fmt::format("{}: {} address {:#x} is not aligned to the granularity {}", who, what,
+                                       address, granularity));
 }
 
 void address_space::add_range(std::uintptr_t address, std::size_t size) {
@@ -41,15 +41,14 @@ void address_space::add_range(std::uintptr_t address, std::size_t size) {
 void address_space::check_free(const char* who, std::uintptr_t address, std::size_t size) const {
   auto it = ranges_.find(address);
   if (it == ranges_.end())
-    throw invalid_argument(
-        fmt::format("{}: free of {:#x}, which is not an allocated range", who, address));
+    throw invalid_argument(fmt::format("{}: free of {:#x}, which is not an allocated range", who, address));
   if (it->second != size)
-    throw invalid_argument(fmt::format("{}: free of {:#x} with size {}, but {} bytes were allocated",
-                                       who, address, size, it->second));
+    throw invalid_argument(fmt::format("{}: free of {:#x} with size {}, but {} bytes were allocated", who,
+                                       address, size, it->second));
   auto mapping = mappings_.lower_bound(address);
   if (mapping != mappings_.end() && mapping->first < address + size)
-    throw invalid_argument(fmt::format("{}: free of {:#x} while {:#x} is still mapped in it", who,
-                                       address, mapping->first));
+    throw invalid_argument(
+        fmt::format("{}: free of {:#x} while {:#x} is still mapped in it", who, address, mapping->first));
 }
 
 void address_space::remove_range(std::uintptr_t address) noexcept {
@@ -65,8 +64,8 @@ void address_space::add_handle(const char* who, physical_handle handle, std::siz
   // twice; each import is destroyed once, so the book counts them.
   auto [it, added] = handles_.try_emplace(handle, held{size, 0});
   if (!added && it->second.size != size)
-    throw invalid_argument(fmt::format("{}: physical handle {:#x} is live with {} bytes, not {}", who,
-                                       handle, it->second.size, size));
+    throw invalid_argument(fmt::format("{}: physical handle {:#x} is live with {} bytes, not {}", who, handle,
+                                       it->second.size, size));
   ++it->second.count;
   ++usage_.handles;
   usage_.handle_bytes += size;
@@ -92,24 +91,23 @@ void address_space::check_map(const char* who, std::uintptr_t address, std::size
   check_address(address, granularity, who, "map");
   check_size(size, granularity, who, "map");
   if (const std::size_t handle_bytes = handle_size(who, handle); handle_bytes != size)
-    throw invalid_argument(fmt::format(
-        "{}: map of {} bytes at {:#x}, but the handle holds {} bytes (whole handles only)", who,
-        size, address, handle_bytes));
-  if (address > UINTPTR_MAX - size)
     throw invalid_argument(
-        fmt::format("{}: map of {} bytes at {:#x} runs past the end of the address space", who,
-                    size, address));
+        fmt::format("{}: map of {} bytes at {:#x}, but the handle holds {} bytes (whole handles only)", who,
+                    size, address, handle_bytes));
+  if (address > UINTPTR_MAX - size)
+    throw invalid_argument(fmt::format("{}: map of {} bytes at {:#x} runs past the end of the address space",
+                                       who, size, address));
   auto range = ranges_.upper_bound(address);
   if (range == ranges_.begin() || std::prev(range)->first + std::prev(range)->second < address + size)
     throw invalid_argument(
         fmt::format("{}: map of [{:#x}, +{}) is not inside one allocated range", who, address, size));
   auto next = mappings_.lower_bound(address);
   if (next != mappings_.end() && next->first < address + size)
-    throw invalid_argument(fmt::format("{}: map of [{:#x}, +{}) overlaps the mapping at {:#x}", who,
-                                       address, size, next->first));
+    throw invalid_argument(fmt::format("{}: map of [{:#x}, +{}) overlaps the mapping at {:#x}", who, address,
+                                       size, next->first));
   if (next != mappings_.begin() && std::prev(next)->first + std::prev(next)->second.size > address)
-    throw invalid_argument(fmt::format("{}: map of [{:#x}, +{}) overlaps the mapping at {:#x}", who,
-                                       address, size, std::prev(next)->first));
+    throw invalid_argument(fmt::format("{}: map of [{:#x}, +{}) overlaps the mapping at {:#x}", who, address,
+                                       size, std::prev(next)->first));
 }
 
 void address_space::add_mapping(std::uintptr_t address, std::size_t size, physical_handle handle) {
@@ -123,22 +121,22 @@ void address_space::check_covered(const char* who, std::uintptr_t address, std::
   check_address(address, granularity, who, what);
   check_size(size, granularity, who, what);
   if (address > UINTPTR_MAX - size)
-    throw invalid_argument(fmt::format("{}: {} of {} bytes at {:#x} runs past the end of the "
-                                       "address space",
-                                       who, what, size, address));
+    throw invalid_argument(
+        fmt::format("{}: {} of {} bytes at {:#x} runs past the end of the "
+                    "address space",
+                    who, what, size, address));
   std::uintptr_t cursor = address;
   auto it = mappings_.find(address);
   while (cursor < address + size) {
     if (it == mappings_.end() || it->first != cursor)
-      throw invalid_argument(fmt::format("{}: {} of [{:#x}, +{}): {:#x} is not the start of a mapping",
-                                         who, what, address, size, cursor));
+      throw invalid_argument(fmt::format("{}: {} of [{:#x}, +{}): {:#x} is not the start of a mapping", who,
+                                         what, address, size, cursor));
     cursor += it->second.size;
     ++it;
   }
   if (cursor != address + size)
-    throw invalid_argument(
-        fmt::format("{}: {} of [{:#x}, +{}) ends inside the mapping that ends at {:#x}", who, what,
-                    address, size, cursor));
+    throw invalid_argument(fmt::format("{}: {} of [{:#x}, +{}) ends inside the mapping that ends at {:#x}",
+                                       who, what, address, size, cursor));
 }
 
 void address_space::remove_mappings(std::uintptr_t address, std::size_t size) noexcept {
@@ -151,8 +149,8 @@ void address_space::remove_mappings(std::uintptr_t address, std::size_t size) no
   mappings_.erase(first, last);
 }
 
-std::vector<std::pair<std::uintptr_t, std::size_t>> address_space::mapped_pieces(
-    std::uintptr_t address, std::size_t size) const {
+std::vector<std::pair<std::uintptr_t, std::size_t>> address_space::mapped_pieces(std::uintptr_t address,
+                                                                                 std::size_t size) const {
   std::lock_guard lock(mutex_);
   std::vector<std::pair<std::uintptr_t, std::size_t>> pieces;
   const std::uintptr_t end = address + size;

@@ -15,11 +15,14 @@ namespace vmm {
 
 int driver_version() {
   int version = 0;
-  VMM_DRIVER_CHECK(cuDriverGetVersion, [] { return std::string("cuDriverGetVersion()"); }, &version);
+  VMM_DRIVER_CHECK(
+      cuDriverGetVersion, [] { return std::string("cuDriverGetVersion()"); }, &version);
   return version;
 }
 
-int device_count() { return driver::device_count(); }
+int device_count() {
+  return driver::device_count();
+}
 
 bool gpu_available(std::string* why) noexcept {
   if (!driver::available(why)) return false;
@@ -37,21 +40,20 @@ device_capabilities query_device(int ordinal) {
   device_capabilities result;
   result.ordinal = ordinal;
   std::array<char, 256> name{};
-  VMM_DRIVER_CHECK(cuDeviceGetName, [&] { return fmt::format("cuDeviceGetName(device={})", ordinal); },
-                   name.data(), static_cast<int>(name.size()), device);
+  VMM_DRIVER_CHECK(
+      cuDeviceGetName, [&] { return fmt::format("cuDeviceGetName(device={})", ordinal); }, name.data(),
+      static_cast<int>(name.size()), device);
   result.name = name.data();
-  VMM_DRIVER_CHECK(cuDeviceTotalMem, [&] { return fmt::format("cuDeviceTotalMem(device={})", ordinal); },
-                   &result.total_memory, device);
-  result.compute_capability_major =
-      driver::attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
-  result.compute_capability_minor =
-      driver::attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  VMM_DRIVER_CHECK(
+      cuDeviceTotalMem, [&] { return fmt::format("cuDeviceTotalMem(device={})", ordinal); },
+      &result.total_memory, device);
+  result.compute_capability_major = driver::attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  result.compute_capability_minor = driver::attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
   result.vmm_supported =
       driver::attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) != 0;
   result.posix_fd_supported =
       driver::attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device) != 0;
-  result.fabric_supported =
-      driver::attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device) != 0;
+  result.fabric_supported = driver::attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device) != 0;
   result.host_numa_vmm_supported =
       driver::attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) != 0;
   result.host_numa_id = driver::attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device);
@@ -74,8 +76,7 @@ bool can_access_peer(int accessor, int owner) {
   int can = 0;
   VMM_DRIVER_CHECK(
       cuDeviceCanAccessPeer,
-      [&] { return fmt::format("cuDeviceCanAccessPeer(device={}, peer={})", accessor, owner); }, &can,
-      a, b);
+      [&] { return fmt::format("cuDeviceCanAccessPeer(device={}, peer={})", accessor, owner); }, &can, a, b);
   return can != 0;
 }
 
@@ -93,7 +94,8 @@ system_capabilities query_capabilities() {
   result.driver_version = driver_version();
   const int count = device_count();
   for (int ordinal = 0; ordinal < count; ++ordinal) result.devices.push_back(query_device(ordinal));
-  result.peer_access.assign(static_cast<std::size_t>(count), std::vector<bool>(static_cast<std::size_t>(count)));
+  result.peer_access.assign(static_cast<std::size_t>(count),
+                            std::vector<bool>(static_cast<std::size_t>(count)));
   for (int a = 0; a < count; ++a)
     for (int b = 0; b < count; ++b)
       result.peer_access[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)] = can_access_peer(a, b);

@@ -28,7 +28,9 @@ pooled_chunk& pooled_chunk::operator=(pooled_chunk&& other) noexcept {
   return *this;
 }
 
-pooled_chunk::~pooled_chunk() { return_to_pool(false, {}); }
+pooled_chunk::~pooled_chunk() {
+  return_to_pool(false, {});
+}
 
 void pooled_chunk::give_back(stream_ref stream) {
   if (pool_ == nullptr) throw invalid_argument("pooled_chunk: give_back of an empty chunk");
@@ -41,14 +43,12 @@ std::shared_ptr<chunk_pool> chunk_pool::create(std::shared_ptr<memory_provider> 
   return std::make_shared<chunk_pool>(private_tag{}, std::move(provider), options);
 }
 
-chunk_pool::chunk_pool(private_tag, std::shared_ptr<memory_provider> provider,
-                       chunk_pool_options options)
+chunk_pool::chunk_pool(private_tag, std::shared_ptr<memory_provider> provider, chunk_pool_options options)
     : provider_(std::move(provider)), options_(options) {}
 
 chunk_pool::~chunk_pool() = default;  // idle chunks destroy themselves
 
-chunk_pool::idle_map::iterator chunk_pool::find_usable(idle_map::iterator first,
-                                                       idle_map::iterator last,
+chunk_pool::idle_map::iterator chunk_pool::find_usable(idle_map::iterator first, idle_map::iterator last,
                                                        stream_ref stream) const {
   // Same stream first: no waiting. Then any chunk whose giving stream has moved on.
   for (auto it = first; it != last; ++it)

@@ -18,10 +18,10 @@ std::vector<shared_chunk> checked(std::vector<shared_chunk> chunks) {
     const auto& first = chunks.front()->memory().provider();
     const auto& provider = chunks[i]->memory().provider();
     if (provider != first)
-      throw invalid_argument(fmt::format(
-          "chunk_view: chunk {} comes from {} but chunk 0 from {}: a view maps the memory of "
-          "one provider",
-          i, to_string(provider->where()), to_string(first->where())));
+      throw invalid_argument(
+          fmt::format("chunk_view: chunk {} comes from {} but chunk 0 from {}: a view maps the memory of "
+                      "one provider",
+                      i, to_string(provider->where()), to_string(first->where())));
   }
   return chunks;
 }
@@ -30,16 +30,16 @@ std::size_t total_size(const std::vector<shared_chunk>& chunks) {
   std::size_t total = 0;
   for (const shared_chunk& chunk : chunks) {
     if (chunk->size() > ~std::size_t{0} - total)
-      throw invalid_argument(fmt::format("chunk_view: {} chunks add up to more bytes than an address holds",
-                                         chunks.size()));
+      throw invalid_argument(
+          fmt::format("chunk_view: {} chunks add up to more bytes than an address holds", chunks.size()));
     total += chunk->size();
   }
   return total;
 }
 
 // Reports a bad chunk range as `what`: the buffer's own message, prefixed.
-std::vector<shared_chunk> chunks_of(const growable_buffer* buffer, std::size_t offset,
-                                    std::size_t length, const std::string& what) {
+std::vector<shared_chunk> chunks_of(const growable_buffer* buffer, std::size_t offset, std::size_t length,
+                                    const std::string& what) {
   if (buffer == nullptr) throw invalid_argument(fmt::format("{}: the buffer is null", what));
   try {
     return buffer->chunks(offset, length);
@@ -97,8 +97,8 @@ void chunk_view::set_access(std::span<const access_grant> grants) {
   run_.set_access(0, run_.mapped(), grants);
 }
 
-chunk_view alias(const growable_buffer& buffer, std::size_t offset, std::size_t length,
-                 access_mode mode, stream_ref stream) {
+chunk_view alias(const growable_buffer& buffer, std::size_t offset, std::size_t length, access_mode mode,
+                 stream_ref stream) {
   return chunk_view(chunks_of(&buffer, offset, length, "alias"), mode, stream);
 }
 
@@ -118,8 +118,7 @@ chunk_view splice(std::span<const buffer_slice> slices, access_mode mode, stream
   return chunk_view(std::move(list), mode, stream);
 }
 
-chunk_view concatenate(std::span<const growable_buffer* const> buffers, access_mode mode,
-                       stream_ref stream) {
+chunk_view concatenate(std::span<const growable_buffer* const> buffers, access_mode mode, stream_ref stream) {
   std::vector<shared_chunk> list;
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     if (buffers[i] != nullptr && buffers[i]->size() == 0) continue;
@@ -129,13 +128,13 @@ chunk_view concatenate(std::span<const growable_buffer* const> buffers, access_m
     list.insert(list.end(), chunks.begin(), chunks.end());
   }
   if (list.empty())
-    throw invalid_argument(fmt::format("concatenate: {} buffers holding no bytes (a view of length 0)",
-                                       buffers.size()));
+    throw invalid_argument(
+        fmt::format("concatenate: {} buffers holding no bytes (a view of length 0)", buffers.size()));
   return chunk_view(std::move(list), mode, stream);
 }
 
-chunk_view permute(const growable_buffer& buffer, std::span<const std::size_t> order,
-                   access_mode mode, stream_ref stream) {
+chunk_view permute(const growable_buffer& buffer, std::span<const std::size_t> order, access_mode mode,
+                   stream_ref stream) {
   if (order.empty()) throw invalid_argument("permute: no chunk indices (a view of length 0)");
   const std::vector<shared_chunk> all =
       buffer.capacity() == 0 ? std::vector<shared_chunk>{} : buffer.chunks(0, buffer.capacity());
@@ -143,8 +142,8 @@ chunk_view permute(const growable_buffer& buffer, std::span<const std::size_t> o
   list.reserve(order.size());
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (order[i] >= all.size())
-      throw invalid_argument(fmt::format("permute: order[{}] is chunk {}, but the buffer maps {} chunks",
-                                         i, order[i], all.size()));
+      throw invalid_argument(fmt::format("permute: order[{}] is chunk {}, but the buffer maps {} chunks", i,
+                                         order[i], all.size()));
     list.push_back(all[order[i]]);
   }
   return chunk_view(std::move(list), mode, stream);

@@ -6,13 +6,17 @@
 namespace vmm {
 namespace {
 
-void print_to_stderr(const char* what) noexcept { std::fprintf(stderr, "vmm: cleanup failed: %s\n", what); }
+void print_to_stderr(const char* what) noexcept {
+  std::fprintf(stderr, "vmm: cleanup failed: %s\n", what);
+}
 
 std::atomic<cleanup_failure_handler> handler{&print_to_stderr};
 
 }  // namespace
 
-void report_cleanup_failure(const char* what) noexcept { handler.load()(what); }
+void report_cleanup_failure(const char* what) noexcept {
+  handler.load()(what);
+}
 
 cleanup_failure_handler set_cleanup_failure_handler(cleanup_failure_handler next) noexcept {
   return handler.exchange(next != nullptr ? next : &print_to_stderr);

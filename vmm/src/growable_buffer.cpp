@@ -46,10 +46,10 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
   const memory_kind first = provider.where().kind;
   if (options.spill_to_host) {
     if (first != memory_kind::device)
-      throw invalid_argument(fmt::format(
-          "growable_buffer: spill_to_host continues GPU memory in pinned host memory, but the "
-          "buffer's memory is {} (a buffer of host memory has nowhere further to spill)",
-          to_string(provider.where())));
+      throw invalid_argument(
+          fmt::format("growable_buffer: spill_to_host continues GPU memory in pinned host memory, but the "
+                      "buffer's memory is {} (a buffer of host memory has nowhere further to spill)",
+                      to_string(provider.where())));
     options.spill_to.push_back(default_pool(location::pinned_host(0)));
     options.spill_to_host = false;
   }
@@ -63,17 +63,17 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
     if (first == memory_kind::device && kind == memory_kind::pinned_host) {
       host_part = true;
     } else if (kind != first || host_part) {
-      throw invalid_argument(fmt::format(
-          "growable_buffer: cannot spill from {} memory to {} memory (a buffer continues on "
-          "memory of its first pool's kind, or from GPU memory onto pinned host memory, which "
-          "then comes last)",
-          to_string(provider.where()), to_string(other.where())));
+      throw invalid_argument(
+          fmt::format("growable_buffer: cannot spill from {} memory to {} memory (a buffer continues on "
+                      "memory of its first pool's kind, or from GPU memory onto pinned host memory, which "
+                      "then comes last)",
+                      to_string(provider.where()), to_string(other.where())));
     }
     if (&other.address_space() != &provider.address_space())
-      throw invalid_argument(fmt::format(
-          "growable_buffer: the spill pool's {} memory lives in another address space than the "
-          "buffer's (each OS host provider has its own: spill onto a pool of the same provider)",
-          to_string(other.where())));
+      throw invalid_argument(
+          fmt::format("growable_buffer: the spill pool's {} memory lives in another address space than the "
+                      "buffer's (each OS host provider has its own: spill onto a pool of the same provider)",
+                      to_string(other.where())));
     all_memory += other.capabilities().physical_memory_size;
   }
   if (host_part && !options.access.empty() &&
@@ -249,8 +249,8 @@ void growable_buffer::request_ahead() noexcept {
     const std::size_t granularity = pool.granularity();
     std::size_t bytes = 0;
     for (std::size_t at = have; at < want && run_.size() - run_.mapped() > bytes;) {
-      const std::size_t size = std::min(options_.policy.next_chunk(at, want, granularity),
-                                        run_.size() - run_.mapped() - bytes);
+      const std::size_t size =
+          std::min(options_.policy.next_chunk(at, want, granularity), run_.size() - run_.mapped() - bytes);
       request.sizes.push_back(size);
       bytes += size;
       at += size;
@@ -273,9 +273,9 @@ void growable_buffer::request_ahead() noexcept {
 
 void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
   if (required > run_.size())
-    throw out_of_memory(fmt::format(
-        "growable_buffer: {} bytes asked for, but its address range holds {} (max_size)", required,
-        run_.size()));
+    throw out_of_memory(
+        fmt::format("growable_buffer: {} bytes asked for, but its address range holds {} (max_size)",
+                    required, run_.size()));
   const std::vector<shared_chunk>& chunks = run_.chunks();
   // Retired chunks are still mapped with access: growing over them costs no driver call.
   // How many to take back is worked out first; the books change only once nothing can fail.
@@ -333,8 +333,8 @@ void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
       }
       const std::size_t have = run_.mapped() - start + covered;
       const std::size_t needed = round_up(required - have, granularity);
-      const std::size_t size = std::min({options_.policy.next_chunk(have, required, granularity), limit,
-                                         run_.size() - run_.mapped()});
+      const std::size_t size = std::min(
+          {options_.policy.next_chunk(have, required, granularity), limit, run_.size() - run_.mapped()});
       chunk_pool& pool = pool_at(pool_index);
       pooled_chunk chunk = pool.acquire_idle(size, stream);
       if (!chunk) {
@@ -428,8 +428,8 @@ void growable_buffer::collect_retired(bool wait) {
 
 std::vector<shared_chunk> growable_buffer::chunks(std::size_t offset, std::size_t length) const {
   if (offset > capacity_ || length > capacity_ - offset)
-    throw invalid_argument(fmt::format(
-        "growable_buffer: chunk range [{}, +{}) runs past the {} bytes mapped", offset, length, capacity_));
+    throw invalid_argument(fmt::format("growable_buffer: chunk range [{}, +{}) runs past the {} bytes mapped",
+                                       offset, length, capacity_));
   try {
     return run_.chunks(offset, length);
   } catch (const invalid_argument& error) {

@@ -57,7 +57,8 @@ void growth_slot::put_back(std::vector<shared_chunk> chunks) noexcept {
   for (const shared_chunk& chunk : chunks) bytes += chunk->size();
   std::lock_guard lock(mutex_);
   try {
-    ready_.insert(ready_.begin(), std::make_move_iterator(chunks.begin()), std::make_move_iterator(chunks.end()));
+    ready_.insert(ready_.begin(), std::make_move_iterator(chunks.begin()),
+                  std::make_move_iterator(chunks.end()));
     ready_bytes_ += bytes;
   } catch (...) {
     // No room to keep them: they go back to their pool when `chunks` goes, after the lock.

@@ -24,8 +24,7 @@ class retired_range final : public retirable {
 
 }  // namespace detail
 
-mapped_range::mapped_range(std::shared_ptr<memory_provider> provider, std::size_t size,
-                           std::size_t alignment)
+mapped_range::mapped_range(std::shared_ptr<memory_provider> provider, std::size_t size, std::size_t alignment)
     : range_(std::move(provider), size, alignment) {}
 
 mapped_range::mapped_range(mapped_range&& other) noexcept
@@ -86,12 +85,12 @@ void mapped_range::push_back(shared_chunk chunk) {
     throw invalid_argument(fmt::format(
         "mapped_range: {} memory lives in {}, but the range is in {}: memory of two address "
         "spaces never shares a range",
-        to_string(memory->where()), memory->address_space().name(),
-        provider()->address_space().name()));
+        to_string(memory->where()), memory->address_space().name(), provider()->address_space().name()));
   if (chunk->size() > size() - mapped_)
-    throw invalid_argument(fmt::format("mapped_range: a chunk of {} bytes does not fit: {} of {} bytes "
-                                       "are mapped",
-                                       chunk->size(), mapped_, size()));
+    throw invalid_argument(
+        fmt::format("mapped_range: a chunk of {} bytes does not fit: {} of {} bytes "
+                    "are mapped",
+                    chunk->size(), mapped_, size()));
   chunks_.reserve(chunks_.size() + 1);
   mappings_.reserve(mappings_.size() + 1);
   mappings_.emplace_back(chunk->memory(), address() + mapped_, std::span<const access_grant>{});
@@ -111,17 +110,15 @@ std::vector<shared_chunk> mapped_range::chunks(std::size_t offset, std::size_t l
     const bool starts_inside = offset > position && offset < position + chunk_size;
     const bool ends_inside = offset + length > position && offset + length < position + chunk_size;
     if (starts_inside || ends_inside)
-      throw invalid_argument(fmt::format(
-          "chunk range [{}, +{}) is not on chunk boundaries (chunk [{}, +{}))", offset, length,
-          position, chunk_size));
+      throw invalid_argument(fmt::format("chunk range [{}, +{}) is not on chunk boundaries (chunk [{}, +{}))",
+                                         offset, length, position, chunk_size));
     if (position >= offset) result.push_back(chunks_[i]);
     position += chunk_size;
   }
   return result;
 }
 
-void mapped_range::set_access(std::size_t offset, std::size_t length,
-                              std::span<const access_grant> grants) {
+void mapped_range::set_access(std::size_t offset, std::size_t length, std::span<const access_grant> grants) {
   if (offset > mapped_ || length > mapped_ - offset)
     throw invalid_argument(fmt::format("mapped_range: set_access of [{}, +{}) passes the {} bytes mapped",
                                        offset, length, mapped_));
@@ -170,8 +167,7 @@ void mapped_range::retire_after(std::span<const stream_use> uses,
       recorded = true;
     });
     if (!recorded)
-      detail::cleanup("mapped_range: waiting for a stream",
-                      [&] { use.executor->synchronize(use.stream); });
+      detail::cleanup("mapped_range: waiting for a stream", [&] { use.executor->synchronize(use.stream); });
   }
   std::move(*this).retire(std::move(passed));
 }

@@ -42,19 +42,18 @@ std::shared_ptr<memory_provider> require(std::shared_ptr<memory_provider> provid
 
 }  // namespace
 
-physical_allocation::physical_allocation(std::shared_ptr<memory_provider> provider,
-                                         std::size_t size)
+physical_allocation::physical_allocation(std::shared_ptr<memory_provider> provider, std::size_t size)
     : provider_(require(std::move(provider))),
       size_(size == 0 ? 0 : round_up(size, provider_->granularity())) {
   handle_ = provider_->create(size_);
 }
 
-physical_allocation::physical_allocation(std::shared_ptr<memory_provider> provider,
-                                         physical_handle handle, std::size_t size) noexcept
+physical_allocation::physical_allocation(std::shared_ptr<memory_provider> provider, physical_handle handle,
+                                         std::size_t size) noexcept
     : provider_(std::move(provider)), handle_(handle), size_(size) {}
 
-physical_allocation physical_allocation::import_fd(std::shared_ptr<memory_provider> provider,
-                                                   int fd, std::size_t size) {
+physical_allocation physical_allocation::import_fd(std::shared_ptr<memory_provider> provider, int fd,
+                                                   std::size_t size) {
   provider = require(std::move(provider));
   const physical_handle handle = provider->import_fd(fd, size);
   return physical_allocation(std::move(provider), handle, size);
@@ -82,7 +81,9 @@ physical_allocation& physical_allocation::operator=(physical_allocation&& other)
   return *this;
 }
 
-physical_allocation::~physical_allocation() { reset(); }
+physical_allocation::~physical_allocation() {
+  reset();
+}
 
 unique_fd physical_allocation::export_fd() const {
   if (provider_ == nullptr) throw invalid_argument("physical_allocation: export of an empty allocation");

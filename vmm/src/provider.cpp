@@ -25,9 +25,9 @@ std::uintptr_t memory_provider::allocate_range(std::size_t size, std::size_t ali
   space_->check_size(size, granularity, name_.c_str(), "address range");
   if (alignment == 0) alignment = granularity;
   if (!std::has_single_bit(alignment) || alignment % granularity != 0)
-    throw invalid_argument(fmt::format(
-        "{}: alignment {} is not a power of two multiple of the granularity {}", name_, alignment,
-        granularity));
+    throw invalid_argument(
+        fmt::format("{}: alignment {} is not a power of two multiple of the granularity {}", name_, alignment,
+                    granularity));
   std::lock_guard lock(space_->mutex_);
   const std::uintptr_t address = do_allocate_range(size, alignment);
   space_->add_range(address, size);
@@ -103,8 +103,7 @@ unique_fd memory_provider::export_fd(physical_handle handle) {
 physical_handle memory_provider::import_fd(int fd, std::size_t size) {
   space_->check_size(size, capabilities_.granularity, name_.c_str(), "import");
   if (capabilities_.export_kind == handle_kind::none)
-    throw invalid_argument(
-        fmt::format("{}: this memory cannot be imported from a file descriptor", name_));
+    throw invalid_argument(fmt::format("{}: this memory cannot be imported from a file descriptor", name_));
   if (fd < 0) throw invalid_argument(fmt::format("{}: import of fd {}: not a descriptor", name_, fd));
   std::lock_guard lock(space_->mutex_);
   const physical_handle handle = do_import_fd(fd, size);

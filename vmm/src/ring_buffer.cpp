@@ -17,24 +17,22 @@ chunk_view make_view(const std::shared_ptr<chunk_pool>& pool, std::size_t capaci
   const std::size_t granularity = pool->granularity();
   if (capacity == 0) throw invalid_argument("ring_buffer: capacity 0");
   if (capacity % granularity != 0)
-    throw invalid_argument(fmt::format(
-        "ring_buffer: capacity {} is not a multiple of the granularity {} (the memory is mapped "
-        "twice, and mappings are whole chunks); {} would be",
-        capacity, granularity, round_up(capacity, granularity)));
+    throw invalid_argument(
+        fmt::format("ring_buffer: capacity {} is not a multiple of the granularity {} (the memory is mapped "
+                    "twice, and mappings are whole chunks); {} would be",
+                    capacity, granularity, round_up(capacity, granularity)));
   if (capacity > (std::numeric_limits<std::size_t>::max() - granularity) / 2)
     throw invalid_argument(fmt::format("ring_buffer: capacity {} cannot be mapped twice", capacity));
   auto memory = std::make_shared<const pooled_chunk>(pool->acquire(capacity, options.stream));
   auto control = std::make_shared<const pooled_chunk>(pool->acquire(granularity, options.stream));
   std::vector<shared_chunk> chunks{memory, memory, std::move(control)};
-  if (options.access.empty())
-    return chunk_view(std::move(chunks), access_mode::read_write, options.stream);
+  if (options.access.empty()) return chunk_view(std::move(chunks), access_mode::read_write, options.stream);
   return chunk_view(std::move(chunks), options.access, options.stream);
 }
 
 }  // namespace
 
-ring_buffer::ring_buffer(std::shared_ptr<chunk_pool> pool, std::size_t capacity,
-                         ring_buffer_options options)
+ring_buffer::ring_buffer(std::shared_ptr<chunk_pool> pool, std::size_t capacity, ring_buffer_options options)
     : view_(make_view(pool, capacity, options)), capacity_(capacity) {
   reset();
   // The counters are zero before anyone (the host included) can use the view.
@@ -71,9 +69,13 @@ std::uint64_t ring_buffer::read_counter(std::size_t offset) const {
   return value;
 }
 
-std::uint64_t ring_buffer::head() const { return read_counter(ring_head_offset); }
+std::uint64_t ring_buffer::head() const {
+  return read_counter(ring_head_offset);
+}
 
-std::uint64_t ring_buffer::tail() const { return read_counter(ring_tail_offset); }
+std::uint64_t ring_buffer::tail() const {
+  return read_counter(ring_tail_offset);
+}
 
 void ring_buffer::reset() {
   if (capacity_ == 0) throw invalid_argument("ring_buffer: reset of a moved-from ring");

@@ -13,8 +13,7 @@ namespace vmm {
 namespace {
 
 bool known_mode(access_mode mode) {
-  return mode == access_mode::none || mode == access_mode::read_only ||
-         mode == access_mode::read_write;
+  return mode == access_mode::none || mode == access_mode::read_only || mode == access_mode::read_write;
 }
 
 // Everything that needs no driver: a bad argument is reported the same with or without one.
@@ -23,8 +22,7 @@ void check_arguments(const std::vector<int>& devices, std::size_t size,
   if (devices.empty()) throw invalid_argument("striped_buffer: the device list is empty");
   for (std::size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] < 0)
-      throw invalid_argument(
-          fmt::format("striped_buffer: device ordinal {} is negative", devices[i]));
+      throw invalid_argument(fmt::format("striped_buffer: device ordinal {} is negative", devices[i]));
     if (std::find(devices.begin(), devices.begin() + static_cast<std::ptrdiff_t>(i), devices[i]) !=
         devices.begin() + static_cast<std::ptrdiff_t>(i))
       throw invalid_argument(
@@ -39,8 +37,8 @@ void check_arguments(const std::vector<int>& devices, std::size_t size,
     if (entry.who.kind != accessor::kind_type::device)
       throw invalid_argument("striped_buffer: the host cannot be given access to GPU memory");
     if (entry.who.device_ordinal < 0)
-      throw invalid_argument(fmt::format("striped_buffer: access for negative device ordinal {}",
-                                         entry.who.device_ordinal));
+      throw invalid_argument(
+          fmt::format("striped_buffer: access for negative device ordinal {}", entry.who.device_ordinal));
     if (!known_mode(entry.mode))
       throw invalid_argument(fmt::format("striped_buffer: unknown access mode {} for gpu {}",
                                          static_cast<int>(entry.mode), entry.who.device_ordinal));
@@ -56,12 +54,11 @@ void check_arguments(const std::vector<int>& devices, std::size_t size,
                       options.pools.size(), devices.size()));
     for (std::size_t i = 0; i < devices.size(); ++i) {
       if (options.pools[i] == nullptr)
-        throw invalid_argument(
-            fmt::format("striped_buffer: the pool for gpu {} is null", devices[i]));
+        throw invalid_argument(fmt::format("striped_buffer: the pool for gpu {} is null", devices[i]));
       const location where = options.pools[i]->provider()->where();
       if (where != location::device(devices[i]))
-        throw invalid_argument(fmt::format("striped_buffer: the pool for gpu {} holds {} memory",
-                                           devices[i], to_string(where)));
+        throw invalid_argument(
+            fmt::format("striped_buffer: the pool for gpu {} holds {} memory", devices[i], to_string(where)));
     }
   }
   for (const device_stream& entry : options.streams)
@@ -114,8 +111,7 @@ void require_peer_access(std::span<const int> holders, std::span<const access_gr
 
 }  // namespace detail
 
-striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
-                               striped_buffer_options options) {
+striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size, striped_buffer_options options) {
   check_arguments(devices, size, options);
   devices_ = std::move(devices);
   access_ = effective_access(devices_, options.access);
@@ -124,11 +120,9 @@ striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
   // driver; invalid_argument for a device that does not exist).
   pools_.reserve(devices_.size());
   for (std::size_t i = 0; i < devices_.size(); ++i)
-    pools_.push_back(options.pools.empty() ? default_pool(location::device(devices_[i]))
-                                           : options.pools[i]);
+    pools_.push_back(options.pools.empty() ? default_pool(location::device(devices_[i])) : options.pools[i]);
   auto add_user = [&](int device) {
-    if (std::any_of(users_.begin(), users_.end(),
-                    [&](const device_user& u) { return u.device == device; }))
+    if (std::any_of(users_.begin(), users_.end(), [&](const device_user& u) { return u.device == device; }))
       return;
     users_.push_back({device, &provider_for(location::device(device))->executor(), {stream_ref()}});
   };
@@ -142,8 +136,8 @@ striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
   for (std::size_t i = 0; i < pools_.size(); ++i)
     if (stripe % pools_[i]->granularity() != 0)
       throw invalid_argument(fmt::format(
-          "striped_buffer: stripe size {} is not a multiple of gpu {}'s allocation granularity {}",
-          stripe, devices_[i], pools_[i]->granularity()));
+          "striped_buffer: stripe size {} is not a multiple of gpu {}'s allocation granularity {}", stripe,
+          devices_[i], pools_[i]->granularity()));
   layout_ = make_stripe_layout(round_up(size, granularity), stripe,
                                static_cast<std::uint32_t>(devices_.size()), options.mode);
 
@@ -158,9 +152,9 @@ striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size,
     try {
       chunk = pools_[stripe_at.device]->acquire(stripe_at.extent.length);
     } catch (const out_of_memory& error) {
-      throw out_of_memory(fmt::format(
-          "striped_buffer: no memory for the stripe at offset {} ({} bytes) on gpu {}: {}", offset,
-          stripe_at.extent.length, device, error.what()));
+      throw out_of_memory(
+          fmt::format("striped_buffer: no memory for the stripe at offset {} ({} bytes) on gpu {}: {}",
+                      offset, stripe_at.extent.length, device, error.what()));
     }
     run.push_back(std::make_shared<const pooled_chunk>(std::move(chunk)));
     offset += stripe_at.extent.length;
@@ -217,22 +211,21 @@ striped_buffer::~striped_buffer() {
 
 int striped_buffer::device_of(std::size_t offset) const {
   if (offset >= size())
-    throw invalid_argument(fmt::format(
-        "striped_buffer: offset {} is past the {} bytes of the buffer", offset, size()));
+    throw invalid_argument(
+        fmt::format("striped_buffer: offset {} is past the {} bytes of the buffer", offset, size()));
   return devices_[layout_.device_of(offset)];
 }
 
 std::uint32_t striped_buffer::device_index(int ordinal) const {
   const auto it = std::find(devices_.begin(), devices_.end(), ordinal);
   if (it == devices_.end())
-    throw invalid_argument(
-        fmt::format("striped_buffer: gpu {} holds no stripes of this buffer", ordinal));
+    throw invalid_argument(fmt::format("striped_buffer: gpu {} holds no stripes of this buffer", ordinal));
   return static_cast<std::uint32_t>(it - devices_.begin());
 }
 
 void striped_buffer::add_stream(int ordinal, stream_ref stream) {
-  const auto it = std::find_if(users_.begin(), users_.end(),
-                               [&](const device_user& u) { return u.device == ordinal; });
+  const auto it =
+      std::find_if(users_.begin(), users_.end(), [&](const device_user& u) { return u.device == ordinal; });
   if (it == users_.end())
     throw invalid_argument(fmt::format(
         "striped_buffer: a stream of gpu {}, which neither holds stripes nor has access", ordinal));

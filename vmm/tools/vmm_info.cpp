@@ -17,7 +17,9 @@ std::string mib(std::size_t bytes) {
   return bytes == 0 ? std::string("-") : fmt::format("{} MiB", static_cast<double>(bytes) / (1 << 20));
 }
 
-const char* yes_no(bool value) { return value ? "yes" : "no"; }
+const char* yes_no(bool value) {
+  return value ? "yes" : "no";
+}
 
 // Whether NCCL can register this GPU's vmm memory (ncclCommRegister). NCCL finds the
 // physical segments under a registered buffer and exports each with its own handle type
@@ -28,13 +30,15 @@ std::string nccl_registration(const vmm::device_capabilities& d, const vmm::prov
   std::vector<std::string> why_not;
   if (!d.vmm_supported) why_not.emplace_back("the GPU does not support virtual memory management");
   if (!d.posix_fd_supported)
-    why_not.emplace_back("no POSIX-fd handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0), "
-                         "so vmm creates its chunks unexportable");
+    why_not.emplace_back(
+        "no POSIX-fd handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0), "
+        "so vmm creates its chunks unexportable");
   else if (offered != nullptr && offered->export_kind == vmm::handle_kind::none)
     why_not.emplace_back("vmm's provider cannot export this memory");
   if (offered != nullptr && offered->granularity != offered->recommended_granularity)
-    why_not.emplace_back(fmt::format("vmm's page is the minimum granularity ({}), not the recommended one ({})",
-                                     mib(offered->granularity), mib(offered->recommended_granularity)));
+    why_not.emplace_back(
+        fmt::format("vmm's page is the minimum granularity ({}), not the recommended one ({})",
+                    mib(offered->granularity), mib(offered->recommended_granularity)));
   if (why_not.empty())
     return fmt::format("yes (VMM, POSIX-fd handles requested on every chunk, granularity {} = recommended)",
                        mib(offered != nullptr ? offered->granularity : d.device_granularity.minimum));
@@ -47,16 +51,17 @@ std::string nccl_registration(const vmm::device_capabilities& d, const vmm::prov
 
 int main() try {
   const vmm::system_capabilities caps = vmm::query_capabilities();
-  fmt::print("os host provider: page size {} B, granularity {}, commit budget {:.1f} GiB "
-             "(memfd + mmap, no CUDA)\n",
-             caps.os_page_size, mib(caps.os_host_granularity.minimum),
-             static_cast<double>(caps.os_host_commit_budget) / (1u << 30));
+  fmt::print(
+      "os host provider: page size {} B, granularity {}, commit budget {:.1f} GiB "
+      "(memfd + mmap, no CUDA)\n",
+      caps.os_page_size, mib(caps.os_host_granularity.minimum),
+      static_cast<double>(caps.os_host_commit_budget) / (1u << 30));
   if (!caps.driver_loaded) {
     fmt::print("no GPU: {}\n", caps.driver_problem);
     return 0;
   }
-  fmt::print("CUDA driver {}.{}, {} GPU(s)\n", caps.driver_version / 1000,
-             (caps.driver_version % 1000) / 10, caps.devices.size());
+  fmt::print("CUDA driver {}.{}, {} GPU(s)\n", caps.driver_version / 1000, (caps.driver_version % 1000) / 10,
+             caps.devices.size());
   for (const vmm::device_capabilities& d : caps.devices) {
     fmt::print("gpu {}: {} (sm_{}{}), {:.1f} GiB\n", d.ordinal, d.name, d.compute_capability_major,
                d.compute_capability_minor, static_cast<double>(d.total_memory) / (1u << 30));

@@ -67,7 +67,8 @@ std::string read_all(const std::string& path) {
   std::string text;
   char buffer[1 << 16];
   int read = 0;
-  while ((read = gzread(file, buffer, sizeof buffer)) > 0) text.append(buffer, static_cast<std::size_t>(read));
+  while ((read = gzread(file, buffer, sizeof buffer)) > 0)
+    text.append(buffer, static_cast<std::size_t>(read));
   int code = 0;
   const char* message = gzerror(file, &code);
   const std::string why = message != nullptr ? message : "read error";  // gzclose frees message
@@ -82,8 +83,10 @@ std::string printable(std::string_view line) {
   std::string text;
   for (const char c : line.substr(0, 80)) {
     const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f) text += c;
-    else text += fmt::format("\\x{:02x}", byte);
+    if (byte >= 0x20 && byte < 0x7f)
+      text += c;
+    else
+      text += fmt::format("\\x{:02x}", byte);
   }
   return text;
 }
@@ -169,7 +172,8 @@ std::size_t parse_bytes(const std::string& text) {
     if (value == 0 || value > (std::size_t{1} << 48) / unit) break;
     return value * unit;
   }
-  throw std::invalid_argument(fmt::format("--simulate {}: expected bytes from 1 to 2^48, as 4096, 512MiB or 80GiB", text));
+  throw std::invalid_argument(
+      fmt::format("--simulate {}: expected bytes from 1 to 2^48, as 4096, 512MiB or 80GiB", text));
 }
 
 double parse_ratio(const std::string& text) {
@@ -205,9 +209,10 @@ bool descriptors_suffice(std::size_t pages) {
 }
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--json FILE] [--repeat N] "
-               "[--max-ratio R]\n");
+  std::fprintf(
+      stderr,
+      "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--json FILE] [--repeat N] "
+      "[--max-ratio R]\n");
   return 2;
 }
 
@@ -226,18 +231,26 @@ int main(int argc, char** argv) try {
       if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", arg));
       return argv[++i];
     };
-    if (arg == "--location") where = parse_location(value());
-    else if (arg == "--json") json_path = value();
-    else if (arg == "--simulate") simulate_bytes = parse_bytes(value());
-    else if (arg == "--max-ratio") max_ratio = parse_ratio(value());
+    if (arg == "--location")
+      where = parse_location(value());
+    else if (arg == "--json")
+      json_path = value();
+    else if (arg == "--simulate")
+      simulate_bytes = parse_bytes(value());
+    else if (arg == "--max-ratio")
+      max_ratio = parse_ratio(value());
     else if (arg == "--repeat") {
       const std::string n = value();
-      if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1)
+      if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(n) < 1)
         throw std::invalid_argument(fmt::format("--repeat {}: expected 1 to 9999", n));
       repeat = std::stoi(n);
-    } else if (!arg.empty() && arg[0] == '-') return usage();
-    else if (trace_path.empty()) trace_path = arg;
-    else return usage();
+    } else if (!arg.empty() && arg[0] == '-')
+      return usage();
+    else if (trace_path.empty())
+      trace_path = arg;
+    else
+      return usage();
   }
   if (trace_path.empty()) return usage();
   if (!where) where = vmm::gpu_available() ? vmm::location::device(0) : vmm::location::os_host();
@@ -345,9 +358,10 @@ int main(int argc, char** argv) try {
   const percentiles p = of(pair_ns);
   const double ratio = static_cast<double>(after.reserved_high) / static_cast<double>(peak_live);
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  fmt::print("trace        {} ({} events, {} stream(s), {} pass(es)) on {}{}\n", trace_path, events.size(),
-             stream_count, repeat, vmm::to_string(*where),
-             simulate_bytes != 0 ? fmt::format(" (simulated: {} bytes, pages at first touch)", simulate_bytes) : "");
+  fmt::print(
+      "trace        {} ({} events, {} stream(s), {} pass(es)) on {}{}\n", trace_path, events.size(),
+      stream_count, repeat, vmm::to_string(*where),
+      simulate_bytes != 0 ? fmt::format(" (simulated: {} bytes, pages at first touch)", simulate_bytes) : "");
   fmt::print("peak live      {:.3f} GiB ({} bytes)\n", static_cast<double>(peak_live) / gib, peak_live);
   fmt::print("peak reserved  {:.3f} GiB ({} bytes)\n", static_cast<double>(after.reserved_high) / gib,
              after.reserved_high);
@@ -364,14 +378,15 @@ int main(int argc, char** argv) try {
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << fmt::format(
-        "{{\"trace\": \"{}\", \"location\": \"{}\", \"simulated\": {}, \"events\": {}, \"passes\": {}, \"peak_live_bytes\": {}, "
+        "{{\"trace\": \"{}\", \"location\": \"{}\", \"simulated\": {}, \"events\": {}, \"passes\": {}, "
+        "\"peak_live_bytes\": {}, "
         "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"pages_created\": {}, "
         "\"pages_stitched\": {}, \"segments\": {}}}\n",
-        trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live, after.reserved_high, ratio,
-        largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99, after.pages_created,
-        after.pages_stitched, after.segments);
+        trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
+        after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
+        after.pages_created, after.pages_stitched, after.segments);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }
   if (max_ratio != 0 && ratio > max_ratio) {

@@ -21,7 +21,7 @@ struct cached_import {
   std::string name;
   std::uint64_t entry = 0;
   ipc::imported_buffer mapped;
-  std::size_t size = 0;        // as of the last reply
+  std::size_t size = 0;         // as of the last reply
   std::uint64_t last_used = 0;  // for eviction
 };
 
@@ -41,8 +41,9 @@ struct client_state {
 
   void check_open() {
     if (!socket)
-      throw store_error(store_error::daemon_gone,
-                        fmt::format("vmm-store: not connected to the daemon at {} (it went away)", options.socket_path));
+      throw store_error(
+          store_error::daemon_gone,
+          fmt::format("vmm-store: not connected to the daemon at {} (it went away)", options.socket_path));
   }
 
   // Sends a request and returns the ok body; throws the daemon's refusal. A daemon that
@@ -84,20 +85,22 @@ struct client_state {
   }
 
   // Receives what a hold reply announces into the cache entry for (name, access).
-  std::shared_ptr<cached_import> take_delivery(const std::string& name, access_mode access, const hold_reply& got,
-                                               std::shared_ptr<cached_import> cached) {
+  std::shared_ptr<cached_import> take_delivery(const std::string& name, access_mode access,
+                                               const hold_reply& got, std::shared_ptr<cached_import> cached) {
     try {
       if (got.sent == delivery::whole) {
         auto fresh = std::make_shared<cached_import>();
         fresh->name = name;
         fresh->entry = got.entry;
-        fresh->mapped = ipc::imported_buffer::receive(socket.get(), {.access = access, .timeout = options.timeout});
+        fresh->mapped =
+            ipc::imported_buffer::receive(socket.get(), {.access = access, .timeout = options.timeout});
         cached = std::move(fresh);
       } else {
         if (!cached || cached->entry != got.entry)
-          throw ipc::protocol_error(fmt::format("vmm-store: the daemon sent growth of entry {}, which this client "
-                                                "does not map",
-                                                got.entry));
+          throw ipc::protocol_error(
+              fmt::format("vmm-store: the daemon sent growth of entry {}, which this client "
+                          "does not map",
+                          got.entry));
         if (got.sent == delivery::growth) cached->mapped.receive_growth(socket.get(), options.timeout);
       }
     } catch (const os_error& error) {
@@ -120,7 +123,8 @@ struct client_state {
     while (unheld > options.cached_imports) {
       auto oldest = cache.end();
       for (auto it = cache.begin(); it != cache.end(); ++it)
-        if (it->second.use_count() == 1 && (oldest == cache.end() || it->second->last_used < oldest->second->last_used))
+        if (it->second.use_count() == 1 &&
+            (oldest == cache.end() || it->second->last_used < oldest->second->last_used))
           oldest = it;
       cache.erase(oldest);
       --unheld;
@@ -131,7 +135,8 @@ struct client_state {
     std::lock_guard lock(mutex);
     if (!socket) return;  // the daemon is gone, and the hold with it
     try {
-      ipc::send_message(socket.get(), encode(request{.op = operation::release, .entry = entry}), {}, options.timeout);
+      ipc::send_message(socket.get(), encode(request{.op = operation::release, .entry = entry}), {},
+                        options.timeout);
     } catch (const std::exception&) {
       socket.reset();
     }
@@ -154,11 +159,13 @@ void prepare_socket_directory(const std::string& socket_path) {
   if (::mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST)
     throw os_error(errno, fmt::format("vmm-store: mkdir {}", directory));
   struct stat status {};
-  if (::lstat(directory.c_str(), &status) != 0) throw os_error(errno, fmt::format("vmm-store: lstat {}", directory));
+  if (::lstat(directory.c_str(), &status) != 0)
+    throw os_error(errno, fmt::format("vmm-store: lstat {}", directory));
   if (!S_ISDIR(status.st_mode) || status.st_uid != ::getuid() || (status.st_mode & 0777) != 0700)
-    throw invalid_argument(fmt::format("vmm-store: {} must be a directory of uid {} with mode 0700 (it has uid {}, "
-                                       "mode {:o})",
-                                       directory, ::getuid(), status.st_uid, status.st_mode & 0777));
+    throw invalid_argument(
+        fmt::format("vmm-store: {} must be a directory of uid {} with mode 0700 (it has uid {}, "
+                    "mode {:o})",
+                    directory, ::getuid(), status.st_uid, status.st_mode & 0777));
 }
 
 // ---- buffer ------------------------------------------------------------------------------
@@ -173,7 +180,9 @@ buffer& buffer::operator=(buffer&& other) noexcept {
   }
   return *this;
 }
-buffer::~buffer() { release(); }
+buffer::~buffer() {
+  release();
+}
 
 void buffer::release() noexcept {
   if (!import_) return;
@@ -183,11 +192,21 @@ void buffer::release() noexcept {
   state_.reset();
 }
 
-void* buffer::data() const noexcept { return import_ ? import_->mapped.data() : nullptr; }
-std::size_t buffer::size() const noexcept { return import_ ? import_->size : 0; }
-std::size_t buffer::capacity() const noexcept { return import_ ? import_->mapped.capacity() : 0; }
-std::size_t buffer::max_size() const noexcept { return import_ ? import_->mapped.max_size() : 0; }
-access_mode buffer::access() const noexcept { return import_ ? import_->mapped.access() : access_mode::none; }
+void* buffer::data() const noexcept {
+  return import_ ? import_->mapped.data() : nullptr;
+}
+std::size_t buffer::size() const noexcept {
+  return import_ ? import_->size : 0;
+}
+std::size_t buffer::capacity() const noexcept {
+  return import_ ? import_->mapped.capacity() : 0;
+}
+std::size_t buffer::max_size() const noexcept {
+  return import_ ? import_->mapped.max_size() : 0;
+}
+access_mode buffer::access() const noexcept {
+  return import_ ? import_->mapped.access() : access_mode::none;
+}
 const std::string& buffer::name() const noexcept {
   static const std::string none;
   return import_ ? import_->name : none;
@@ -195,7 +214,9 @@ const std::string& buffer::name() const noexcept {
 location buffer::where() const noexcept {
   return import_ && import_->mapped.provider() ? import_->mapped.provider()->where() : location{};
 }
-std::uint64_t buffer::entry() const noexcept { return import_ ? import_->entry : 0; }
+std::uint64_t buffer::entry() const noexcept {
+  return import_ ? import_->entry : 0;
+}
 const std::shared_ptr<memory_provider>& buffer::provider() const noexcept {
   static const std::shared_ptr<memory_provider> none;
   return import_ ? import_->mapped.provider() : none;
@@ -205,9 +226,9 @@ void buffer::refresh() {
   if (!import_) throw invalid_argument("vmm::store::buffer::refresh on an empty handle");
   std::lock_guard lock(state_->mutex);
   const hold_reply got = decode_hold_reply(state_->exchange(request{.op = operation::refresh,
-                                                                     .entry = import_->entry,
-                                                                     .generation = import_->mapped.buffer_id(),
-                                                                     .end = import_->mapped.capacity()}));
+                                                                    .entry = import_->entry,
+                                                                    .generation = import_->mapped.buffer_id(),
+                                                                    .end = import_->mapped.capacity()}));
   if (got.sent == delivery::whole) {
     state_->socket.reset();
     throw ipc::protocol_error("vmm-store: the daemon answered a refresh with a whole manifest");
@@ -222,8 +243,8 @@ client::client(client_options options) : state_(std::make_shared<detail::client_
   try {
     state_->socket = ipc::connect_unix(state_->options.socket_path);
   } catch (const os_error& error) {
-    throw store_error(store_error::daemon_gone,
-                      fmt::format("vmm-store: no daemon at {}: {}", state_->options.socket_path, error.what()));
+    throw store_error(store_error::daemon_gone, fmt::format("vmm-store: no daemon at {}: {}",
+                                                            state_->options.socket_path, error.what()));
   }
   state_->daemon = decode_daemon_info(state_->exchange(request{.op = operation::hello}));
 }
@@ -232,11 +253,16 @@ client::~client() = default;
 client::client(client&&) noexcept = default;
 client& client::operator=(client&&) noexcept = default;
 
-const daemon_info& client::daemon() const noexcept { return state_->daemon; }
+const daemon_info& client::daemon() const noexcept {
+  return state_->daemon;
+}
 
 buffer client::create(std::string_view name, std::size_t size, location where, create_options options) {
   std::lock_guard lock(state_->mutex);
-  request asked{.op = operation::create, .name = std::string(name), .where = where, .size = size,
+  request asked{.op = operation::create,
+                .name = std::string(name),
+                .where = where,
+                .size = size,
                 .max_size = options.max_size};
   const hold_reply got = decode_hold_reply(state_->exchange(asked));
   if (got.sent != delivery::whole) {
@@ -268,14 +294,16 @@ buffer client::get(std::string_view name, access_mode access) {
   }
   const hold_reply got = decode_hold_reply(body);
   buffer made;
-  made.import_ = state_->take_delivery(asked.name, access, got, got.sent == delivery::whole ? nullptr : cached);
+  made.import_ =
+      state_->take_delivery(asked.name, access, got, got.sent == delivery::whole ? nullptr : cached);
   made.state_ = state_;
   return made;
 }
 
 buffer_info client::grow(std::string_view name, std::size_t size) {
   std::lock_guard lock(state_->mutex);
-  return decode_buffer_info(state_->exchange(request{.op = operation::grow, .name = std::string(name), .size = size}));
+  return decode_buffer_info(
+      state_->exchange(request{.op = operation::grow, .name = std::string(name), .size = size}));
 }
 
 void client::seal(std::string_view name) {
@@ -286,7 +314,8 @@ void client::seal(std::string_view name) {
 
 void client::grant(std::string_view name, pid_t pid) {
   std::lock_guard lock(state_->mutex);
-  (void)state_->exchange(request{.op = operation::grant, .name = std::string(name), .pid = static_cast<std::uint32_t>(pid)});
+  (void)state_->exchange(
+      request{.op = operation::grant, .name = std::string(name), .pid = static_cast<std::uint32_t>(pid)});
 }
 
 std::vector<buffer_info> client::list() {

@@ -16,7 +16,8 @@ location host_location_for(const buffer& source) {
 
 host_mirror::host_mirror(const buffer& source, stream_ref stream, mirror_options options)
     : source_(&source),
-      host_(host_location_for(source), {.max_size = std::max<std::size_t>(source.size(), 1), .stream = stream}),
+      host_(host_location_for(source),
+            {.max_size = std::max<std::size_t>(source.size(), 1), .stream = stream}),
       size_(source.size()),
       options_(options) {
   host_.resize(size_);
@@ -28,7 +29,8 @@ host_mirror::~host_mirror() {
   try {
     copy_back(stream());
   } catch (const std::exception& error) {
-    report_cleanup_failure(fmt::format("vmm::store::host_mirror: copying back failed: {}", error.what()).c_str());
+    report_cleanup_failure(
+        fmt::format("vmm::store::host_mirror: copying back failed: {}", error.what()).c_str());
   }
 }
 
@@ -39,11 +41,14 @@ void host_mirror::copy_in(stream_ref stream) {
 
 void host_mirror::copy_back(stream_ref stream) {
   if (source_->access() != access_mode::read_write)
-    throw invalid_argument(fmt::format("vmm::store::host_mirror: \"{}\" is mapped read-only here", source_->name()));
+    throw invalid_argument(
+        fmt::format("vmm::store::host_mirror: \"{}\" is mapped read-only here", source_->name()));
   if (size_ == 0) return;
   source_->provider()->executor().copy(source_->data(), host_.data(), size_, stream);
 }
 
-void host_mirror::synchronize() { source_->provider()->executor().synchronize(stream()); }
+void host_mirror::synchronize() {
+  source_->provider()->executor().synchronize(stream());
+}
 
 }  // namespace vmm::store

@@ -53,7 +53,8 @@ class reader {
   std::string get_string(std::size_t limit) {
     const std::size_t length = get<std::uint16_t>();
     if (length > limit)
-      throw protocol_error(fmt::format("vmm-store {}: a string of {} bytes (at most {})", what_, length, limit));
+      throw protocol_error(
+          fmt::format("vmm-store {}: a string of {} bytes (at most {})", what_, length, limit));
     need(length);
     std::string text(reinterpret_cast<const char*>(bytes_.data() + at_), length);
     at_ += length;
@@ -61,7 +62,8 @@ class reader {
   }
   void zeros(std::size_t n) {
     for (std::size_t i = 0; i < n; ++i)
-      if (get<std::uint8_t>() != 0) throw protocol_error(fmt::format("vmm-store {}: a reserved byte is not 0", what_));
+      if (get<std::uint8_t>() != 0)
+        throw protocol_error(fmt::format("vmm-store {}: a reserved byte is not 0", what_));
   }
   void finish() const {
     if (at_ != bytes_.size())
@@ -161,7 +163,8 @@ bool valid_name(std::string_view name, std::string* why) {
     return false;
   };
   if (name.empty()) return refuse("a name is 1 byte at least");
-  if (name.size() > max_name_bytes) return refuse(fmt::format("a name is {} bytes at most, not {}", max_name_bytes, name.size()));
+  if (name.size() > max_name_bytes)
+    return refuse(fmt::format("a name is {} bytes at most, not {}", max_name_bytes, name.size()));
   for (std::size_t i = 0; i < name.size();) {
     const auto lead = static_cast<unsigned char>(name[i]);
     std::size_t length = 0;
@@ -181,10 +184,12 @@ bool valid_name(std::string_view name, std::string* why) {
     } else {
       return refuse(fmt::format("byte {} of the name ({:#04x}) does not start a UTF-8 character", i, lead));
     }
-    if (name.size() - i < length) return refuse(fmt::format("the name ends inside a UTF-8 character at byte {}", i));
+    if (name.size() - i < length)
+      return refuse(fmt::format("the name ends inside a UTF-8 character at byte {}", i));
     for (std::size_t k = 1; k < length; ++k) {
       const auto next = static_cast<unsigned char>(name[i + k]);
-      if ((next & 0xc0) != 0x80) return refuse(fmt::format("byte {} of the name is not a UTF-8 continuation", i + k));
+      if ((next & 0xc0) != 0x80)
+        return refuse(fmt::format("byte {} of the name is not a UTF-8 continuation", i + k));
       code = (code << 6) | (next & 0x3fu);
     }
     constexpr std::uint32_t smallest[] = {0, 0, 0x80, 0x800, 0x10000};
@@ -212,10 +217,14 @@ std::vector<std::byte> encode(const request& message) {
     case operation::get:
       out.put<std::uint8_t>(access_byte(message.access));
       for (int i = 0; i < 7; ++i) out.put<std::uint8_t>(0);
-      out.put<std::uint64_t>(message.entry).put<std::uint64_t>(message.generation).put<std::uint64_t>(message.end);
+      out.put<std::uint64_t>(message.entry)
+          .put<std::uint64_t>(message.generation)
+          .put<std::uint64_t>(message.end);
       break;
     case operation::refresh:
-      out.put<std::uint64_t>(message.entry).put<std::uint64_t>(message.generation).put<std::uint64_t>(message.end);
+      out.put<std::uint64_t>(message.entry)
+          .put<std::uint64_t>(message.generation)
+          .put<std::uint64_t>(message.end);
       break;
     case operation::release:
       out.put<std::uint64_t>(message.entry);
@@ -235,16 +244,19 @@ std::vector<std::byte> encode(const request& message) {
 
 request decode_request(std::span<const std::byte> bytes) {
   if (bytes.size() > max_request_bytes)
-    throw protocol_error(fmt::format("vmm-store request: {} bytes (at most {})", bytes.size(), max_request_bytes));
+    throw protocol_error(
+        fmt::format("vmm-store request: {} bytes (at most {})", bytes.size(), max_request_bytes));
   reader in(bytes, "request");
   if (const auto magic = in.get<std::uint32_t>(); magic != request_magic)
-    throw protocol_error(fmt::format("vmm-store request: bad magic {:#010x} (expected {:#010x})", magic, request_magic));
+    throw protocol_error(
+        fmt::format("vmm-store request: bad magic {:#010x} (expected {:#010x})", magic, request_magic));
   if (const auto version = in.get<std::uint16_t>(); version != protocol_version)
-    throw unsupported_version_error(
-        fmt::format("vmm-store request: protocol version {}; this daemon speaks {}", version, protocol_version));
+    throw unsupported_version_error(fmt::format(
+        "vmm-store request: protocol version {}; this daemon speaks {}", version, protocol_version));
   request message;
   const auto op = in.get<std::uint16_t>();
-  if (op < static_cast<std::uint16_t>(operation::hello) || op > static_cast<std::uint16_t>(operation::statistics))
+  if (op < static_cast<std::uint16_t>(operation::hello) ||
+      op > static_cast<std::uint16_t>(operation::statistics))
     throw protocol_error(fmt::format("vmm-store request: unknown operation {}", op));
   message.op = static_cast<operation>(op);
   switch (message.op) {
@@ -255,7 +267,8 @@ request decode_request(std::span<const std::byte> bytes) {
       break;
     case operation::get: {
       const std::uint8_t access = in.get<std::uint8_t>();
-      if (access != 1 && access != 2) throw protocol_error(fmt::format("vmm-store get: access {} (1 or 2)", access));
+      if (access != 1 && access != 2)
+        throw protocol_error(fmt::format("vmm-store get: access {} (1 or 2)", access));
       message.access = access == 1 ? access_mode::read_only : access_mode::read_write;
       in.zeros(7);
       message.entry = in.get<std::uint64_t>();
@@ -327,7 +340,9 @@ std::vector<std::byte> encode(const daemon_info& info) {
 std::vector<std::byte> encode(const hold_reply& reply) {
   writer out;
   out.put<std::uint64_t>(reply.entry).put<std::uint64_t>(reply.size);
-  return out.put<std::uint8_t>(static_cast<std::uint8_t>(reply.sent)).put<std::uint8_t>(reply.sealed ? 1 : 0).take();
+  return out.put<std::uint8_t>(static_cast<std::uint8_t>(reply.sent))
+      .put<std::uint8_t>(reply.sealed ? 1 : 0)
+      .take();
 }
 
 std::vector<std::byte> encode(const daemon_statistics& c) {
@@ -341,7 +356,8 @@ std::vector<std::byte> encode(const daemon_statistics& c) {
 reply decode_reply(std::span<const std::byte> bytes) {
   reader in(bytes, "reply");
   if (const auto magic = in.get<std::uint32_t>(); magic != reply_magic)
-    throw protocol_error(fmt::format("vmm-store reply: bad magic {:#010x} (expected {:#010x})", magic, reply_magic));
+    throw protocol_error(
+        fmt::format("vmm-store reply: bad magic {:#010x} (expected {:#010x})", magic, reply_magic));
   if (const auto version = in.get<std::uint16_t>(); version != protocol_version)
     throw protocol_error(fmt::format("vmm-store reply: protocol version {}; this client speaks {}", version,
                                      protocol_version));
@@ -390,7 +406,8 @@ std::vector<buffer_info> decode_buffer_infos(std::span<const std::byte> body) {
   reader in(body, "list reply");
   const std::uint32_t count = in.get<std::uint32_t>();
   // Each entry takes at least 48 bytes: a count past what the body can hold is a lie.
-  if (count > body.size() / 48) throw protocol_error(fmt::format("vmm-store list reply: {} entries in {} bytes", count, body.size()));
+  if (count > body.size() / 48)
+    throw protocol_error(fmt::format("vmm-store list reply: {} entries in {} bytes", count, body.size()));
   std::vector<buffer_info> infos;
   infos.reserve(count);
   for (std::uint32_t i = 0; i < count; ++i) infos.push_back(read_info(in));

@@ -27,7 +27,6 @@ struct refusal {
   std::string message;
 };
 
-
 // What a growable buffer's geometric policy maps to hold `required` bytes after `capacity`:
 // an upper bound of what resize() maps (its fallbacks only take smaller chunks).
 std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::size_t g, std::size_t max) {
@@ -91,7 +90,8 @@ struct server::entry {
   explicit entry(growable_buffer b) : buffer(std::move(b)) {}
   [[nodiscard]] bool may_write(pid_t pid) const { return pid == creator_pid || writers.contains(pid); }
   [[nodiscard]] buffer_info info() const {
-    return {name, id, buffer.provider()->where(), buffer.size(), buffer.capacity(), buffer.max_size(), holders, sealed};
+    return {name,    id,    buffer.provider()->where(), buffer.size(), buffer.capacity(), buffer.max_size(),
+            holders, sealed};
   }
 };
 
@@ -117,7 +117,8 @@ server::server(server_options options) : options_(std::move(options)) {
   if (!options_.socket_path.empty()) {
     clear_stale_socket(options_.socket_path);
     listener_ = ipc::listen_unix(options_.socket_path);
-    if (::chmod(options_.socket_path.c_str(), 0600) != 0) throw os_error(errno, "vmm-store: chmod of the socket");
+    if (::chmod(options_.socket_path.c_str(), 0600) != 0)
+      throw os_error(errno, "vmm-store: chmod of the socket");
   }
 }
 
@@ -134,8 +135,7 @@ void server::stop() noexcept {
 }
 
 void server::run() {
-  while (serve_once(ipc::no_timeout)) {
-  }
+  while (serve_once(ipc::no_timeout)) {}
 }
 
 std::shared_ptr<chunk_pool> server::pool_for(const location& where) {
@@ -154,11 +154,13 @@ void server::add_connection(unique_fd socket, pid_t pid, uid_t uid) {
       // The client is refused either way.
     }
   };
-  if (std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) == options_.allowed_uids.end())
+  if (std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) ==
+      options_.allowed_uids.end())
     return refuse(fmt::format("vmm-store: uid {} may not connect to this daemon (it allows {})", uid,
                               fmt::join(options_.allowed_uids, ", ")));
   if (connections_.size() >= options_.max_connections)
-    return refuse(fmt::format("vmm-store: {} connections already (the most this daemon takes)", connections_.size()));
+    return refuse(
+        fmt::format("vmm-store: {} connections already (the most this daemon takes)", connections_.size()));
   auto client = std::make_unique<connection>();
   client->id = next_connection_++;
   client->socket = std::move(socket);
@@ -187,7 +189,8 @@ bool server::serve_once(std::chrono::milliseconds timeout) {
     polled.push_back({client->socket.get(), POLLIN, 0});
     ids.push_back(id);
   }
-  const int wait_ms = timeout == ipc::no_timeout ? -1 : static_cast<int>(std::max<std::int64_t>(0, timeout.count()));
+  const int wait_ms =
+      timeout == ipc::no_timeout ? -1 : static_cast<int>(std::max<std::int64_t>(0, timeout.count()));
   const int ready = ::poll(polled.data(), polled.size(), wait_ms);
   if (ready < 0) {
     if (errno == EINTR) return true;
@@ -227,7 +230,8 @@ void server::destroy_if_unused(std::uint64_t entry_id) noexcept {
   if (e.named || e.holders != 0) return;
   bytes_ -= e.charged;
   if (e.charged_to != 0)
-    if (const auto owner = connections_.find(e.charged_to); owner != connections_.end()) owner->second->charged -= e.charged;
+    if (const auto owner = connections_.find(e.charged_to); owner != connections_.end())
+      owner->second->charged -= e.charged;
   entries_.erase(found);  // gives the chunks back to the pool; closes the cached manifests' fds
   exporter_.purge();      // closes the exporter's fds of those chunks
 }
@@ -305,7 +309,8 @@ class server::dispatch {
  private:
   entry& named(const std::string& name) {
     const auto found = d_.names_.find(name);
-    if (found == d_.names_.end()) throw refusal{status::not_found, fmt::format("vmm-store: no buffer named \"{}\"", name)};
+    if (found == d_.names_.end())
+      throw refusal{status::not_found, fmt::format("vmm-store: no buffer named \"{}\"", name)};
     return *d_.entries_.at(found->second);
   }
 
@@ -313,24 +318,27 @@ class server::dispatch {
     if (e.sealed)
       throw refusal{status::sealed, fmt::format("vmm-store: \"{}\" is sealed: no {} any more", e.name, what)};
     if (!e.may_write(c_.pid))
-      throw refusal{status::denied, fmt::format("vmm-store: pid {} may not {} \"{}\": only its creator (pid {}) and "
-                                                "the pids it granted may",
-                                                c_.pid, what, e.name, e.creator_pid)};
+      throw refusal{status::denied,
+                    fmt::format("vmm-store: pid {} may not {} \"{}\": only its creator (pid {}) and "
+                                "the pids it granted may",
+                                c_.pid, what, e.name, e.creator_pid)};
   }
 
   // Refuses growth of the capacity charged to `e` (or a new entry) from `from` to `to`.
   void check_caps(const std::string& name, std::size_t from, std::size_t to, bool charged_here) const {
     const std::size_t more = to - from;
     if (d_.bytes_ + more > d_.options_.cap || d_.bytes_ + more < d_.bytes_)
-      throw refusal{status::cap_exceeded,
-                    fmt::format("vmm-store: \"{}\" needs {} more bytes, past the daemon's cap (--cap {} bytes; its "
-                                "buffers hold {})",
-                                name, more, d_.options_.cap, d_.bytes_)};
+      throw refusal{
+          status::cap_exceeded,
+          fmt::format("vmm-store: \"{}\" needs {} more bytes, past the daemon's cap (--cap {} bytes; its "
+                      "buffers hold {})",
+                      name, more, d_.options_.cap, d_.bytes_)};
     if (charged_here && c_.charged + more > d_.options_.client_cap)
-      throw refusal{status::cap_exceeded,
-                    fmt::format("vmm-store: \"{}\" needs {} more bytes, past the per-client cap (--client-cap {} "
-                                "bytes; this client's buffers hold {})",
-                                name, more, d_.options_.client_cap, c_.charged)};
+      throw refusal{
+          status::cap_exceeded,
+          fmt::format("vmm-store: \"{}\" needs {} more bytes, past the per-client cap (--client-cap {} "
+                      "bytes; this client's buffers hold {})",
+                      name, more, d_.options_.client_cap, c_.charged)};
   }
 
   void charge(entry& e, std::size_t capacity) {
@@ -364,7 +372,8 @@ class server::dispatch {
   hold_reply deliver(entry& e, std::uint64_t generation, std::uint64_t end, access_mode grant) {
     hold_reply reply{e.id, e.buffer.size(), delivery::whole, e.sealed};
     const auto known = e.generations.find(generation);
-    if (generation != 0 && known != e.generations.end() && known->second == grant && end <= e.buffer.capacity()) {
+    if (generation != 0 && known != e.generations.end() && known->second == grant &&
+        end <= e.buffer.capacity()) {
       if (end == e.buffer.capacity()) {
         reply.sent = delivery::current;
         return reply;
@@ -389,25 +398,28 @@ class server::dispatch {
     if (d_.names_.contains(r.name))
       throw refusal{status::exists, fmt::format("vmm-store: the name \"{}\" is taken", r.name)};
     if (r.where.kind == memory_kind::pinned_host)
-      throw refusal{status::unavailable, "vmm-store: pinned host memory cannot be exported; use os_host or a device"};
+      throw refusal{status::unavailable,
+                    "vmm-store: pinned host memory cannot be exported; use os_host or a device"};
     std::shared_ptr<chunk_pool> pool;
     try {
       pool = d_.pool_for(r.where);
     } catch (const std::exception& error) {
-      throw refusal{status::unavailable, fmt::format("vmm-store: no {} here: {}", to_string(r.where), error.what())};
+      throw refusal{status::unavailable,
+                    fmt::format("vmm-store: no {} here: {}", to_string(r.where), error.what())};
     }
     const std::size_t g = pool->provider()->granularity();
     const std::size_t largest = pool->provider()->capabilities().physical_memory_size / g * g;
     // By default a buffer may grow to half its location's memory, or to a cap if lower:
     // every holder reserves that much address space, and an importer refuses more than
     // its location's memory size (measured in its own process, so a little differently).
-    const std::size_t default_max =
-        std::max(std::min({largest / 2, d_.options_.cap, d_.options_.client_cap}) / g * g, (r.size + g - 1) / g * g);
+    const std::size_t default_max = std::max(
+        std::min({largest / 2, d_.options_.cap, d_.options_.client_cap}) / g * g, (r.size + g - 1) / g * g);
     std::size_t max = r.max_size != 0 ? r.max_size : default_max;
     if (r.max_size != 0 && (max > largest || max % g != 0))
-      throw refusal{status::invalid, fmt::format("vmm-store: max size {} is not a multiple of the granularity {} "
-                                                 "up to the location's {} bytes",
-                                                 r.max_size, g, largest)};
+      throw refusal{status::invalid,
+                    fmt::format("vmm-store: max size {} is not a multiple of the granularity {} "
+                                "up to the location's {} bytes",
+                                r.max_size, g, largest)};
     if (r.size > max)
       throw refusal{status::invalid, fmt::format("vmm-store: size {} is past the max size {}", r.size, max)};
     const std::size_t capacity = predicted_capacity(0, r.size, g, max);
@@ -441,8 +453,9 @@ class server::dispatch {
   std::vector<std::byte> grant(const request& r) {
     entry& e = named(r.name);
     if (c_.pid != e.creator_pid)
-      throw refusal{status::denied, fmt::format("vmm-store: only the creator of \"{}\" (pid {}) grants write access",
-                                                e.name, e.creator_pid)};
+      throw refusal{status::denied,
+                    fmt::format("vmm-store: only the creator of \"{}\" (pid {}) grants write access", e.name,
+                                e.creator_pid)};
     e.writers.insert(static_cast<pid_t>(r.pid));
     return {};
   }
@@ -458,12 +471,14 @@ class server::dispatch {
   std::vector<std::byte> refresh(const request& r) {
     const auto held = c_.holds.find(r.entry);
     if (held == c_.holds.end())
-      throw refusal{status::not_found, fmt::format("vmm-store: refresh of entry {}, which this client does not hold", r.entry)};
+      throw refusal{status::not_found,
+                    fmt::format("vmm-store: refresh of entry {}, which this client does not hold", r.entry)};
     entry& e = *d_.entries_.at(r.entry);
     const auto known = e.generations.find(r.generation);
     if (known == e.generations.end())
-      throw refusal{status::invalid, fmt::format("vmm-store: refresh of generation {:#x}, not one of entry {}",
-                                                 r.generation, r.entry)};
+      throw refusal{
+          status::invalid,
+          fmt::format("vmm-store: refresh of generation {:#x}, not one of entry {}", r.generation, r.entry)};
     return encode(deliver(e, r.generation, r.end, known->second));
   }
 
@@ -471,11 +486,12 @@ class server::dispatch {
     entry& e = named(r.name);
     check_writer(e, "grow");
     if (r.size < e.buffer.size())
-      throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" holds {} bytes; buffers do not shrink (asked {})",
-                                                 e.name, e.buffer.size(), r.size)};
+      throw refusal{status::invalid,
+                    fmt::format("vmm-store: \"{}\" holds {} bytes; buffers do not shrink (asked {})", e.name,
+                                e.buffer.size(), r.size)};
     if (r.size > e.buffer.max_size())
-      throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" grows to {} bytes at most, not {}", e.name,
-                                                 e.buffer.max_size(), r.size)};
+      throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" grows to {} bytes at most, not {}",
+                                                 e.name, e.buffer.max_size(), r.size)};
     const std::size_t g = e.buffer.provider()->granularity();
     const std::size_t capacity = predicted_capacity(e.buffer.capacity(), r.size, g, e.buffer.max_size());
     check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
@@ -507,10 +523,11 @@ bool server::serve_request(connection& client) {
   };
   if (static_cast<std::size_t>(peeked) == sizeof header &&
       (header.magic != ipc::frame_magic || header.payload_size > max_request_bytes || header.fd_count != 0))
-    return refuse(status::bad_request,
-                  fmt::format("vmm-store: a request frame of {} bytes with {} descriptors (magic {:#010x}); requests "
-                              "are at most {} bytes, with none",
-                              header.payload_size, header.fd_count, header.magic, max_request_bytes));
+    return refuse(
+        status::bad_request,
+        fmt::format("vmm-store: a request frame of {} bytes with {} descriptors (magic {:#010x}); requests "
+                    "are at most {} bytes, with none",
+                    header.payload_size, header.fd_count, header.magic, max_request_bytes));
   request asked;
   try {
     const ipc::message got = ipc::receive_message(fd, 0, options_.request_timeout);
@@ -525,8 +542,9 @@ bool server::serve_request(connection& client) {
 
   if (asked.op == operation::release) {
     if (!client.holds.contains(asked.entry))
-      return refuse(status::bad_request, fmt::format("vmm-store: release of entry {}, which this client does not hold",
-                                                     asked.entry));
+      return refuse(
+          status::bad_request,
+          fmt::format("vmm-store: release of entry {}, which this client does not hold", asked.entry));
     drop_hold(client, asked.entry);
     return true;
   }

@@ -27,8 +27,7 @@ class address_range {
   /// granularity), aligned to `alignment` (0: the granularity).
   /// @throws vmm::invalid_argument size is 0, the provider is null, or the alignment is bad.
   /// @throws vmm::out_of_memory no address space of that size is left.
-  address_range(std::shared_ptr<memory_provider> provider, std::size_t size,
-                std::size_t alignment = 0);
+  address_range(std::shared_ptr<memory_provider> provider, std::size_t size, std::size_t alignment = 0);
   address_range(address_range&& other) noexcept;
   address_range& operator=(address_range&& other) noexcept;
   address_range(const address_range&) = delete;

@@ -46,11 +46,11 @@ using physical_handle = std::uint64_t;
 
 /// What an address space holds now.
 struct address_space_usage {
-  std::size_t ranges = 0;        ///< address ranges allocated and not freed
+  std::size_t ranges = 0;  ///< address ranges allocated and not freed
   std::size_t range_bytes = 0;
-  std::size_t handles = 0;       ///< physical handles created or imported, not destroyed
+  std::size_t handles = 0;  ///< physical handles created or imported, not destroyed
   std::size_t handle_bytes = 0;
-  std::size_t mappings = 0;      ///< handles mapped at an address
+  std::size_t mappings = 0;  ///< handles mapped at an address
   std::size_t mapped_bytes = 0;
   friend bool operator==(const address_space_usage&, const address_space_usage&) = default;
 };
@@ -72,8 +72,8 @@ class address_space {
   /// [address, address + size) cut where one mapping ends and the next begins (memory this
   /// book does not know stays one piece). The driver refuses some operations (a memset of
   /// pinned host memory) over a range that spans two allocations: they run piece by piece.
-  [[nodiscard]] std::vector<std::pair<std::uintptr_t, std::size_t>> mapped_pieces(
-      std::uintptr_t address, std::size_t size) const;
+  [[nodiscard]] std::vector<std::pair<std::uintptr_t, std::size_t>> mapped_pieces(std::uintptr_t address,
+                                                                                  std::size_t size) const;
 
  private:
   friend class memory_provider;
@@ -88,11 +88,11 @@ class address_space {
   void add_handle(const char* who, physical_handle handle, std::size_t size);
   std::size_t handle_size(const char* who, physical_handle handle) const;
   void remove_handle(physical_handle handle) noexcept;
-  void check_map(const char* who, std::uintptr_t address, std::size_t size,
-                 physical_handle handle, std::size_t granularity) const;
+  void check_map(const char* who, std::uintptr_t address, std::size_t size, physical_handle handle,
+                 std::size_t granularity) const;
   void add_mapping(std::uintptr_t address, std::size_t size, physical_handle handle);
-  void check_covered(const char* who, std::uintptr_t address, std::size_t size,
-                     std::size_t granularity, const char* what) const;
+  void check_covered(const char* who, std::uintptr_t address, std::size_t size, std::size_t granularity,
+                     const char* what) const;
   void remove_mappings(std::uintptr_t address, std::size_t size) noexcept;
 
   struct mapped {

@@ -158,24 +158,20 @@ template <class T>
 append_layout<T> append_layout_of(device_vector<T>& vector) {
   const std::size_t bytes = vector.capacity() * sizeof(T);
   if (bytes < append_status_bytes) return {};
-  const std::size_t at =
-      (bytes - append_status_bytes) / alignof(append_status) * alignof(append_status);
-  return {reinterpret_cast<append_status*>(reinterpret_cast<std::byte*>(vector.data()) + at),
-          at / sizeof(T)};
+  const std::size_t at = (bytes - append_status_bytes) / alignof(append_status) * alignof(append_status);
+  return {reinterpret_cast<append_status*>(reinterpret_cast<std::byte*>(vector.data()) + at), at / sizeof(T)};
 }
 
 // Elements to reserve for `slots` slots and the status block after them.
 template <class T>
 std::size_t append_elements_for(std::uint64_t slots) {
-  constexpr std::size_t status =
-      (append_status_bytes + alignof(append_status) + sizeof(T) - 1) / sizeof(T);
+  constexpr std::size_t status = (append_status_bytes + alignof(append_status) + sizeof(T) - 1) / sizeof(T);
   return static_cast<std::size_t>(slots) + status;
 }
 
 // Maps room for at least `wanted` slots, or failing that for `needed` (<= wanted).
 template <class T>
-void append_reserve(device_vector<T>& vector, std::uint64_t wanted, std::uint64_t needed,
-                    stream_ref stream) {
+void append_reserve(device_vector<T>& vector, std::uint64_t wanted, std::uint64_t needed, stream_ref stream) {
   try {
     vector.reserve(append_elements_for<T>(wanted), stream);
   } catch (const out_of_memory&) {
@@ -214,9 +210,8 @@ inline void check_append_launch(bool) {}
 ///         launch; vmm::out_of_memory when the vector cannot grow enough. size() and the
 ///         elements before it are then unchanged.
 template <class T, class Launch>
-  requires std::invocable<Launch&, append_view<T>, std::size_t, stream_ref>
-std::size_t append_from_kernel(device_vector<T>& vector, Launch&& launch, stream_ref stream,
-                               append_options options = {}) {
+requires std::invocable<Launch&, append_view<T>, std::size_t, stream_ref> std::size_t append_from_kernel(
+    device_vector<T>& vector, Launch&& launch, stream_ref stream, append_options options = {}) {
   const auto& provider = vector.provider();
   stream_executor& executor = provider->executor();
   // Work queued for later (GPU and pinned memory) rather than done at once (OS host memory).
@@ -224,8 +219,8 @@ std::size_t append_from_kernel(device_vector<T>& vector, Launch&& launch, stream
   const std::uint64_t start = vector.size();
   const std::uint64_t n = options.input_count;
   append_statistics statistics;
-  std::uint64_t first = 0;          // the first input not yet committed
-  std::uint64_t committed = start;  // elements committed: the count where `first` begins
+  std::uint64_t first = 0;                          // the first input not yet committed
+  std::uint64_t committed = start;                  // elements committed: the count where `first` begins
   std::uint64_t last_refused_first = no_input_end;  // where the last round was refused
   if (detail::append_layout_of(vector).slots <= committed)
     detail::append_reserve(vector, committed + 1, committed + 1, stream);
@@ -243,8 +238,7 @@ std::size_t append_from_kernel(device_vector<T>& vector, Launch&& launch, stream
       launch(view, static_cast<std::size_t>(begin), stream);
       ++statistics.launches;
       detail::check_append_launch(queued);
-      executor.copy(&layout.status->window_counts[k], &layout.status->count, sizeof(std::uint64_t),
-                    stream);
+      executor.copy(&layout.status->window_counts[k], &layout.status->count, sizeof(std::uint64_t), stream);
       begin = ends[k];
     }
     detail::append_status seen{};
@@ -264,13 +258,11 @@ std::size_t append_from_kernel(device_vector<T>& vector, Launch&& launch, stream
     const std::uint64_t needed = before + demand;  // the refused window fits
     std::uint64_t wanted = needed;
     if (options.growth_factor > 1) {
-      wanted = std::max(
-          static_cast<std::uint64_t>(static_cast<double>(layout.slots) * options.growth_factor),
-          layout.slots + 1);
+      wanted = std::max(static_cast<std::uint64_t>(static_cast<double>(layout.slots) * options.growth_factor),
+                        layout.slots + 1);
     } else {
       if (n != 0 && ends[refused] < n) {
-        const double rate =
-            static_cast<double>(demand) / static_cast<double>(ends[refused] - refused_first);
+        const double rate = static_cast<double>(demand) / static_cast<double>(ends[refused] - refused_first);
         const double rest = rate * static_cast<double>(n - ends[refused]) * detail::append_headroom;
         wanted += static_cast<std::uint64_t>(rest) + 1;
       }

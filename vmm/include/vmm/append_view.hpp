@@ -95,12 +95,10 @@ namespace detail {
 
 VMM_HOST_DEVICE inline std::uint64_t load_relaxed(const std::uint64_t* counter) {
 #if defined(__CUDA_ARCH__)
-  return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(
-             *const_cast<std::uint64_t*>(counter))
+  return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(*const_cast<std::uint64_t*>(counter))
       .load(cuda::std::memory_order_relaxed);
 #else
-  return std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(counter))
-      .load(std::memory_order_relaxed);
+  return std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(counter)).load(std::memory_order_relaxed);
 #endif
 }
 
@@ -114,8 +112,7 @@ inline std::uint64_t host_fetch_add(std::uint64_t* counter, std::uint64_t n) {
 static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t));
 
 __device__ inline std::uint64_t device_fetch_add(std::uint64_t* counter, std::uint64_t n) {
-  return atomicAdd(reinterpret_cast<unsigned long long*>(counter),
-                   static_cast<unsigned long long>(n));
+  return atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(n));
 }
 
 __device__ inline unsigned lane_id() {
@@ -139,8 +136,7 @@ __device__ inline unsigned lanes_below() {
 /// @tparam T a trivially copyable type (as for device_vector).
 template <class T>
 struct append_view {
-  static_assert(std::is_trivially_copyable_v<T>,
-                "vmm::append_view<T> needs a trivially copyable T");
+  static_assert(std::is_trivially_copyable_v<T>, "vmm::append_view<T> needs a trivially copyable T");
 
   T* data = nullptr;                       ///< the vector's first element
   std::uint64_t capacity = 0;              ///< slots [0, capacity) may be written
@@ -155,9 +151,7 @@ struct append_view {
 
   /// Whether a push has been refused for want of capacity (in this launch or one before it
   /// in the same round): this launch will be run again, so it may stop.
-  [[nodiscard]] VMM_HOST_DEVICE bool overflowed() const {
-    return detail::load_relaxed(count) > capacity;
-  }
+  [[nodiscard]] VMM_HOST_DEVICE bool overflowed() const { return detail::load_relaxed(count) > capacity; }
 
   /// Appends `value`. Any thread may call it, in any branch.
   /// @return whether the value was stored (false: the capacity ran out).
@@ -265,8 +259,7 @@ struct append_view {
       if (total == 0) return true;
       const int leader = __ffs(static_cast<int>(lanes)) - 1;
       unsigned long long base = 0;
-      if (detail::lane_id() == static_cast<unsigned>(leader))
-        base = detail::device_fetch_add(count, total);
+      if (detail::lane_id() == static_cast<unsigned>(leader)) base = detail::device_fetch_add(count, total);
       std::uint64_t offset = __shfl_sync(lanes, base, leader);
 #pragma unroll
       for (int j = 0; j < N; ++j) {

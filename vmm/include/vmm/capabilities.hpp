@@ -48,7 +48,7 @@ struct system_capabilities {
   std::vector<device_capabilities> devices;
   std::vector<std::vector<bool>> peer_access;  ///< peer_access[a][b]: a can access b's memory
   std::size_t os_page_size = 0;
-  granularity_info os_host_granularity;  ///< what provider_for(location::os_host()) uses
+  granularity_info os_host_granularity;   ///< what provider_for(location::os_host()) uses
   std::size_t os_host_commit_budget = 0;  ///< the bytes it commits at most (see os_host_options)
 };
 

@@ -155,14 +155,13 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   // Takes back `memory` (or, when discarded, destroys it and stops counting it).
   void give_back(physical_allocation memory, bool ordered, stream_ref stream, bool discarded) noexcept;
   // Picks a usable idle chunk in [first, last), or last.
-  idle_map::iterator find_usable(idle_map::iterator first, idle_map::iterator last,
-                                 stream_ref stream) const;
+  idle_map::iterator find_usable(idle_map::iterator first, idle_map::iterator last, stream_ref stream) const;
   // Creates a chunk of `size` bytes, counted already; uncounts it when creating fails.
   pooled_chunk create_counted(std::size_t size);
   pooled_chunk lend(idle_map::iterator it);  // under the lock
   // Moves idle chunks nobody waits for out of the pool until reserved <= target.
   std::vector<physical_allocation> evict_until(std::size_t target);  // under the lock
-  void note_usage();  // under the lock
+  void note_usage();                                                 // under the lock
 
   std::shared_ptr<memory_provider> provider_;
   mutable std::mutex mutex_;

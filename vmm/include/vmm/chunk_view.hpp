@@ -77,8 +77,7 @@ class chunk_view {
   /// consumer GPU and read-write for the host.
   /// @throws vmm::invalid_argument as above, or `grants` is empty or names an accessor the
   ///         provider cannot grant.
-  chunk_view(std::vector<shared_chunk> chunks, std::span<const access_grant> grants,
-             stream_ref stream = {});
+  chunk_view(std::vector<shared_chunk> chunks, std::span<const access_grant> grants, stream_ref stream = {});
   chunk_view(chunk_view&& other) noexcept = default;
   chunk_view& operator=(chunk_view&& other) noexcept;
   chunk_view(const chunk_view&) = delete;
@@ -103,9 +102,7 @@ class chunk_view {
     return run_.chunks(offset, length);
   }
   /// The provider of the chunks (null when empty).
-  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
-    return run_.provider();
-  }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return run_.provider(); }
   /// The stream destruction is ordered after.
   [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
   /// Orders destruction after work on `stream` instead.
@@ -164,8 +161,7 @@ struct buffer_slice {
 /// @throws vmm::invalid_argument no bytes at all, a null buffer, a size not on a chunk
 ///         boundary (the message names the buffer), or buffers of different providers.
 [[nodiscard]] chunk_view concatenate(std::span<const growable_buffer* const> buffers,
-                                     access_mode mode = access_mode::read_write,
-                                     stream_ref stream = {});
+                                     access_mode mode = access_mode::read_write, stream_ref stream = {});
 
 /// Permutation: a view whose i-th chunk is chunk order[i] of `buffer`, counting the chunks
 /// that back [0, buffer.capacity()) from 0 in address order. `order` may also repeat or

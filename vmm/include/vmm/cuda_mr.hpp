@@ -29,7 +29,8 @@
 /// The library itself never includes this header.
 
 #ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
-#error "vmm/cuda_mr.hpp: define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE before including any CCCL header (CCCL 3.0 keeps cuda::mr behind it)"
+#error \
+    "vmm/cuda_mr.hpp: define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE before including any CCCL header (CCCL 3.0 keeps cuda::mr behind it)"
 #endif
 
 #include <cuda/memory_resource>

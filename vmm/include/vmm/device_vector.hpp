@@ -109,7 +109,7 @@ class device_vector {
                 "vmm::device_vector<T> needs T without const or volatile");
 
  public:
-  using value_type = T;                   ///< The element type.
+  using value_type = T;                    ///< The element type.
   using size_type = std::size_t;           ///< Counts of elements.
   using difference_type = std::ptrdiff_t;  ///< Distances between iterators.
   using pointer = T*;                      ///< A pointer to an element (device memory).
@@ -196,9 +196,7 @@ class device_vector {
   void push_back(const T& value, stream_ref stream) {
     if (size_ == max_size()) throw_past_max_size(1);
     const size_type first = size_;
-    grow_to(first + 1, stream, [&] {
-      copy_in(data() + first, &value, sizeof(T), stream);
-    });
+    grow_to(first + 1, stream, [&] { copy_in(data() + first, &value, sizeof(T), stream); });
   }
   /// push_back(value, stream()).
   void push_back(const T& value) { push_back(value, stream()); }
@@ -213,9 +211,8 @@ class device_vector {
     if (values.empty()) return;
     if (values.size() > max_size() - size_) throw_past_max_size(values.size());
     const size_type first = size_;
-    grow_to(first + values.size(), stream, [&] {
-      copy_in(data() + first, values.data(), values.size_bytes(), stream);
-    });
+    grow_to(first + values.size(), stream,
+            [&] { copy_in(data() + first, values.data(), values.size_bytes(), stream); });
   }
   /// append(values, stream()).
   void append(std::span<const T> values) { append(values, stream()); }
@@ -228,7 +225,7 @@ class device_vector {
   ///         growable_buffer::reserve), or the copy could not be queued; the vector is as it
   ///         was.
   template <std::input_iterator Iterator, std::sentinel_for<Iterator> Sentinel>
-    requires std::convertible_to<std::iter_reference_t<Iterator>, T>
+  requires std::convertible_to<std::iter_reference_t<Iterator>, T>
   void append(Iterator first, Sentinel last) {
     if constexpr (std::contiguous_iterator<Iterator> && std::sized_sentinel_for<Sentinel, Iterator> &&
                   std::is_same_v<std::iter_value_t<Iterator>, T>) {
@@ -256,8 +253,7 @@ class device_vector {
     if (count > max_size()) throw_past_max_size(count - size_);
     const size_type first = size_;
     grow_to(count, stream, [&] {
-      if (init == element_init::zeroed)
-        fill_zero(data() + first, (count - first) * sizeof(T), stream);
+      if (init == element_init::zeroed) fill_zero(data() + first, (count - first) * sizeof(T), stream);
     });
   }
   /// resize(count, init, stream()).
@@ -296,9 +292,7 @@ class device_vector {
     if (!values.empty()) copy_in(data() + first, values.data(), values.size_bytes(), stream);
   }
   /// copy_from_host(first, values, stream()).
-  void copy_from_host(size_type first, std::span<const T> values) {
-    copy_from_host(first, values, stream());
-  }
+  void copy_from_host(size_type first, std::span<const T> values) { copy_from_host(first, values, stream()); }
 
   /// Copies elements [first, first + destination.size()) into host memory, then waits for
   /// `stream`: the copy sees all work queued there before it.
@@ -351,7 +345,8 @@ class device_vector {
       return;
     }
     const auto start = reinterpret_cast<std::uintptr_t>(at);
-    for (const std::pair<std::uintptr_t, std::size_t>& piece : provider()->address_space().mapped_pieces(start, n))
+    for (const std::pair<std::uintptr_t, std::size_t>& piece :
+         provider()->address_space().mapped_pieces(start, n))
       fn(static_cast<std::size_t>(piece.first - start), piece.second);
   }
   void copy_in(T* destination, const T* source, std::size_t n, stream_ref stream) {
@@ -370,15 +365,15 @@ class device_vector {
 
   [[noreturn]] void throw_past_max_size(size_type added) const {
     throw out_of_memory("device_vector: " + std::to_string(size_) + " + " + std::to_string(added) +
-                        " elements of " + std::to_string(sizeof(T)) +
-                        " bytes pass max_size() of " + std::to_string(max_size()) + " elements");
+                        " elements of " + std::to_string(sizeof(T)) + " bytes pass max_size() of " +
+                        std::to_string(max_size()) + " elements");
   }
 
   void check_range(size_type first, size_type count, const char* what) const {
     if (first > size_ || count > size_ - first)
-      throw invalid_argument(std::string("device_vector::") + what + ": elements [" +
-                             std::to_string(first) + ", " + std::to_string(first) + " + " +
-                             std::to_string(count) + ") pass size() " + std::to_string(size_));
+      throw invalid_argument(std::string("device_vector::") + what + ": elements [" + std::to_string(first) +
+                             ", " + std::to_string(first) + " + " + std::to_string(count) + ") pass size() " +
+                             std::to_string(size_));
   }
 
   growable_buffer buffer_;

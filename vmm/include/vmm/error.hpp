@@ -47,8 +47,7 @@ class invalid_argument : public std::invalid_argument {
 /// A CUDA driver call failed. what() names the call, its arguments and the error.
 class driver_error : public std::runtime_error {
  public:
-  driver_error(int result, std::string message)
-      : std::runtime_error(std::move(message)), result_(result) {}
+  driver_error(int result, std::string message) : std::runtime_error(std::move(message)), result_(result) {}
   /// The CUresult the driver returned (0 when the failure happened before any call).
   [[nodiscard]] int result() const noexcept { return result_; }
 

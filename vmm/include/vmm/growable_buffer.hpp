@@ -225,9 +225,7 @@ class growable_buffer {
   /// piece by piece (provider()->address_space().mapped_pieces()).
   [[nodiscard]] bool spills_to_host() const noexcept { return host_part_; }
   /// The provider of the first pool (null for a moved-from buffer).
-  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
-    return run_.provider();
-  }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return run_.provider(); }
 
   /// Sets the size to `bytes`, mapping chunks as needed, and on shrinking retires the
   /// chunks wholly past the new size after `stream`'s queued work. Contents up to

@@ -35,9 +35,7 @@ struct location {
   /// Memory of GPU `ordinal`.
   static constexpr location device(int ordinal) noexcept { return {memory_kind::device, ordinal}; }
   /// Pinned host memory on NUMA node `node`, allocated through the driver.
-  static constexpr location pinned_host(int node = 0) noexcept {
-    return {memory_kind::pinned_host, node};
-  }
+  static constexpr location pinned_host(int node = 0) noexcept { return {memory_kind::pinned_host, node}; }
   /// Plain host memory from the OS.
   static constexpr location os_host() noexcept { return {memory_kind::os_host, 0}; }
 

@@ -35,8 +35,7 @@ class mapping {
   mapping(const physical_allocation& memory, std::uintptr_t address, access_mode mode);
   /// Maps `memory` at `address` and applies `grants` (an empty span: no access yet; the
   /// caller sets it later over a larger range, one call for many mappings).
-  mapping(const physical_allocation& memory, std::uintptr_t address,
-          std::span<const access_grant> grants);
+  mapping(const physical_allocation& memory, std::uintptr_t address, std::span<const access_grant> grants);
   mapping(mapping&& other) noexcept;
   mapping& operator=(mapping&& other) noexcept;
   mapping(const mapping&) = delete;

@@ -206,12 +206,12 @@ class memory_resource {
     deallocate_sync(ptr, bytes, alignment);
   }
   template <class Stream>
-    requires requires(const Stream& s) { stream_ref(s.get()); }
+  requires requires(const Stream& s) { stream_ref(s.get()); }
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, const Stream& stream) {
     return allocate(stream_ref(stream.get()), bytes, alignment);
   }
   template <class Stream>
-    requires requires(const Stream& s) { stream_ref(s.get()); }
+  requires requires(const Stream& s) { stream_ref(s.get()); }
   void deallocate_async(void* ptr, std::size_t bytes, std::size_t alignment, const Stream& stream) noexcept {
     deallocate(stream_ref(stream.get()), ptr, bytes, alignment);
   }

@@ -37,8 +37,8 @@ class physical_allocation {
   /// another process. The caller keeps `fd`.
   /// @throws vmm::invalid_argument the fd is not such memory, or the size does not match.
   /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the import failed.
-  [[nodiscard]] static physical_allocation import_fd(std::shared_ptr<memory_provider> provider,
-                                                     int fd, std::size_t size);
+  [[nodiscard]] static physical_allocation import_fd(std::shared_ptr<memory_provider> provider, int fd,
+                                                     std::size_t size);
   /// Takes ownership of a handle of `size` bytes obtained outside the provider (vmm::ipc
   /// imports fabric handles through the driver): see memory_provider::adopt().
   /// @throws vmm::invalid_argument the provider is null or the size is not a multiple of

@@ -214,8 +214,7 @@ struct os_host_options {
 /// the GPUs `devices` (at least one; its work runs in the first one's context).
 /// @throws vmm::invalid_argument the node or a device does not exist, or `devices` is empty.
 /// @throws vmm::driver_unavailable no usable driver or no host-NUMA VMM support.
-[[nodiscard]] std::shared_ptr<memory_provider> make_pinned_host_provider(int node,
-                                                                         std::vector<int> devices);
+[[nodiscard]] std::shared_ptr<memory_provider> make_pinned_host_provider(int node, std::vector<int> devices);
 
 /// Rounds `size` up to a multiple of `granularity` (a power of two).
 /// @throws vmm::invalid_argument the result would overflow.

@@ -59,8 +59,8 @@ VMM_HOST_DEVICE inline std::uint64_t load_acquire(const std::uint64_t* counter) 
 
 VMM_HOST_DEVICE inline void store_release(std::uint64_t* counter, std::uint64_t value) {
 #if defined(__CUDA_ARCH__)
-  cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(*counter).store(
-      value, cuda::std::memory_order_release);
+  cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(*counter).store(value,
+                                                                             cuda::std::memory_order_release);
 #else
   __atomic_store_n(counter, value, __ATOMIC_RELEASE);
 #endif
@@ -79,7 +79,8 @@ inline constexpr std::size_t ring_control_bytes = 256;
 /// for the protocol and its memory ordering. Trivially copyable: pass it to kernels by
 /// value. Its pointers are valid while the vmm::ring_buffer it came from lives.
 struct ring_buffer_view {
-  std::byte* data = nullptr;      ///< 2 * capacity bytes mapped; [data + capacity, +capacity) aliases [data, +capacity)
+  std::byte* data =
+      nullptr;  ///< 2 * capacity bytes mapped; [data + capacity, +capacity) aliases [data, +capacity)
   std::uint64_t capacity = 0;     ///< bytes of physical memory behind the ring
   std::uint64_t* head = nullptr;  ///< bytes published so far (written by the producer only)
   std::uint64_t* tail = nullptr;  ///< bytes consumed so far (written by the consumer only)
@@ -107,9 +108,7 @@ struct ring_buffer_view {
 
   // ---- consumer side ------------------------------------------------------------------
   /// Bytes published and not yet consumed.
-  [[nodiscard]] VMM_HOST_DEVICE std::uint64_t readable() const {
-    return detail::load_acquire(head) - *tail;
-  }
+  [[nodiscard]] VMM_HOST_DEVICE std::uint64_t readable() const { return detail::load_acquire(head) - *tail; }
   /// n contiguous readable bytes at the tail, or nullptr when fewer than n are published (or
   /// n is 0). Does not move the tail: consume(n) does.
   [[nodiscard]] VMM_HOST_DEVICE const std::byte* peek(std::uint64_t n) const {

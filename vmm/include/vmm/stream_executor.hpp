@@ -82,9 +82,11 @@ class stream_executor {
 class owned_stream {
  public:
   owned_stream() noexcept = default;
-  explicit owned_stream(stream_executor& executor) : executor_(&executor), stream_(executor.create_stream()) {}
+  explicit owned_stream(stream_executor& executor)
+      : executor_(&executor), stream_(executor.create_stream()) {}
   owned_stream(owned_stream&& other) noexcept
-      : executor_(std::exchange(other.executor_, nullptr)), stream_(std::exchange(other.stream_, stream_ref())) {}
+      : executor_(std::exchange(other.executor_, nullptr)),
+        stream_(std::exchange(other.stream_, stream_ref())) {}
   owned_stream& operator=(owned_stream&& other) noexcept {
     if (this != &other) {
       reset();

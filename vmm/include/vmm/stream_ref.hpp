@@ -27,7 +27,8 @@ class stream_ref {
   /// The legacy default stream (nullptr, as CUDA spells it).
   constexpr stream_ref() noexcept = default;
   /// `stream`, a CUstream or cudaStream_t; nullptr is the legacy default stream.
-  constexpr stream_ref(CUstream_st* stream) noexcept : stream_(stream) {}  // NOLINT(google-explicit-constructor): implicit like cuda::stream_ref
+  constexpr stream_ref(CUstream_st* stream) noexcept
+      : stream_(stream) {}  // NOLINT(google-explicit-constructor): implicit like cuda::stream_ref
 
   /// The per-thread default stream (CU_STREAM_PER_THREAD).
   static stream_ref per_thread() noexcept {

@@ -145,8 +145,7 @@ struct stripe_layout {
   /// The stripe that holds byte `offset`.
   [[nodiscard]] VMM_HOST_DEVICE constexpr stripe_position locate(std::uint64_t offset) const {
     const std::uint32_t device = device_of(offset);
-    const std::uint64_t index =
-        mode == stripe_mode::round_robin ? offset / stripe_size / device_count : 0;
+    const std::uint64_t index = mode == stripe_mode::round_robin ? offset / stripe_size / device_count : 0;
     return {device, index, stripe_of(device, index)};
   }
 
@@ -159,10 +158,8 @@ struct stripe_layout {
   }
 
   /// The inverse of local_to_offset: where byte `offset` is among its device's bytes.
-  [[nodiscard]] VMM_HOST_DEVICE constexpr std::uint64_t offset_to_local(
-      std::uint64_t offset) const {
-    if (mode == stripe_mode::contiguous)
-      return offset - first_unit(device_of(offset)) * stripe_size;
+  [[nodiscard]] VMM_HOST_DEVICE constexpr std::uint64_t offset_to_local(std::uint64_t offset) const {
+    if (mode == stripe_mode::contiguous) return offset - first_unit(device_of(offset)) * stripe_size;
     return offset / stripe_size / device_count * stripe_size + offset % stripe_size;
   }
 
@@ -182,14 +179,12 @@ static_assert(std::is_standard_layout_v<stripe_layout>);
 /// @throws vmm::invalid_argument size, stripe_size or device_count is 0, the mode is not a
 ///         stripe_mode, or size is so close to 2^64 that offsets past it would overflow.
 [[nodiscard]] inline stripe_layout make_stripe_layout(std::uint64_t size, std::uint64_t stripe_size,
-                                                      std::uint32_t device_count,
-                                                      stripe_mode mode) {
+                                                      std::uint32_t device_count, stripe_mode mode) {
   if (size == 0) throw invalid_argument("stripe_layout: size 0");
   if (stripe_size == 0) throw invalid_argument("stripe_layout: stripe size 0");
   if (device_count == 0) throw invalid_argument("stripe_layout: no devices");
   if (mode != stripe_mode::round_robin && mode != stripe_mode::contiguous)
-    throw invalid_argument("stripe_layout: unknown stripe mode " +
-                           std::to_string(static_cast<int>(mode)));
+    throw invalid_argument("stripe_layout: unknown stripe mode " + std::to_string(static_cast<int>(mode)));
   if (size > std::numeric_limits<std::uint64_t>::max() - stripe_size)
     throw invalid_argument("stripe_layout: size " + std::to_string(size) + " with stripes of " +
                            std::to_string(stripe_size) + " bytes overflows 64-bit offsets");

@@ -126,9 +126,7 @@ class striped_buffer {
   /// The access granted, one entry per device named (the defaults filled in).
   [[nodiscard]] const std::vector<access_grant>& access() const noexcept { return access_; }
   /// The pools the chunks came from, parallel to devices().
-  [[nodiscard]] const std::vector<std::shared_ptr<chunk_pool>>& pools() const noexcept {
-    return pools_;
-  }
+  [[nodiscard]] const std::vector<std::shared_ptr<chunk_pool>>& pools() const noexcept { return pools_; }
   /// The physical chunks, one per stripe, in address order; chunk i's provider says which
   /// device it was created on. Map them elsewhere (vmm::chunk_view) for a second view,
   /// e.g. one device's stripes back to back.
@@ -148,7 +146,7 @@ class striped_buffer {
   // A device that holds stripes or has access: destruction is ordered after its streams.
   struct device_user {
     int device;
-    stream_executor* executor;      // records the points in the device's context
+    stream_executor* executor;        // records the points in the device's context
     std::vector<stream_ref> streams;  // always holds the legacy default stream
   };
 

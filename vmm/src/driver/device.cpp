@@ -9,7 +9,8 @@ namespace vmm::driver {
 
 int device_count() {
   int count = 0;
-  VMM_DRIVER_CHECK(cuDeviceGetCount, [] { return std::string("cuDeviceGetCount()"); }, &count);
+  VMM_DRIVER_CHECK(
+      cuDeviceGetCount, [] { return std::string("cuDeviceGetCount()"); }, &count);
   if (count == 0) throw driver_unavailable(CUDA_ERROR_NO_DEVICE, "the CUDA driver sees no GPU");
   return count;
 }
@@ -17,11 +18,11 @@ int device_count() {
 CUdevice device_at(int ordinal) {
   const int count = device_count();
   if (ordinal < 0 || ordinal >= count)
-    throw invalid_argument(fmt::format("unknown device {}: this machine has {} GPU{}", ordinal,
-                                       count, count == 1 ? "" : "s"));
+    throw invalid_argument(
+        fmt::format("unknown device {}: this machine has {} GPU{}", ordinal, count, count == 1 ? "" : "s"));
   CUdevice device = 0;
-  VMM_DRIVER_CHECK(cuDeviceGet, [&] { return fmt::format("cuDeviceGet(ordinal={})", ordinal); },
-                   &device, ordinal);
+  VMM_DRIVER_CHECK(
+      cuDeviceGet, [&] { return fmt::format("cuDeviceGet(ordinal={})", ordinal); }, &device, ordinal);
   return device;
 }
 
@@ -29,8 +30,8 @@ int attribute(CUdevice_attribute which, CUdevice device) {
   int value = 0;
   VMM_DRIVER_CHECK(
       cuDeviceGetAttribute,
-      [&] { return fmt::format("cuDeviceGetAttribute(attribute={}, device={})", +which, device); },
-      &value, which, device);
+      [&] { return fmt::format("cuDeviceGetAttribute(attribute={}, device={})", +which, device); }, &value,
+      which, device);
   return value;
 }
 
@@ -59,8 +60,7 @@ CUmemAllocationProp allocation_properties(const location& where, bool exportable
   return properties;
 }
 
-std::size_t granularity(const CUmemAllocationProp& properties,
-                        CUmemAllocationGranularity_flags flag) {
+std::size_t granularity(const CUmemAllocationProp& properties, CUmemAllocationGranularity_flags flag) {
   std::size_t value = 0;
   VMM_DRIVER_CHECK(
       cuMemGetAllocationGranularity,
@@ -74,9 +74,8 @@ std::size_t granularity(const CUmemAllocationProp& properties,
 
 primary_context::primary_context(int ordinal) : device_(device_at(ordinal)) {
   VMM_DRIVER_CHECK(
-      cuDevicePrimaryCtxRetain,
-      [&] { return fmt::format("cuDevicePrimaryCtxRetain(device={})", ordinal); }, &context_,
-      device_);
+      cuDevicePrimaryCtxRetain, [&] { return fmt::format("cuDevicePrimaryCtxRetain(device={})", ordinal); },
+      &context_, device_);
 }
 
 primary_context::~primary_context() {
@@ -85,9 +84,11 @@ primary_context::~primary_context() {
 }
 
 scoped_context::scoped_context(CUcontext context) {
-  VMM_DRIVER_CHECK(cuCtxGetCurrent, [] { return std::string("cuCtxGetCurrent()"); }, &previous_);
+  VMM_DRIVER_CHECK(
+      cuCtxGetCurrent, [] { return std::string("cuCtxGetCurrent()"); }, &previous_);
   if (previous_ != context) {
-    VMM_DRIVER_CHECK(cuCtxSetCurrent, [] { return std::string("cuCtxSetCurrent()"); }, context);
+    VMM_DRIVER_CHECK(
+        cuCtxSetCurrent, [] { return std::string("cuCtxSetCurrent()"); }, context);
     changed_ = true;
   }
 }

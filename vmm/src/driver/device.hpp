@@ -24,8 +24,7 @@ int attribute(CUdevice_attribute attribute, CUdevice device);
 CUmemAllocationProp allocation_properties(const location& where, bool exportable);
 
 // cuMemGetAllocationGranularity for `properties`.
-std::size_t granularity(const CUmemAllocationProp& properties,
-                        CUmemAllocationGranularity_flags flag);
+std::size_t granularity(const CUmemAllocationProp& properties, CUmemAllocationGranularity_flags flag);
 
 // CUmemLocation of an accessor: a device, or the host (HOST_NUMA) for host locations.
 CUmemLocation memory_location(const location& where);

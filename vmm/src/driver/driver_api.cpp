@@ -31,18 +31,17 @@ loaded_driver load() {
   }
   auto get_proc = reinterpret_cast<get_proc_address_fn>(::dlsym(library, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) {
-    driver.failure =
-        "the CUDA driver is too old: libcuda.so.1 has no cuGetProcAddress_v2 (needs CUDA 12.0+)";
+    driver.failure = "the CUDA driver is too old: libcuda.so.1 has no cuGetProcAddress_v2 (needs CUDA 12.0+)";
     return driver;
   }
   // A missing or too-new entry point stays null; check() names it when it is called.
-#define VMM_DRIVER_FETCH(name, pinned)                                                     \
-  {                                                                                        \
-    void* fn = nullptr;                                                                    \
-    CUdriverProcAddressQueryResult status{};                                               \
+#define VMM_DRIVER_FETCH(name, pinned)                                                        \
+  {                                                                                           \
+    void* fn = nullptr;                                                                       \
+    CUdriverProcAddressQueryResult status{};                                                  \
     if (get_proc(#name, &fn, pinned, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS && \
-        status == CU_GET_PROC_ADDRESS_SUCCESS)                                             \
-      driver.entries.name = reinterpret_cast<decltype(driver.entries.name)>(fn);           \
+        status == CU_GET_PROC_ADDRESS_SUCCESS)                                                \
+      driver.entries.name = reinterpret_cast<decltype(driver.entries.name)>(fn);              \
   }
   VMM_DRIVER_ENTRY_POINTS(VMM_DRIVER_FETCH)
 #undef VMM_DRIVER_FETCH
@@ -56,8 +55,7 @@ loaded_driver load() {
     const char* name = nullptr;
     if (driver.entries.cuGetErrorName != nullptr) driver.entries.cuGetErrorName(result, &name);
     driver.failure = fmt::format("cuInit failed: {} (driver version {}){}",
-                                 name != nullptr ? name : fmt::format("CUresult {}", +result),
-                                 driver.version,
+                                 name != nullptr ? name : fmt::format("CUresult {}", +result), driver.version,
                                  result == CUDA_ERROR_NO_DEVICE ? ": no GPU is present" : "");
   }
   return driver;

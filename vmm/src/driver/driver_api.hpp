@@ -14,45 +14,45 @@
 namespace vmm::driver {
 
 // (name, pinned CUDA version). Keep it sorted by topic; every entry point vmm uses is here.
-#define VMM_DRIVER_ENTRY_POINTS(X)            \
-  X(cuInit, 2000)                             \
-  X(cuDriverGetVersion, 2020)                 \
-  X(cuGetErrorName, 6000)                     \
-  X(cuGetErrorString, 6000)                   \
-  X(cuDeviceGetCount, 2000)                   \
-  X(cuDeviceGet, 2000)                        \
-  X(cuDeviceGetName, 2000)                    \
-  X(cuDeviceGetAttribute, 2000)               \
-  X(cuDeviceTotalMem, 3020)                   \
-  X(cuDeviceCanAccessPeer, 4000)              \
-  X(cuDevicePrimaryCtxRetain, 7000)           \
-  X(cuDevicePrimaryCtxRelease, 11000)         \
-  X(cuCtxGetCurrent, 4000)                    \
-  X(cuCtxSetCurrent, 4000)                    \
-  X(cuCtxSynchronize, 2000)                   \
-  X(cuMemGetInfo, 3020)                       \
-  X(cuMemAddressReserve, 10020)               \
-  X(cuMemAddressFree, 10020)                  \
-  X(cuMemCreate, 10020)                       \
-  X(cuMemRelease, 10020)                      \
-  X(cuMemMap, 10020)                          \
-  X(cuMemUnmap, 10020)                        \
-  X(cuMemSetAccess, 10020)                    \
-  X(cuMemGetAllocationGranularity, 10020)     \
-  X(cuMemExportToShareableHandle, 10020)      \
-  X(cuMemImportFromShareableHandle, 10020)    \
-  X(cuMemcpyAsync, 4000)                      \
-  X(cuMemsetD8Async, 3020)                    \
-  X(cuStreamCreate, 2000)                     \
-  X(cuStreamDestroy, 4000)                    \
-  X(cuStreamSynchronize, 2000)                \
-  X(cuStreamWaitEvent, 3020)                  \
-  X(cuEventCreate, 2000)                      \
-  X(cuEventDestroy, 4000)                     \
-  X(cuEventRecord, 2000)                      \
-  X(cuEventQuery, 2000)                       \
-  X(cuEventSynchronize, 2000)                 \
-  X(cuIpcGetEventHandle, 4010)                \
+#define VMM_DRIVER_ENTRY_POINTS(X)         \
+  X(cuInit, 2000)                          \
+  X(cuDriverGetVersion, 2020)              \
+  X(cuGetErrorName, 6000)                  \
+  X(cuGetErrorString, 6000)                \
+  X(cuDeviceGetCount, 2000)                \
+  X(cuDeviceGet, 2000)                     \
+  X(cuDeviceGetName, 2000)                 \
+  X(cuDeviceGetAttribute, 2000)            \
+  X(cuDeviceTotalMem, 3020)                \
+  X(cuDeviceCanAccessPeer, 4000)           \
+  X(cuDevicePrimaryCtxRetain, 7000)        \
+  X(cuDevicePrimaryCtxRelease, 11000)      \
+  X(cuCtxGetCurrent, 4000)                 \
+  X(cuCtxSetCurrent, 4000)                 \
+  X(cuCtxSynchronize, 2000)                \
+  X(cuMemGetInfo, 3020)                    \
+  X(cuMemAddressReserve, 10020)            \
+  X(cuMemAddressFree, 10020)               \
+  X(cuMemCreate, 10020)                    \
+  X(cuMemRelease, 10020)                   \
+  X(cuMemMap, 10020)                       \
+  X(cuMemUnmap, 10020)                     \
+  X(cuMemSetAccess, 10020)                 \
+  X(cuMemGetAllocationGranularity, 10020)  \
+  X(cuMemExportToShareableHandle, 10020)   \
+  X(cuMemImportFromShareableHandle, 10020) \
+  X(cuMemcpyAsync, 4000)                   \
+  X(cuMemsetD8Async, 3020)                 \
+  X(cuStreamCreate, 2000)                  \
+  X(cuStreamDestroy, 4000)                 \
+  X(cuStreamSynchronize, 2000)             \
+  X(cuStreamWaitEvent, 3020)               \
+  X(cuEventCreate, 2000)                   \
+  X(cuEventDestroy, 4000)                  \
+  X(cuEventRecord, 2000)                   \
+  X(cuEventQuery, 2000)                    \
+  X(cuEventSynchronize, 2000)              \
+  X(cuIpcGetEventHandle, 4010)             \
   X(cuIpcOpenEventHandle, 4010)
 
 #define VMM_DRIVER_CHECK(name, describe, ...) \

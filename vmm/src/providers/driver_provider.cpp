@@ -16,7 +16,8 @@ namespace vmm::detail {
 namespace {
 
 void require_vmm(int ordinal) {
-  if (driver::attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, driver::device_at(ordinal)) == 0)
+  if (driver::attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                        driver::device_at(ordinal)) == 0)
     throw driver_unavailable(CUDA_ERROR_NOT_SUPPORTED,
                              fmt::format("gpu {} does not support virtual memory management", ordinal));
 }
@@ -28,18 +29,20 @@ void require_vmm(int ordinal) {
 std::string probe_fabric(int ordinal, CUcontext context, CUmemAllocationProp properties) {
   const CUdevice device = driver::device_at(ordinal);
   if (driver::attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device) == 0)
-    return fmt::format("gpu {} does not support fabric handles "
-                       "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0)",
-                       ordinal);
-  properties.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(
-      properties.requestedHandleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
+    return fmt::format(
+        "gpu {} does not support fabric handles "
+        "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0)",
+        ordinal);
+  properties.requestedHandleTypes =
+      static_cast<CUmemAllocationHandleType>(properties.requestedHandleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
   std::size_t size = 0;
   if (const CUresult result = driver::try_call(driver::api().cuMemGetAllocationGranularity, &size,
                                                &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
       result != CUDA_SUCCESS)
-    return fmt::format("cuMemGetAllocationGranularity with CU_MEM_HANDLE_TYPE_FABRIC on gpu {} "
-                       "failed: {}",
-                       ordinal, driver::error_name(result));
+    return fmt::format(
+        "cuMemGetAllocationGranularity with CU_MEM_HANDLE_TYPE_FABRIC on gpu {} "
+        "failed: {}",
+        ordinal, driver::error_name(result));
   driver::scoped_context current(context);
   CUmemGenericAllocationHandle handle = 0;
   const CUresult result = driver::try_call(driver::api().cuMemCreate, &handle, size, &properties, 0ULL);
@@ -53,9 +56,10 @@ std::string probe_fabric(int ordinal, CUcontext context, CUmemAllocationProp pro
     why = ": no IMEX channel this process may use (/dev/nvidia-caps-imex-channels)";
   else if (result == CUDA_ERROR_NOT_SUPPORTED)
     why = ": this system does not support them";
-  return fmt::format("the device attribute allows fabric handles, but cuMemCreate of {} bytes "
-                     "with CU_MEM_HANDLE_TYPE_FABRIC on gpu {} returned {}{}",
-                     size, ordinal, driver::error_name(result), why);
+  return fmt::format(
+      "the device attribute allows fabric handles, but cuMemCreate of {} bytes "
+      "with CU_MEM_HANDLE_TYPE_FABRIC on gpu {} returned {}{}",
+      size, ordinal, driver::error_name(result), why);
 }
 
 CUmemAccess_flags access_flags(access_mode mode) {
@@ -90,8 +94,7 @@ class driver_executor final : public stream_executor {
     driver::scoped_context current(context_.get());
     VMM_DRIVER_CHECK(
         cuMemcpyAsync, [&] { return fmt::format("cuMemcpyAsync(bytes={}) on {}", n, name_); },
-        reinterpret_cast<CUdeviceptr>(destination), reinterpret_cast<CUdeviceptr>(source), n,
-        stream.get());
+        reinterpret_cast<CUdeviceptr>(destination), reinterpret_cast<CUdeviceptr>(source), n, stream.get());
   }
 
   void fill(void* destination, std::uint8_t value, std::size_t n, stream_ref stream) override {
@@ -104,15 +107,16 @@ class driver_executor final : public stream_executor {
       VMM_DRIVER_CHECK(
           cuMemsetD8Async,
           [&] {
-            return fmt::format("cuMemsetD8Async(address={:#x}, bytes={}) on {}", piece.first, piece.second, name_);
+            return fmt::format("cuMemsetD8Async(address={:#x}, bytes={}) on {}", piece.first, piece.second,
+                               name_);
           },
           CUdeviceptr{piece.first}, static_cast<unsigned char>(value), piece.second, stream.get());
   }
 
   void synchronize(stream_ref stream) override {
     driver::scoped_context current(context_.get());
-    VMM_DRIVER_CHECK(cuStreamSynchronize,
-                     [&] { return fmt::format("cuStreamSynchronize() on {}", name_); }, stream.get());
+    VMM_DRIVER_CHECK(
+        cuStreamSynchronize, [&] { return fmt::format("cuStreamSynchronize() on {}", name_); }, stream.get());
   }
 
   void synchronize_device() override {
@@ -123,8 +127,9 @@ class driver_executor final : public stream_executor {
   event_handle create_event() override {
     driver::scoped_context current(context_.get());
     CUevent event = nullptr;
-    VMM_DRIVER_CHECK(cuEventCreate, [&] { return fmt::format("cuEventCreate() on {}", name_); },
-                     &event, static_cast<unsigned>(CU_EVENT_DISABLE_TIMING));
+    VMM_DRIVER_CHECK(
+        cuEventCreate, [&] { return fmt::format("cuEventCreate() on {}", name_); }, &event,
+        static_cast<unsigned>(CU_EVENT_DISABLE_TIMING));
     return reinterpret_cast<event_handle>(event);
   }
 
@@ -137,8 +142,9 @@ class driver_executor final : public stream_executor {
   void record(event_handle event, stream_ref stream) override {
     if (event == 0) throw invalid_argument(fmt::format("{}: record of no event", name_));
     driver::scoped_context current(context_.get());
-    VMM_DRIVER_CHECK(cuEventRecord, [&] { return fmt::format("cuEventRecord() on {}", name_); },
-                     reinterpret_cast<CUevent>(event), stream.get());
+    VMM_DRIVER_CHECK(
+        cuEventRecord, [&] { return fmt::format("cuEventRecord() on {}", name_); },
+        reinterpret_cast<CUevent>(event), stream.get());
   }
 
   bool done(event_handle event) override {
@@ -151,22 +157,25 @@ class driver_executor final : public stream_executor {
 
   void synchronize_event(event_handle event) override {
     if (event == 0) return;
-    VMM_DRIVER_CHECK(cuEventSynchronize, [&] { return fmt::format("cuEventSynchronize() on {}", name_); },
-                     reinterpret_cast<CUevent>(event));
+    VMM_DRIVER_CHECK(
+        cuEventSynchronize, [&] { return fmt::format("cuEventSynchronize() on {}", name_); },
+        reinterpret_cast<CUevent>(event));
   }
 
   void enqueue_wait(stream_ref stream, event_handle event) override {
     if (event == 0) return;
     driver::scoped_context current(context_.get());
-    VMM_DRIVER_CHECK(cuStreamWaitEvent, [&] { return fmt::format("cuStreamWaitEvent() on {}", name_); },
-                     stream.get(), reinterpret_cast<CUevent>(event), 0u);
+    VMM_DRIVER_CHECK(
+        cuStreamWaitEvent, [&] { return fmt::format("cuStreamWaitEvent() on {}", name_); }, stream.get(),
+        reinterpret_cast<CUevent>(event), 0u);
   }
 
   stream_ref create_stream() override {
     driver::scoped_context current(context_.get());
     CUstream stream = nullptr;
-    VMM_DRIVER_CHECK(cuStreamCreate, [&] { return fmt::format("cuStreamCreate(NON_BLOCKING) on {}", name_); },
-                     &stream, static_cast<unsigned>(CU_STREAM_NON_BLOCKING));
+    VMM_DRIVER_CHECK(
+        cuStreamCreate, [&] { return fmt::format("cuStreamCreate(NON_BLOCKING) on {}", name_); }, &stream,
+        static_cast<unsigned>(CU_STREAM_NON_BLOCKING));
     return stream_ref(stream);
   }
 
@@ -194,8 +203,8 @@ provider_capabilities common_capabilities(location where, const CUmemAllocationP
 
 const std::shared_ptr<vmm::address_space>& cuda_address_space() {
   // Never destroyed: objects with static storage may still unmap memory at exit.
-  static auto* const space = new std::shared_ptr<vmm::address_space>(
-      std::make_shared<vmm::address_space>("the CUDA address space"));
+  static auto* const space =
+      new std::shared_ptr<vmm::address_space>(std::make_shared<vmm::address_space>("the CUDA address space"));
   return *space;
 }
 
@@ -221,14 +230,16 @@ std::shared_ptr<memory_provider> make_device_provider(int ordinal) {
     fabric_reason = probe_fabric(ordinal, context.get(), properties);
   }
   if (fabric_reason.empty())
-    properties.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(
-        properties.requestedHandleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
+    properties.requestedHandleTypes =
+        static_cast<CUmemAllocationHandleType>(properties.requestedHandleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
   provider_capabilities capabilities = common_capabilities(location::device(ordinal), properties);
-  VMM_DRIVER_CHECK(cuDeviceTotalMem, [&] { return fmt::format("cuDeviceTotalMem(device={})", ordinal); },
-                   &capabilities.physical_memory_size, device);
+  VMM_DRIVER_CHECK(
+      cuDeviceTotalMem, [&] { return fmt::format("cuDeviceTotalMem(device={})", ordinal); },
+      &capabilities.physical_memory_size, device);
   capabilities.default_accessors = {accessor::device(ordinal)};
-  capabilities.export_kind =
-      fabric_reason.empty() ? handle_kind::fabric : posix_fd ? handle_kind::posix_fd : handle_kind::none;
+  capabilities.export_kind = fabric_reason.empty() ? handle_kind::fabric
+                             : posix_fd            ? handle_kind::posix_fd
+                                                   : handle_kind::none;
   capabilities.fabric_unavailable_reason = std::move(fabric_reason);
   return std::make_shared<driver_provider>(std::move(capabilities), ordinal, properties);
 }
@@ -251,8 +262,7 @@ std::shared_ptr<memory_provider> make_pinned_host_provider(int node, std::vector
       throw driver_unavailable(CUDA_ERROR_NOT_SUPPORTED,
                                fmt::format("gpu {} does not support host-NUMA virtual memory", device));
   }
-  const CUmemAllocationProp properties =
-      driver::allocation_properties(location::pinned_host(node), false);
+  const CUmemAllocationProp properties = driver::allocation_properties(location::pinned_host(node), false);
   provider_capabilities capabilities = common_capabilities(location::pinned_host(node), properties);
   capabilities.physical_memory_size =
       static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -273,9 +283,9 @@ std::shared_ptr<memory_provider> make_pinned_host_provider_for_all_devices(int n
 
 driver_provider::driver_provider(provider_capabilities capabilities, int context_device,
                                  CUmemAllocationProp properties)
-    : memory_provider(std::move(capabilities), cuda_address_space(),
-                      driver_executor_for(context_device,
-                                          properties.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)),
+    : memory_provider(
+          std::move(capabilities), cuda_address_space(),
+          driver_executor_for(context_device, properties.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)),
       context_(context_device),
       properties_(properties),
       name_(to_string(where())) {}
@@ -285,7 +295,9 @@ std::uintptr_t driver_provider::do_allocate_range(std::size_t size, std::size_t 
   CUdeviceptr address = 0;
   VMM_DRIVER_CHECK(
       cuMemAddressReserve,
-      [&] { return fmt::format("cuMemAddressReserve(size={}, alignment={}) for {}", size, alignment, name_); },
+      [&] {
+        return fmt::format("cuMemAddressReserve(size={}, alignment={}) for {}", size, alignment, name_);
+      },
       &address, size, alignment, CUdeviceptr{0}, 0ULL);
   return address;
 }
@@ -302,8 +314,8 @@ physical_handle driver_provider::do_create(std::size_t size) {
   driver::scoped_context current(context_.get());
   CUmemGenericAllocationHandle handle = 0;
   VMM_DRIVER_CHECK(
-      cuMemCreate, [&] { return fmt::format("cuMemCreate(size={}) on {}", size, name_); },
-      &handle, size, &properties_, 0ULL);
+      cuMemCreate, [&] { return fmt::format("cuMemCreate(size={}) on {}", size, name_); }, &handle, size,
+      &properties_, 0ULL);
   return handle;
 }
 
@@ -316,16 +328,16 @@ void driver_provider::do_destroy(physical_handle handle) {
 
 void driver_provider::do_map(std::uintptr_t address, std::size_t size, physical_handle handle) {
   driver::scoped_context current(context_.get());
-  const CUresult result = driver::try_call(driver::api().cuMemMap, CUdeviceptr{address}, size,
-                                           std::size_t{0}, CUmemGenericAllocationHandle{handle}, 0ULL);
+  const CUresult result = driver::try_call(driver::api().cuMemMap, CUdeviceptr{address}, size, std::size_t{0},
+                                           CUmemGenericAllocationHandle{handle}, 0ULL);
   if (result == CUDA_SUCCESS) return;
   // The driver cannot tell an imported handle's size at import: a handle that holds another
   // size than the exporter said is refused here, as the OS provider refuses it at import.
   if (result == CUDA_ERROR_NOT_SUPPORTED || result == CUDA_ERROR_INVALID_VALUE)
-    throw invalid_argument(fmt::format(
-        "{}: cuMemMap of {} bytes at {:#x} failed with {}: the handle does not hold {} bytes "
-        "(an imported handle of another size than its exporter said?)",
-        name_, size, address, driver::error_name(result), size));
+    throw invalid_argument(
+        fmt::format("{}: cuMemMap of {} bytes at {:#x} failed with {}: the handle does not hold {} bytes "
+                    "(an imported handle of another size than its exporter said?)",
+                    name_, size, address, driver::error_name(result), size));
   driver::throw_error(result, fmt::format("cuMemMap(address={:#x}, size={}) on {}", address, size, name_));
 }
 
@@ -359,9 +371,8 @@ void driver_provider::do_set_access(std::uintptr_t address, std::size_t size,
   VMM_DRIVER_CHECK(
       cuMemSetAccess,
       [&] {
-        return fmt::format("cuMemSetAccess(address={:#x}, size={}, {} grant(s), first {} {}) on {}",
-                           address, size, grants.size(), to_string(grants[0].who),
-                           to_string(grants[0].mode), name_);
+        return fmt::format("cuMemSetAccess(address={:#x}, size={}, {} grant(s), first {} {}) on {}", address,
+                           size, grants.size(), to_string(grants[0].who), to_string(grants[0].mode), name_);
       },
       CUdeviceptr{address}, size, descriptors.data(), descriptors.size());
 }
@@ -371,9 +382,11 @@ int driver_provider::do_export_fd(physical_handle handle) {
   int fd = -1;
   VMM_DRIVER_CHECK(
       cuMemExportToShareableHandle,
-      [&] { return fmt::format("cuMemExportToShareableHandle(handle={:#x}, POSIX fd) on {}", handle, name_); },
-      static_cast<void*>(&fd), CUmemGenericAllocationHandle{handle},
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0ULL);
+      [&] {
+        return fmt::format("cuMemExportToShareableHandle(handle={:#x}, POSIX fd) on {}", handle, name_);
+      },
+      static_cast<void*>(&fd), CUmemGenericAllocationHandle{handle}, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+      0ULL);
   return fd;
 }
 
@@ -392,8 +405,8 @@ physical_handle driver_provider::do_import_fd(int fd, std::size_t size) {
         "{}: import of fd {} ({} bytes) failed with {}: the descriptor is not CUDA memory exported "
         "as a POSIX fd",
         name_, fd, size, driver::error_name(result)));
-  driver::throw_error(result, fmt::format("cuMemImportFromShareableHandle(fd={}, size={}) on {}", fd,
-                                          size, name_));
+  driver::throw_error(result,
+                      fmt::format("cuMemImportFromShareableHandle(fd={}, size={}) on {}", fd, size, name_));
 }
 
 }  // namespace vmm::detail

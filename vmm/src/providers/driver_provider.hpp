@@ -34,8 +34,7 @@ class driver_provider final : public memory_provider {
  public:
   // The capabilities are filled by the factories above; `context_device` is the device
   // whose primary context the calls run in; `properties` how cuMemCreate makes memory.
-  driver_provider(provider_capabilities capabilities, int context_device,
-                  CUmemAllocationProp properties);
+  driver_provider(provider_capabilities capabilities, int context_device, CUmemAllocationProp properties);
 
  private:
   std::uintptr_t do_allocate_range(std::size_t size, std::size_t alignment) override;
@@ -44,8 +43,7 @@ class driver_provider final : public memory_provider {
   void do_destroy(physical_handle handle) override;
   void do_map(std::uintptr_t address, std::size_t size, physical_handle handle) override;
   void do_unmap(std::uintptr_t address, std::size_t size) override;
-  void do_set_access(std::uintptr_t address, std::size_t size,
-                     std::span<const access_grant> grants) override;
+  void do_set_access(std::uintptr_t address, std::size_t size, std::span<const access_grant> grants) override;
   int do_export_fd(physical_handle handle) override;
   physical_handle do_import_fd(int fd, std::size_t size) override;
 

@@ -30,15 +30,19 @@ constexpr int required_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
   throw os_error(error, fmt::format("{} failed", call));
 }
 
-int fd_of(physical_handle handle) { return static_cast<int>(handle); }
+int fd_of(physical_handle handle) {
+  return static_cast<int>(handle);
+}
 
-std::size_t page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+std::size_t page_size() {
+  return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
 
 std::size_t checked_granularity(std::size_t granularity) {
   if (!std::has_single_bit(granularity) || granularity < page_size())
-    throw invalid_argument(fmt::format(
-        "os host: granularity {} is not a power-of-two multiple of the page size {}", granularity,
-        page_size()));
+    throw invalid_argument(
+        fmt::format("os host: granularity {} is not a power-of-two multiple of the page size {}", granularity,
+                    page_size()));
   return granularity;
 }
 
@@ -89,8 +93,8 @@ unique_fd duplicate(int fd, const char* what) {
 }  // namespace
 
 std::size_t safe_commit_budget(std::size_t floor) {
-  std::size_t room = mem_available().value_or(static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) *
-                                              page_size());
+  std::size_t room =
+      mem_available().value_or(static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * page_size());
   if (const auto cgroup = cgroup_room()) room = std::min(room, *cgroup);
   const std::size_t headroom = std::max<std::size_t>(room / 8, std::size_t{256} << 20);
   return std::max(floor, room > headroom ? room - headroom : 0);
@@ -172,10 +176,10 @@ physical_handle os_host_provider::do_create(std::size_t size) {
   const std::size_t budget = capabilities().physical_memory_size;
   const std::size_t committed = committed_.load();
   if (size > budget || committed > budget - size)
-    throw out_of_memory(fmt::format(
-        "os host: creating {} bytes would pass the commit budget of {} bytes ({} committed); "
-        "set os_host_options::commit_budget to change it",
-        size, budget, committed));
+    throw out_of_memory(
+        fmt::format("os host: creating {} bytes would pass the commit budget of {} bytes ({} committed); "
+                    "set os_host_options::commit_budget to change it",
+                    size, budget, committed));
   unique_fd fd(os::memfd_create("vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno(errno, "os host: memfd_create");
   // fallocate commits the pages now, so that running out is an error here, not a SIGBUS on
@@ -186,7 +190,8 @@ physical_handle os_host_provider::do_create(std::size_t size) {
                                : os::ftruncate(fd.get(), static_cast<off_t>(size));
   } while (result != 0 && errno == EINTR);
   if (result != 0)
-    throw_errno(errno, fmt::format("os host: {} of {} bytes", commit_on_create_ ? "fallocate" : "ftruncate", size));
+    throw_errno(errno,
+                fmt::format("os host: {} of {} bytes", commit_on_create_ ? "fallocate" : "ftruncate", size));
   if (os::fcntl(fd.get(), F_ADD_SEALS, required_seals) != 0)
     throw_errno(errno, "os host: sealing the memfd (F_ADD_SEALS shrink, grow, seal)");
   created_.emplace(static_cast<physical_handle>(fd.get()), size);
@@ -203,8 +208,8 @@ void os_host_provider::do_destroy(physical_handle handle) {
 }
 
 void os_host_provider::do_map(std::uintptr_t address, std::size_t size, physical_handle handle) {
-  if (os::mmap(reinterpret_cast<void*>(address), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
-               fd_of(handle), 0) == MAP_FAILED)
+  if (os::mmap(reinterpret_cast<void*>(address), size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd_of(handle), 0) ==
+      MAP_FAILED)
     throw_errno(errno, fmt::format("os host: mmap(MAP_FIXED) of {} bytes at {:#x}", size, address));
 }
 
@@ -244,24 +249,24 @@ physical_handle os_host_provider::do_import_fd(int fd, std::size_t size) {
   const int seals = os::fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
     if (errno == EINVAL)
-      throw invalid_argument(fmt::format(
-          "os host: import of fd {}: not a sealable memory file (F_GET_SEALS refused)", fd));
+      throw invalid_argument(
+          fmt::format("os host: import of fd {}: not a sealable memory file (F_GET_SEALS refused)", fd));
     throw_errno(errno, fmt::format("os host: F_GET_SEALS of fd {} for import", fd));
   }
   if ((seals & required_seals) != required_seals) {
     std::string missing;
-    for (const auto& [seal, name] : {std::pair{F_SEAL_SHRINK, "F_SEAL_SHRINK"},
-                                     std::pair{F_SEAL_GROW, "F_SEAL_GROW"},
-                                     std::pair{F_SEAL_SEAL, "F_SEAL_SEAL"}})
+    for (const auto& [seal, name] :
+         {std::pair{F_SEAL_SHRINK, "F_SEAL_SHRINK"}, std::pair{F_SEAL_GROW, "F_SEAL_GROW"},
+          std::pair{F_SEAL_SEAL, "F_SEAL_SEAL"}})
       if ((seals & seal) == 0) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", name);
-    throw invalid_argument(fmt::format(
-        "os host: import of fd {}: the memory file lacks the seal(s) {} (a peer could resize it "
-        "under the mapping)",
-        fd, missing));
+    throw invalid_argument(
+        fmt::format("os host: import of fd {}: the memory file lacks the seal(s) {} (a peer could resize it "
+                    "under the mapping)",
+                    fd, missing));
   }
   if (static_cast<std::size_t>(status.st_size) != size)
-    throw invalid_argument(fmt::format("os host: import of fd {}: it holds {} bytes, not {}", fd,
-                                       status.st_size, size));
+    throw invalid_argument(
+        fmt::format("os host: import of fd {}: it holds {} bytes, not {}", fd, status.st_size, size));
   return static_cast<physical_handle>(duplicate(fd, "import").release());
 }
 

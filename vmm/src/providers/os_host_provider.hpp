@@ -42,8 +42,7 @@ class os_host_provider final : public memory_provider {
   void do_destroy(physical_handle handle) override;
   void do_map(std::uintptr_t address, std::size_t size, physical_handle handle) override;
   void do_unmap(std::uintptr_t address, std::size_t size) override;
-  void do_set_access(std::uintptr_t address, std::size_t size,
-                     std::span<const access_grant> grants) override;
+  void do_set_access(std::uintptr_t address, std::size_t size, std::span<const access_grant> grants) override;
   int do_export_fd(physical_handle handle) override;
   physical_handle do_import_fd(int fd, std::size_t size) override;
 

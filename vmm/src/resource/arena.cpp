@@ -48,7 +48,8 @@ free_index& arena::index_of(const block* b) noexcept {
   return b->owner == 0 ? released_ : slots_[b->owner - 1]->pending;
 }
 
-std::pair<std::size_t, std::size_t> arena::page_span(std::uint64_t offset, std::uint64_t size) const noexcept {
+std::pair<std::size_t, std::size_t> arena::page_span(std::uint64_t offset,
+                                                     std::uint64_t size) const noexcept {
   const std::size_t first = static_cast<std::size_t>(offset / page_size_);
   const std::size_t last = static_cast<std::size_t>((offset + size - 1) / page_size_);
   return {first, last - first + 1};
@@ -69,8 +70,10 @@ void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
   for (std::size_t p = first; p < first + count; ++p) {
     const std::uint64_t page_start = std::uint64_t{p} * page_size_;
     const std::uint64_t bytes = std::min(end, page_start + page_size_) - std::max(offset, page_start);
-    if (add) pages_[p].held += bytes;
-    else pages_[p].held -= bytes;
+    if (add)
+      pages_[p].held += bytes;
+    else
+      pages_[p].held -= bytes;
   }
 }
 
@@ -80,18 +83,24 @@ std::uint64_t arena::fit(const block* b, std::uint64_t size, std::uint64_t align
 }
 
 void arena::unlink_pending(stream_slot& slot, block* b) noexcept {
-  if (b->previous_pending != nullptr) b->previous_pending->next_pending = b->next_pending;
-  else slot.oldest = b->next_pending;
-  if (b->next_pending != nullptr) b->next_pending->previous_pending = b->previous_pending;
-  else slot.newest = b->previous_pending;
+  if (b->previous_pending != nullptr)
+    b->previous_pending->next_pending = b->next_pending;
+  else
+    slot.oldest = b->next_pending;
+  if (b->next_pending != nullptr)
+    b->next_pending->previous_pending = b->previous_pending;
+  else
+    slot.newest = b->previous_pending;
   b->previous_pending = b->next_pending = nullptr;
 }
 
 void arena::append_pending(stream_slot& slot, block* b) noexcept {
   b->previous_pending = slot.newest;
   b->next_pending = nullptr;
-  if (slot.newest != nullptr) slot.newest->next_pending = b;
-  else slot.oldest = b;
+  if (slot.newest != nullptr)
+    slot.newest->next_pending = b;
+  else
+    slot.oldest = b;
   slot.newest = b;
 }
 
@@ -103,14 +112,20 @@ void arena::replace_pending(stream_slot& slot, block* old, block* first, block* 
   for (block* piece : pieces) {
     if (piece == nullptr) continue;
     piece->previous_pending = before;
-    if (before != nullptr) before->next_pending = piece;
-    else slot.oldest = piece;
+    if (before != nullptr)
+      before->next_pending = piece;
+    else
+      slot.oldest = piece;
     before = piece;
   }
-  if (before != nullptr) before->next_pending = after;
-  else slot.oldest = after;
-  if (after != nullptr) after->previous_pending = before;
-  else slot.newest = before;
+  if (before != nullptr)
+    before->next_pending = after;
+  else
+    slot.oldest = after;
+  if (after != nullptr)
+    after->previous_pending = before;
+  else
+    slot.newest = before;
   old->previous_pending = old->next_pending = nullptr;
 }
 
@@ -124,8 +139,10 @@ block* arena::coalesce(block* b) noexcept {
   };
   const auto take_out = [&](block* n) {
     index_of(n).remove(n);
-    if (n->owner != 0) unlink_pending(*slots_[n->owner - 1], n);
-    else if (b->owner != 0) hold(n->offset, n->size, true);
+    if (n->owner != 0)
+      unlink_pending(*slots_[n->owner - 1], n);
+    else if (b->owner != 0)
+      hold(n->offset, n->size, true);
   };
   if (block* left = b->previous; mergeable(left)) {
     take_out(left);

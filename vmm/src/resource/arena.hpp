@@ -28,11 +28,11 @@ namespace vmm::detail {
 struct stream_record {
   explicit stream_record(stream_ref s) : stream(s) {}
   stream_ref stream;
-  std::atomic<std::uint64_t> epoch{1};   // the open epoch
-  std::atomic<std::uint64_t> passed{0};  // every epoch up to this one has passed
-  std::atomic<std::uint32_t> frees{0};   // frees since the last point
-  std::atomic<std::size_t> outstanding{0};  // points recorded and not seen passed
-  std::mutex mutex;                      // guards points and waited_by
+  std::atomic<std::uint64_t> epoch{1};                        // the open epoch
+  std::atomic<std::uint64_t> passed{0};                       // every epoch up to this one has passed
+  std::atomic<std::uint32_t> frees{0};                        // frees since the last point
+  std::atomic<std::size_t> outstanding{0};                    // points recorded and not seen passed
+  std::mutex mutex;                                           // guards points and waited_by
   std::deque<std::pair<std::uint64_t, stream_event>> points;  // (epoch it closed, its event)
   // Streams ordered after a point of this one, through wait_for(): (stream, epoch).
   std::vector<std::pair<stream_ref, std::uint64_t>> waited_by;
@@ -76,14 +76,17 @@ class arena {
   [[nodiscard]] free_index& released() noexcept { return released_; }
 
   // The pages [first, first + count) that [offset, offset + size) touches.
-  [[nodiscard]] std::pair<std::size_t, std::size_t> page_span(std::uint64_t offset, std::uint64_t size) const noexcept;
+  [[nodiscard]] std::pair<std::size_t, std::size_t> page_span(std::uint64_t offset,
+                                                              std::uint64_t size) const noexcept;
   // Pages of [offset, offset + size) not mapped, counting no further than `stop`.
-  [[nodiscard]] std::size_t unmapped_pages(std::uint64_t offset, std::uint64_t size, std::size_t stop) const noexcept;
+  [[nodiscard]] std::size_t unmapped_pages(std::uint64_t offset, std::uint64_t size,
+                                           std::size_t stop) const noexcept;
   [[nodiscard]] std::vector<page>& pages() noexcept { return pages_; }
 
   // Where a request of `size` bytes aligned to `alignment` would start in `b`, or ~0 when it
   // does not fit.
-  [[nodiscard]] static std::uint64_t fit(const block* b, std::uint64_t size, std::uint64_t alignment) noexcept;
+  [[nodiscard]] static std::uint64_t fit(const block* b, std::uint64_t size,
+                                         std::uint64_t alignment) noexcept;
   // Takes [start, start + size) out of free block `b` (of index `from`, owner `b->owner`):
   // what is left on either side stays free with the same owner. Returns the allocated block.
   block* carve(block* b, std::uint64_t start, std::uint64_t size);
@@ -98,7 +101,9 @@ class arena {
 
   // Allocated blocks by their offset.
   [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept;
-  [[nodiscard]] const std::unordered_map<std::uint64_t, block*>& allocated() const noexcept { return allocated_; }
+  [[nodiscard]] const std::unordered_map<std::uint64_t, block*>& allocated() const noexcept {
+    return allocated_;
+  }
   [[nodiscard]] std::size_t allocated_count() const noexcept { return allocated_.size(); }
 
   // The index of free blocks a block of this owner is in.

@@ -51,8 +51,10 @@ class free_index {
 
   void remove(block* b) noexcept {
     const auto [f, s] = classify(b->size);
-    if (b->previous_free != nullptr) b->previous_free->next_free = b->next_free;
-    else lists_[f][s] = b->next_free;
+    if (b->previous_free != nullptr)
+      b->previous_free->next_free = b->next_free;
+    else
+      lists_[f][s] = b->next_free;
     if (b->next_free != nullptr) b->next_free->previous_free = b->previous_free;
     b->previous_free = b->next_free = nullptr;
     if (lists_[f][s] == nullptr) {

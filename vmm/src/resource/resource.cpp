@@ -35,7 +35,9 @@ constexpr int candidates_weighed = 16;                     // free blocks compar
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
-std::uint64_t round_to_unit(std::size_t bytes) { return (std::uint64_t{bytes} + unit - 1) & ~(unit - 1); }
+std::uint64_t round_to_unit(std::size_t bytes) {
+  return (std::uint64_t{bytes} + unit - 1) & ~(unit - 1);
+}
 
 }  // namespace
 
@@ -60,7 +62,9 @@ class resource_state {
   memory_resource_statistics statistics() const;
   memory_resource::allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
   void reset_high_water_marks();
-  bool owns(const void* ptr) const noexcept { return arena_containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr; }
+  bool owns(const void* ptr) const noexcept {
+    return arena_containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  }
 
   const memory_resource_properties& properties() const noexcept { return properties_; }
   const reuse_policies& policies() const noexcept { return policies_; }
@@ -76,6 +80,7 @@ class resource_state {
   class all_locked {
    public:
     explicit all_locked(const resource_state& state);
+
    private:
     std::unique_lock<std::mutex> resource_;
     std::vector<std::unique_lock<std::mutex>> arenas_;
@@ -112,8 +117,8 @@ class resource_state {
   void map_pages(arena& a, std::uint64_t offset, std::uint64_t size);
   // `wanted` pages for `target`'s pages [first, first + count): spare, stitched or created
   // (each with whether it was created for this request). Nothing changes if it throws.
-  std::vector<std::pair<shared_chunk, bool>> take_pages(const arena& target, std::size_t first, std::size_t count,
-                                                        std::size_t wanted);
+  std::vector<std::pair<shared_chunk, bool>> take_pages(const arena& target, std::size_t first,
+                                                        std::size_t count, std::size_t wanted);
   // Up to `wanted` idle pages, unmapped from where they are (not `target`'s pages [first,
   // first + count)), the pages of the smallest free blocks first.
   std::vector<shared_chunk> steal_idle_pages(const arena& target, std::size_t first, std::size_t count,
@@ -123,8 +128,8 @@ class resource_state {
   // `caller`'s stream: vmm records on a stream only while a call names it (the stream is
   // alive then); others may have been destroyed since.
   void refresh_points(stream_record* caller, bool wait);
-  void record_point(stream_record& record);                  // under the record's mutex
-  void release_idle(std::size_t bytes_to_keep);              // under all_locked
+  void record_point(stream_record& record);      // under the record's mutex
+  void release_idle(std::size_t bytes_to_keep);  // under all_locked
   [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
   [[nodiscard]] std::size_t largest_free_locked() const noexcept;
   void note_used(std::uint64_t bytes) noexcept;
@@ -195,9 +200,10 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
     throw invalid_argument(fmt::format("memory_resource: {} memory has no fabric handles here: {}",
                                        to_string(offered.where), offered.fabric_unavailable_reason));
   if (properties_.handle_type == handle_kind::posix_fd && offered.export_kind == handle_kind::none)
-    throw invalid_argument(fmt::format("memory_resource: {} memory cannot be exported, so handle_type "
-                                       "posix_fd cannot be had",
-                                       to_string(offered.where)));
+    throw invalid_argument(
+        fmt::format("memory_resource: {} memory cannot be exported, so handle_type "
+                    "posix_fd cannot be had",
+                    to_string(offered.where)));
   if (properties_.max_size == 0) properties_.max_size = offered.physical_memory_size;
   properties_.max_size = round_up(properties_.max_size, page_);
   for (const accessor& who : offered.default_accessors) grants_.push_back({who, access_mode::read_write});
@@ -241,7 +247,8 @@ resource_state::~resource_state() {
   try {
     held = std::make_shared<everything>(everything{std::move(arena_storage_), std::move(spare_)});
   } catch (...) {
-    for (const stream_event& point : passed) cleanup("memory_resource: waiting", [&] { point.synchronize(); });
+    for (const stream_event& point : passed)
+      cleanup("memory_resource: waiting", [&] { point.synchronize(); });
     return;  // the members unmap now
   }
   retire(std::move(passed), std::move(held));
@@ -311,8 +318,7 @@ resource_state::resource_state::stream_entry& resource_state::entry_of(stream_re
 void resource_state::note_used(std::uint64_t bytes) noexcept {
   const std::size_t now = used_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   std::size_t high = used_high_.load(std::memory_order_relaxed);
-  while (now > high && !used_high_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
-  }
+  while (now > high && !used_high_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {}
   allocations_.fetch_add(1, std::memory_order_relaxed);
   allocations_total_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -351,13 +357,13 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
   if (asleep_.load(std::memory_order_relaxed))
     throw invalid_argument("memory_resource: allocate while the resource is asleep (wake() it first)");
   if (!std::has_single_bit(alignment) || alignment > page_)
-    throw invalid_argument(fmt::format(
-        "memory_resource: alignment {} is not a power of two of at most the granularity {}", alignment,
-        page_));
+    throw invalid_argument(
+        fmt::format("memory_resource: alignment {} is not a power of two of at most the granularity {}",
+                    alignment, page_));
   if (bytes == 0) return nullptr;
   if (bytes > largest_request)
-    throw invalid_argument(fmt::format("memory_resource: {} bytes asked for: more than any address space holds",
-                                       bytes));
+    throw invalid_argument(
+        fmt::format("memory_resource: {} bytes asked for: more than any address space holds", bytes));
   const std::uint64_t size = round_to_unit(bytes);
   const std::uint64_t align = std::max<std::uint64_t>(alignment, unit);
   stream_entry& entry = entry_of(stream, sync);
@@ -406,7 +412,7 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
 }
 
 std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const arena& target, std::size_t first,
-                                                                        std::size_t count, std::size_t wanted) {
+                                                                      std::size_t count, std::size_t wanted) {
   // Spare pages first, then pages stitched from idle places (once the resource holds as
   // much as it ever needed, or at its maximum), then fresh ones from the pool; a full
   // device lets idle pages be stitched after all.
@@ -417,10 +423,10 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
   }
   const auto reserved = [&] { return (mapped_pages_ + spare_.size() + taken.size()) * page_; };
   const auto steal = [&](std::size_t n) {
-    for (shared_chunk& chunk : steal_idle_pages(target, first, count, n)) taken.emplace_back(std::move(chunk), false);
+    for (shared_chunk& chunk : steal_idle_pages(target, first, count, n))
+      taken.emplace_back(std::move(chunk), false);
   };
-  const std::size_t growth_room =
-      stitch_limit() > reserved() ? (stitch_limit() - reserved()) / page_ : 0;
+  const std::size_t growth_room = stitch_limit() > reserved() ? (stitch_limit() - reserved()) / page_ : 0;
   const std::size_t max_room =
       properties_.max_size > reserved() ? (properties_.max_size - reserved()) / page_ : 0;
   if (taken.size() < wanted && wanted - taken.size() > std::min(growth_room, max_room))
@@ -428,7 +434,8 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
   try {
     while (taken.size() < wanted) {
       if (reserved() + page_ > properties_.max_size)
-        throw out_of_memory(fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
+        throw out_of_memory(
+            fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
       try {
         taken.emplace_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)), true);
       } catch (const out_of_memory&) {
@@ -459,7 +466,8 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
   try {
     for (std::size_t i = 0; i < missing.size(); ++i) {
       const std::size_t p = missing[i];
-      pages[p].mapped = mapping(taken[i].first->memory(), a.base() + p * page_, std::span<const access_grant>{});
+      pages[p].mapped =
+          mapping(taken[i].first->memory(), a.base() + p * page_, std::span<const access_grant>{});
       pages[p].chunk = taken[i].first;
       ++mapped_pages_;
       mapped_now.push_back(p);
@@ -659,7 +667,8 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
       for (const auto& other : streams_)
         if (other.get() != &entry)
           for (arena* a : other->arenas[kind])
-            if (choice c = choose(*a, a->released(), size, alignment, best.unmapped); c.b != nullptr) best = c;
+            if (choice c = choose(*a, a->released(), size, alignment, best.unmapped); c.b != nullptr)
+              best = c;
     if (best.b != nullptr)
       if (void* p = attempt_with([&] { return take(best, size); })) return p;
     if (!sync)
@@ -679,8 +688,8 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
   throw out_of_memory(fmt::format(
       "memory_resource on {}: {} bytes requested ({} with rounding), {} reserved, {} in use, the largest "
       "free run of addresses is {} bytes{}{}",
-      to_string(provider()->where()), requested, size, (mapped_pages_ + spare_.size()) * page_,
-      used_.load(), largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
+      to_string(provider()->where()), requested, size, (mapped_pages_ + spare_.size()) * page_, used_.load(),
+      largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
 }
 
 // ---- deallocation -------------------------------------------------------------------------
@@ -692,15 +701,17 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
   const auto refuse = [&](const std::string& why) {
     bad_deallocations_.fetch_add(1, std::memory_order_relaxed);
     cleanup("memory_resource: deallocate", [&] {
-      throw invalid_argument(fmt::format("memory_resource: deallocate of {:#x} ({} bytes) refused: {}; "
-                                         "nothing changed",
-                                         address, bytes, why));
+      throw invalid_argument(
+          fmt::format("memory_resource: deallocate of {:#x} ({} bytes) refused: {}; "
+                      "nothing changed",
+                      address, bytes, why));
     });
   };
   arena* a = arena_containing(address);
   if (a == nullptr) return refuse("the pointer is not one of this resource's");
   if (asleep_.load()) return refuse("the resource is asleep (wake() it first)");
-  if (!std::has_single_bit(alignment)) return refuse(fmt::format("alignment {} is not a power of two", alignment));
+  if (!std::has_single_bit(alignment))
+    return refuse(fmt::format("alignment {} is not a power of two", alignment));
   bool over = false;
   cleanup("memory_resource: deallocate", [&] {
     stream_entry* entry = (sync || synchronous_) ? nullptr : &entry_of(stream, false);
@@ -734,7 +745,8 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
     allocations_.fetch_sub(1, std::memory_order_relaxed);
     over = over_threshold_.load(std::memory_order_relaxed);
   });
-  if (over) cleanup("memory_resource: release threshold", [&] {
+  if (over)
+    cleanup("memory_resource: release threshold", [&] {
       all_locked locked(*this);
       release_idle(properties_.release_threshold);
     });
@@ -811,7 +823,8 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
     arena& a = *arenas_[i].load();
     std::vector<const block*> blocks;
     for (const auto& [offset, b] : a.allocated()) blocks.push_back(b);
-    std::sort(blocks.begin(), blocks.end(), [](const block* x, const block* y) { return x->offset < y->offset; });
+    std::sort(blocks.begin(), blocks.end(),
+              [](const block* x, const block* y) { return x->offset < y->offset; });
     for (const block* b : blocks) {
       if (std::find(tags.begin(), tags.end(), b->tag) == tags.end()) tags.push_back(b->tag);
       if (!offloaded(b->tag)) continue;
@@ -829,13 +842,13 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   // The host copies first: if they cannot be had, nothing has changed.
   std::unique_ptr<growable_buffer> saved;
   if (total != 0) {
-    const location host = provider()->where().kind == memory_kind::os_host ? location::os_host()
-                                                                            : location::pinned_host(0);
+    const location host =
+        provider()->where().kind == memory_kind::os_host ? location::os_host() : location::pinned_host(0);
     saved = std::make_unique<growable_buffer>(host, growable_buffer_options{.max_size = total});
     saved->resize(total);
     for (const saved_run& run : runs)
-      executor_.copy(static_cast<std::byte*>(saved->data()) + run.offset, reinterpret_cast<void*>(run.address),
-                     run.bytes, stream);
+      executor_.copy(static_cast<std::byte*>(saved->data()) + run.offset,
+                     reinterpret_cast<void*>(run.address), run.bytes, stream);
   }
   executor_.synchronize(stream);
 
@@ -861,7 +874,8 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   all_locked locked(*this);
   if (!asleep_.load()) throw invalid_argument("memory_resource: wake while awake");
   const auto waking = [&](std::uint32_t tag) {
-    return tags.empty() || std::any_of(tags.begin(), tags.end(), [&](allocation_tag t) { return t.value == tag; });
+    return tags.empty() ||
+           std::any_of(tags.begin(), tags.end(), [&](allocation_tag t) { return t.value == tag; });
   };
   // The pages under the allocations of the waking tags.
   std::vector<std::pair<arena*, std::size_t>> needed;
@@ -890,8 +904,9 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     const std::size_t missing = (needed.size() - taken.size()) * page_;
     taken.clear();
     pool_->trim_to(0);
-    throw out_of_memory(fmt::format("memory_resource: wake needs {} bytes ({} pages); {} bytes were missing: {}",
-                                    needed.size() * page_, needed.size(), missing, error.what()));
+    throw out_of_memory(
+        fmt::format("memory_resource: wake needs {} bytes ({} pages); {} bytes were missing: {}",
+                    needed.size() * page_, needed.size(), missing, error.what()));
   }
   std::size_t mapped_now = 0;
   try {
@@ -905,14 +920,16 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     }
     for (std::size_t i = 0; i < needed.size();) {
       std::size_t j = i + 1;
-      while (j < needed.size() && needed[j].first == needed[i].first && needed[j].second == needed[j - 1].second + 1) ++j;
+      while (j < needed.size() && needed[j].first == needed[i].first &&
+             needed[j].second == needed[j - 1].second + 1)
+        ++j;
       provider()->set_access(needed[i].first->base() + needed[i].second * page_, (j - i) * page_, grants_);
       i = j;
     }
     for (const saved_run& run : saved_runs_)
       if (waking(run.tag))
-        executor_.copy(reinterpret_cast<void*>(run.address), static_cast<std::byte*>(saved_->data()) + run.offset,
-                       run.bytes, stream);
+        executor_.copy(reinterpret_cast<void*>(run.address),
+                       static_cast<std::byte*>(saved_->data()) + run.offset, run.bytes, stream);
     executor_.synchronize(stream);
   } catch (...) {
     for (std::size_t i = 0; i < mapped_now; ++i) {
@@ -930,8 +947,8 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   if (asleep_tags_.empty()) {
     saved_.reset();  // the host copies go back to their pool, and from it to the system
     saved_runs_.clear();
-    const location host = provider()->where().kind == memory_kind::os_host ? location::os_host()
-                                                                            : location::pinned_host(0);
+    const location host =
+        provider()->where().kind == memory_kind::os_host ? location::os_host() : location::pinned_host(0);
     default_pool(host)->trim_to(0);
     asleep_.store(false);
   }
@@ -1017,9 +1034,10 @@ memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std:
     std::lock_guard lock(a.mutex);
     const block* b = a.allocated_at(address - a.base());
     if (b == nullptr || b->size != round_to_unit(bytes))
-      throw invalid_argument(fmt::format("memory_resource: {:#x} ({} bytes) is not a live allocation of "
-                                         "this resource",
-                                         address, bytes));
+      throw invalid_argument(
+          fmt::format("memory_resource: {:#x} ({} bytes) is not a live allocation of "
+                      "this resource",
+                      address, bytes));
     const auto [first, pages] = a.page_span(b->offset, b->size);
     memory_resource::allocation_pages result{i, a.base(), a.size(), first, page_, {}};
     for (std::size_t p = first; p < first + pages; ++p) result.pages.push_back(a.pages()[p].chunk);
@@ -1061,19 +1079,25 @@ void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_
   return state_->allocate(stream, bytes, alignment, false);
 }
 
-void memory_resource::deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+void memory_resource::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
+                                 std::size_t alignment) noexcept {
   state_->deallocate(stream, ptr, bytes, alignment, false);
 }
 
-void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, allocation_tag tag) {
+void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment,
+                                allocation_tag tag) {
   return state_->allocate(stream, bytes, alignment, false, tag.value);
 }
 
 void memory_resource::sleep(std::span<const allocation_tag> offload, stream_ref stream) {
   state_->sleep(offload, stream);
 }
-void memory_resource::wake(std::span<const allocation_tag> tags, stream_ref stream) { state_->wake(tags, stream); }
-bool memory_resource::asleep() const noexcept { return state_->asleep(); }
+void memory_resource::wake(std::span<const allocation_tag> tags, stream_ref stream) {
+  state_->wake(tags, stream);
+}
+bool memory_resource::asleep() const noexcept {
+  return state_->asleep();
+}
 
 void* memory_resource::allocate_sync(std::size_t bytes, std::size_t alignment) {
   return state_->allocate({}, bytes, alignment, true);
@@ -1083,21 +1107,47 @@ void memory_resource::deallocate_sync(void* ptr, std::size_t bytes, std::size_t 
   state_->deallocate({}, ptr, bytes, alignment, true);
 }
 
-void memory_resource::trim_to(std::size_t bytes_to_keep) { state_->trim_to(bytes_to_keep); }
-void memory_resource::synchronize() { state_->synchronize(); }
-void memory_resource::set_release_threshold(std::size_t bytes) { state_->set_release_threshold(bytes); }
-void memory_resource::set_access(std::span<const access_grant> grants) { state_->set_access(grants); }
-access_mode memory_resource::access(const accessor& who) const { return state_->access(who); }
-void memory_resource::wait_for(stream_ref waiting, stream_ref freeing) { state_->wait_for(waiting, freeing); }
-memory_resource_statistics memory_resource::statistics() const { return state_->statistics(); }
+void memory_resource::trim_to(std::size_t bytes_to_keep) {
+  state_->trim_to(bytes_to_keep);
+}
+void memory_resource::synchronize() {
+  state_->synchronize();
+}
+void memory_resource::set_release_threshold(std::size_t bytes) {
+  state_->set_release_threshold(bytes);
+}
+void memory_resource::set_access(std::span<const access_grant> grants) {
+  state_->set_access(grants);
+}
+access_mode memory_resource::access(const accessor& who) const {
+  return state_->access(who);
+}
+void memory_resource::wait_for(stream_ref waiting, stream_ref freeing) {
+  state_->wait_for(waiting, freeing);
+}
+memory_resource_statistics memory_resource::statistics() const {
+  return state_->statistics();
+}
 memory_resource::allocation_pages memory_resource::pages_of(const void* ptr, std::size_t bytes) const {
   return state_->pages_of(ptr, bytes);
 }
-void memory_resource::reset_high_water_marks() { state_->reset_high_water_marks(); }
-const memory_resource_properties& memory_resource::properties() const noexcept { return state_->properties(); }
-const reuse_policies& memory_resource::policies() const noexcept { return state_->policies(); }
-const std::shared_ptr<memory_provider>& memory_resource::provider() const noexcept { return state_->provider(); }
-const std::shared_ptr<chunk_pool>& memory_resource::pool() const noexcept { return state_->pool(); }
-bool memory_resource::owns(const void* ptr) const noexcept { return state_->owns(ptr); }
+void memory_resource::reset_high_water_marks() {
+  state_->reset_high_water_marks();
+}
+const memory_resource_properties& memory_resource::properties() const noexcept {
+  return state_->properties();
+}
+const reuse_policies& memory_resource::policies() const noexcept {
+  return state_->policies();
+}
+const std::shared_ptr<memory_provider>& memory_resource::provider() const noexcept {
+  return state_->provider();
+}
+const std::shared_ptr<chunk_pool>& memory_resource::pool() const noexcept {
+  return state_->pool();
+}
+bool memory_resource::owns(const void* ptr) const noexcept {
+  return state_->owns(ptr);
+}
 
 }  // namespace vmm

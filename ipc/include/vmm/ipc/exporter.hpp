@@ -137,8 +137,8 @@ class exporter {
 
  private:
   struct cache_entry {
-    unique_fd fd;                          // made on the first posix-fd export
-    std::optional<fabric_handle> fabric;   // made on the first fabric export
+    unique_fd fd;                         // made on the first posix-fd export
+    std::optional<fabric_handle> fabric;  // made on the first fabric export
   };
   using chunk_key = std::weak_ptr<const pooled_chunk>;
   // One export generation: every chunk exported in it, in address order from offset 0.

@@ -139,8 +139,7 @@ class timeout_error : public os_error {
 /// @throws vmm::os_error if poll or sendmsg fails: EPIPE when the peer has closed, EBADF
 ///         when `socket_fd` or an entry of `fds` is not open. Part of the message may have
 ///         been sent.
-void send_message(int socket_fd, std::span<const std::byte> payload,
-                  std::span<const int> fds = {},
+void send_message(int socket_fd, std::span<const std::byte> payload, std::span<const int> fds = {},
                   std::chrono::milliseconds timeout = default_timeout);
 
 /// Receives one message sent by send_message. Waits, for at most `timeout` in all, until it
@@ -162,8 +161,7 @@ void send_message(int socket_fd, std::span<const std::byte> payload,
 ///         header's or from `expected_fd_count`, or descriptors that arrived after the
 ///         message's first read.
 /// @throws std::bad_alloc if the payload buffer cannot be allocated.
-[[nodiscard]] message receive_message(int socket_fd,
-                                      std::optional<std::size_t> expected_fd_count = {},
+[[nodiscard]] message receive_message(int socket_fd, std::optional<std::size_t> expected_fd_count = {},
                                       std::chrono::milliseconds timeout = default_timeout);
 
 }  // namespace vmm::ipc

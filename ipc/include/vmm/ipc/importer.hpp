@@ -152,9 +152,7 @@ class imported_buffer {
   /// Where this import starts in the exporter's buffer.
   [[nodiscard]] std::uint64_t base_offset() const noexcept { return base_offset_; }
   /// The provider the range was allocated through (null when empty).
-  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
-    return run_.provider();
-  }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return run_.provider(); }
   [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
   /// Orders destruction after work on `stream` instead.
   void set_stream(stream_ref stream) noexcept { stream_ = stream; }

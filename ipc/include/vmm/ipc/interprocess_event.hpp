@@ -85,8 +85,8 @@ class interprocess_event {
   void reset() noexcept;
 
  private:
-  interprocess_event(stream_executor& executor, event_handle event,
-                     const interprocess_event_handle& handle, bool created) noexcept;
+  interprocess_event(stream_executor& executor, event_handle event, const interprocess_event_handle& handle,
+                     bool created) noexcept;
   void require() const;
 
   stream_executor* executor_ = nullptr;

@@ -8,7 +8,8 @@
 ///     vmm::memory_resource pool(where, {.handle_type = vmm::handle_kind::posix_fd});
 ///     vmm::ipc::resource_exporter exporter(pool);
 ///     vmm::ipc::send_resource(socket, exporter.export_resource());
-///                                                        auto shared = vmm::ipc::imported_resource::receive(socket);
+///                                                        auto shared =
+///                                                        vmm::ipc::imported_resource::receive(socket);
 ///     void* p = pool.allocate(s, n);
 ///     vmm::ipc::send_pointer(socket, exporter.export_pointer(p, n));
 ///                                                        vmm::ipc::imported_pointer q =
@@ -272,11 +273,11 @@ struct resource_import_options {
 
 /// What an imported resource holds now, and has done (lifetime counters).
 struct imported_resource_statistics {
-  std::size_t pointers = 0;       ///< imported pointers alive
-  std::size_t segments = 0;       ///< mirrors reserved (one per exporter arena in use)
-  std::size_t pages_mapped = 0;   ///< pages mapped now
+  std::size_t pointers = 0;        ///< imported pointers alive
+  std::size_t segments = 0;        ///< mirrors reserved (one per exporter arena in use)
+  std::size_t pages_mapped = 0;    ///< pages mapped now
   std::size_t pages_imported = 0;  ///< handles imported and mapped (lifetime)
-  std::size_t pages_shared = 0;   ///< pages received that were mapped already: fd closed (lifetime)
+  std::size_t pages_shared = 0;    ///< pages received that were mapped already: fd closed (lifetime)
   std::size_t pages_released = 0;  ///< pages retired once no pointer used them (lifetime)
 };
 
@@ -371,7 +372,8 @@ class imported_resource {
   [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes,
                                std::size_t alignment = memory_resource::default_alignment);
   /// Always throws, as allocate().
-  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment = memory_resource::default_alignment);
+  [[nodiscard]] void* allocate_sync(std::size_t bytes,
+                                    std::size_t alignment = memory_resource::default_alignment);
 
   [[nodiscard]] const resource_description& description() const noexcept;
   [[nodiscard]] access_mode access() const noexcept;

@@ -150,7 +150,8 @@ class client {
   /// uncommitted until seal(): if this client's connection closes first, the name goes.
   /// @throws store_error exists, cap_exceeded (naming the cap), unavailable (no such
   ///         memory at the daemon), invalid, out_of_memory; daemon_gone.
-  [[nodiscard]] buffer create(std::string_view name, std::size_t size, location where, create_options options = {});
+  [[nodiscard]] buffer create(std::string_view name, std::size_t size, location where,
+                              create_options options = {});
   /// No writer any more: writable gets and growth are refused from now on; the buffer
   /// stays until remove(), whoever holds it.
   void seal(std::string_view name);

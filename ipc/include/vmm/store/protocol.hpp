@@ -118,14 +118,14 @@ enum class status : std::uint16_t {
 struct request {
   operation op = operation::hello;
   std::string name;
-  location where;                  ///< create
-  std::uint64_t size = 0;          ///< create, grow
-  std::uint64_t max_size = 0;      ///< create
+  location where;                               ///< create
+  std::uint64_t size = 0;                       ///< create, grow
+  std::uint64_t max_size = 0;                   ///< create
   access_mode access = access_mode::read_only;  ///< get
-  std::uint64_t entry = 0;         ///< get (cached), refresh, release
-  std::uint64_t generation = 0;    ///< get (cached), refresh
-  std::uint64_t end = 0;           ///< get (cached), refresh
-  std::uint32_t pid = 0;           ///< grant
+  std::uint64_t entry = 0;                      ///< get (cached), refresh, release
+  std::uint64_t generation = 0;                 ///< get (cached), refresh
+  std::uint64_t end = 0;                        ///< get (cached), refresh
+  std::uint32_t pid = 0;                        ///< grant
   friend bool operator==(const request&, const request&) = default;
 };
 
@@ -147,7 +147,7 @@ class unsupported_version_error : public ipc::protocol_error {
 /// What the daemon says about one buffer (stat, list).
 struct buffer_info {
   std::string name;
-  std::uint64_t entry = 0;     ///< the daemon's id of this buffer: a new id per create
+  std::uint64_t entry = 0;  ///< the daemon's id of this buffer: a new id per create
   location where;
   std::uint64_t size = 0;      ///< bytes in use
   std::uint64_t capacity = 0;  ///< bytes of physical memory behind it
@@ -186,14 +186,14 @@ struct hold_reply {
 /// The daemon's counters (statistics): what a leak check compares.
 struct daemon_statistics {
   std::uint64_t connections = 0;
-  std::uint64_t entries = 0;        ///< buffers alive, named or removed but still held
-  std::uint64_t named_entries = 0;  ///< buffers that a name reaches
-  std::uint64_t holds = 0;          ///< holds of every connection together
-  std::uint64_t bytes = 0;          ///< capacity of every live buffer (what the cap counts)
-  std::uint64_t pool_used = 0;      ///< chunk pools' used_current, every location
-  std::uint64_t pool_reserved = 0;  ///< chunk pools' reserved_current, every location
-  std::uint64_t cached_exports = 0; ///< the exporter's cached chunks
-  std::uint64_t open_fds = 0;       ///< entries of the daemon's /proc/self/fd
+  std::uint64_t entries = 0;         ///< buffers alive, named or removed but still held
+  std::uint64_t named_entries = 0;   ///< buffers that a name reaches
+  std::uint64_t holds = 0;           ///< holds of every connection together
+  std::uint64_t bytes = 0;           ///< capacity of every live buffer (what the cap counts)
+  std::uint64_t pool_used = 0;       ///< chunk pools' used_current, every location
+  std::uint64_t pool_reserved = 0;   ///< chunk pools' reserved_current, every location
+  std::uint64_t cached_exports = 0;  ///< the exporter's cached chunks
+  std::uint64_t open_fds = 0;        ///< entries of the daemon's /proc/self/fd
   friend bool operator==(const daemon_statistics&, const daemon_statistics&) = default;
 };
 

@@ -128,8 +128,8 @@ class server {
   bool stopped_ = false;
   std::map<location, std::shared_ptr<chunk_pool>> pools_;
   ipc::exporter exporter_;
-  std::map<std::uint64_t, std::unique_ptr<entry>> entries_;   // by entry id
-  std::map<std::string, std::uint64_t, std::less<>> names_;   // name -> entry id
+  std::map<std::uint64_t, std::unique_ptr<entry>> entries_;  // by entry id
+  std::map<std::string, std::uint64_t, std::less<>> names_;  // name -> entry id
   std::map<std::uint64_t, std::unique_ptr<connection>> connections_;
   std::uint64_t next_entry_ = 1;
   std::uint64_t next_connection_ = 1;
