@@ -211,8 +211,11 @@ void imported_buffer::map_chunks(const manifest& description, fd_source& fds) {
         fmt::format("imported_buffer: {} fds left over after the manifest's chunks", fds.remaining));
   if (run_.data() == nullptr) {
     const std::shared_ptr<memory_provider> provider = provider_of(description.where);
-    const std::size_t limit =
-        max_size_limit_ != 0 ? max_size_limit_ : provider->capabilities().physical_memory_size;
+    // By default what a buffer of that location reserves by default: its memory size rounded
+    // up to the granularity (a GPU's memory size need not be a multiple of it).
+    const std::size_t limit = max_size_limit_ != 0 ? max_size_limit_
+                                                   : round_up(provider->capabilities().physical_memory_size,
+                                                              provider->granularity());
     if (description.max_size > limit)
       throw invalid_argument(fmt::format(
           "imported_buffer: the manifest asks to reserve {} bytes of addresses, more than the limit of "

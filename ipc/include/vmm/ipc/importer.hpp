@@ -83,7 +83,8 @@ struct import_options {
   /// default stream when not given).
   stream_ref stream;
   /// The largest max_size a manifest may make this process reserve; 0: the physical memory
-  /// size of the manifest's location (provider_capabilities::physical_memory_size).
+  /// size of the manifest's location (provider_capabilities::physical_memory_size) rounded
+  /// up to its granularity, what a growable_buffer there reserves by default.
   std::size_t max_size_limit = 0;
   /// How long imported_buffer::receive() waits for the whole manifest, every continuation
   /// message included; the handles it imports between them count against it too.
