@@ -29,10 +29,20 @@ struct refusal {
 
 // What a growable buffer's geometric policy maps to hold `required` bytes after `capacity`:
 // an upper bound of what resize() maps (its fallbacks only take smaller chunks).
+// A chunk smaller than the need is the policy's largest, and every chunk until the last is
+// that size too: those are added at once, so that a request of any size costs a few steps.
 std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::size_t g, std::size_t max) {
   const chunk_policy policy = chunk_policy::geometric();
-  while (capacity < required && capacity < max)
-    capacity += std::min(policy.next_chunk(capacity, required, g), max - capacity);
+  while (capacity < required && capacity < max) {
+    const std::size_t step = policy.next_chunk(capacity, required, g);
+    const std::size_t needed = round_up(required - capacity, g);
+    if (step < needed) {
+      const std::size_t before_last = (needed - 1) / step;
+      capacity = before_last > (max - capacity) / step ? max : capacity + before_last * step;
+      continue;
+    }
+    capacity += std::min(step, max - capacity);
+  }
   return capacity;
 }
 
