@@ -55,6 +55,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "vmm/append.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
@@ -491,17 +492,6 @@ void compaction(benchmark::State& state, contender who, allocation how) {
   cudaFree(cub_temporary.first);
 }
 
-std::uint64_t parse_size(const char* text) {
-  char* rest = nullptr;
-  std::uint64_t value = std::strtoull(text, &rest, 10);
-  if (rest != nullptr) {
-    if (*rest == 'K' || *rest == 'k') value <<= 10;
-    if (*rest == 'M' || *rest == 'm') value <<= 20;
-    if (*rest == 'G' || *rest == 'g') value <<= 30;
-  }
-  return value;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -509,7 +499,7 @@ int main(int argc, char** argv) {
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--size=", 7) == 0) {
-      key_count = parse_size(argv[i] + 7);
+      key_count = vmm::bench::parse_size("--size=", argv[i] + 7);
     } else {
       argv[kept++] = argv[i];
     }

@@ -34,6 +34,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bench_args.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/growable_buffer.hpp"
@@ -49,28 +50,6 @@ std::map<std::string, double> seconds_of;  // rows measured so far, for the rati
 void check(cudaError_t result, const char* call) {
   if (result != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(result));
-}
-
-std::size_t parse_size(const char* text) {
-  char* end = nullptr;
-  std::size_t value = std::strtoull(text, &end, 10);
-  switch (*end) {
-    case 'K':
-    case 'k':
-      value <<= 10;
-      break;
-    case 'M':
-    case 'm':
-      value <<= 20;
-      break;
-    case 'G':
-    case 'g':
-      value <<= 30;
-      break;
-    default:
-      break;
-  }
-  return value;
 }
 
 __global__ void write_slice(std::uint32_t* slice, std::size_t count, int passes, std::uint32_t seed) {
@@ -165,9 +144,9 @@ int main(int argc, char** argv) {
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--append=", 9) == 0) {
-      append_bytes = parse_size(argv[i] + 9);
+      append_bytes = vmm::bench::parse_size("--append=", argv[i] + 9);
     } else if (std::strncmp(argv[i], "--total=", 8) == 0) {
-      total_bytes = parse_size(argv[i] + 8);
+      total_bytes = vmm::bench::parse_size("--total=", argv[i] + 8);
     } else if (std::strncmp(argv[i], "--passes=", 9) == 0) {
       passes = std::atoi(argv[i] + 9);
     } else {

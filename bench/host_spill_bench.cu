@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bench_args.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/device_vector.hpp"
@@ -47,28 +48,6 @@ constexpr std::size_t max_staging = std::size_t{16} << 30;
 void check(cudaError_t result, const char* call) {
   if (result != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(result));
-}
-
-std::size_t parse_size(const char* text) {
-  char* end = nullptr;
-  std::size_t value = std::strtoull(text, &end, 10);
-  switch (*end) {
-    case 'K':
-    case 'k':
-      value <<= 10;
-      break;
-    case 'M':
-    case 'm':
-      value <<= 20;
-      break;
-    case 'G':
-    case 'g':
-      value <<= 30;
-      break;
-    default:
-      break;
-  }
-  return value;
 }
 
 __global__ void fill_indices(std::uint32_t* data, std::size_t count) {
@@ -260,9 +239,9 @@ int main(int argc, char** argv) {
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--cap=", 6) == 0) {
-      cap_bytes = parse_size(argv[i] + 6);
+      cap_bytes = vmm::bench::parse_size("--cap=", argv[i] + 6);
     } else if (std::strncmp(argv[i], "--host=", 7) == 0) {
-      host_bytes = parse_size(argv[i] + 7);
+      host_bytes = vmm::bench::parse_size("--host=", argv[i] + 7);
     } else if (std::strncmp(argv[i], "--oversubscribe=", 16) == 0) {
       oversubscribe = std::atof(argv[i] + 16);
     } else {

@@ -1,0 +1,49 @@
+#pragma once
+/// @file
+/// Command-line sizes of the benchmark programs' own options (--size=, --append=, ...), taken
+/// out of argv before Google Benchmark sees it. Shared by C++ and CUDA C++ translation units.
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace vmm::bench {
+
+/// "64M", "4G", "1024", with K/M/G (either case) meaning 2^10/2^20/2^30. `option` names the
+/// flag in the error.
+/// @throws std::invalid_argument anything else, zero, or a value past 2^63.
+inline std::uint64_t parse_size(const char* option, const char* text) {
+  char* rest = nullptr;
+  errno = 0;
+  std::uint64_t value = std::strtoull(text, &rest, 10);
+  int shift = 0;
+  if (rest != text && *rest != '\0' && rest[1] == '\0') {
+    switch (*rest) {
+      case 'K':
+      case 'k':
+        shift = 10;
+        ++rest;
+        break;
+      case 'M':
+      case 'm':
+        shift = 20;
+        ++rest;
+        break;
+      case 'G':
+      case 'g':
+        shift = 30;
+        ++rest;
+        break;
+      default:
+        break;
+    }
+  }
+  if (rest == text || *rest != '\0' || errno != 0 || *text == '-' || value == 0 ||
+      value > (std::uint64_t{1} << (63 - shift)))
+    throw std::invalid_argument(std::string(option) + text + ": expected a size such as 4096, 64M or 4G");
+  return value << shift;
+}
+
+}  // namespace vmm::bench
