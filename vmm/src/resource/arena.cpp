@@ -1,11 +1,14 @@
 #include "resource/arena.hpp"
 
 #include <algorithm>
+#include <bit>
 
 namespace vmm::detail {
 
 arena::arena(std::shared_ptr<memory_provider> provider, std::size_t bytes, std::size_t page_size)
-    : page_size_(page_size), range_(std::move(provider), bytes) {
+    : page_size_(page_size),
+      page_shift_(static_cast<unsigned>(std::countr_zero(page_size))),
+      range_(std::move(provider), bytes) {
   block* all = new_block();
   all->offset = 0;
   all->size = range_.size();
@@ -50,8 +53,8 @@ free_index& arena::index_of(const block* b) noexcept {
 
 std::pair<std::size_t, std::size_t> arena::page_span(std::uint64_t offset,
                                                      std::uint64_t size) const noexcept {
-  const std::size_t first = static_cast<std::size_t>(offset / page_size_);
-  const std::size_t last = static_cast<std::size_t>((offset + size - 1) / page_size_);
+  const std::size_t first = static_cast<std::size_t>(offset >> page_shift_);
+  const std::size_t last = static_cast<std::size_t>((offset + size - 1) >> page_shift_);
   return {first, last - first + 1};
 }
 
@@ -66,15 +69,19 @@ std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std:
 void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
   const auto [first, count] = page_span(offset, size);
   if (first + count > pages_.size()) pages_.resize(first + count);  // only ever when adding
+  // The first and the last page may be held in part, every page between them whole.
   const std::uint64_t end = offset + size;
-  for (std::size_t p = first; p < first + count; ++p) {
-    const std::uint64_t page_start = std::uint64_t{p} * page_size_;
-    const std::uint64_t bytes = std::min(end, page_start + page_size_) - std::max(offset, page_start);
+  const auto change = [&](std::size_t p, std::uint64_t bytes) {
     if (add)
       pages_[p].held += bytes;
     else
       pages_[p].held -= bytes;
-  }
+  };
+  const std::uint64_t first_end = (std::uint64_t{first} + 1) << page_shift_;
+  if (count == 1) return change(first, size);
+  change(first, first_end - offset);
+  for (std::size_t p = first + 1; p + 1 < first + count; ++p) change(p, page_size_);
+  change(first + count - 1, end - (std::uint64_t{first + count - 1} << page_shift_));
 }
 
 std::uint64_t arena::fit(const block* b, std::uint64_t size, std::uint64_t alignment) noexcept {
@@ -169,7 +176,7 @@ block* arena::carve(block* b, std::uint64_t start, std::uint64_t size) {
   // Every piece is made first: nothing below can fail once the books start to change.
   block* head = start > b->offset ? new_block() : nullptr;
   block* tail = start + size < b->end() ? new_block() : nullptr;
-  allocated_.reserve(allocated_.size() + 1);
+  allocated_.reserve_one();
   free_index& index = index_of(b);
   index.remove(b);
   const auto split_off = [&](block* piece, std::uint64_t offset, std::uint64_t bytes) {
@@ -203,7 +210,7 @@ block* arena::carve(block* b, std::uint64_t start, std::uint64_t size) {
   b->owner = 0;
   b->epoch = 0;
   if (was_released) hold(start, size, true);  // pending bytes were held already
-  allocated_.emplace(start, b);
+  allocated_.insert(b);
   return b;
 }
 
@@ -247,8 +254,7 @@ std::size_t arena::release_pending(stream_slot& slot, std::uint64_t epoch) noexc
 }
 
 block* arena::allocated_at(std::uint64_t offset) const noexcept {
-  const auto it = allocated_.find(offset);
-  return it == allocated_.end() ? nullptr : it->second;
+  return allocated_.find(offset);
 }
 
 }  // namespace vmm::detail

@@ -10,9 +10,9 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
+#include "resource/block_table.hpp"
 #include "resource/free_index.hpp"
 #include "vmm/address_range.hpp"
 #include "vmm/mapping.hpp"
@@ -62,6 +62,7 @@ class arena {
   ~arena();
 
   std::mutex mutex;
+  std::uint64_t allocations_made = 0;  // under the mutex: every allocation ever placed here
 
   [[nodiscard]] std::uintptr_t base() const noexcept { return range_.address(); }
   [[nodiscard]] std::size_t size() const noexcept { return range_.size(); }
@@ -101,9 +102,7 @@ class arena {
 
   // Allocated blocks by their offset.
   [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept;
-  [[nodiscard]] const std::unordered_map<std::uint64_t, block*>& allocated() const noexcept {
-    return allocated_;
-  }
+  [[nodiscard]] const block_table& allocated() const noexcept { return allocated_; }
   [[nodiscard]] std::size_t allocated_count() const noexcept { return allocated_.size(); }
 
   // The index of free blocks a block of this owner is in.
@@ -121,11 +120,12 @@ class arena {
   block* coalesce(block* b) noexcept;
 
   std::size_t page_size_;
+  unsigned page_shift_;  // the page size is a power of two
   address_range range_;
   std::vector<page> pages_;  // declared after range_: the mappings go first
   free_index released_;
   std::vector<std::unique_ptr<stream_slot>> slots_;
-  std::unordered_map<std::uint64_t, block*> allocated_;
+  block_table allocated_;
   std::vector<std::unique_ptr<block[]>> block_storage_;
   block* spare_blocks_ = nullptr;
 };

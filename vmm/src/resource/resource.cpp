@@ -35,6 +35,9 @@ constexpr int candidates_weighed = 16;                     // free blocks compar
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
+// std::has_single_bit is a popcount, a library call where the target lacks the instruction.
+constexpr bool power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
+
 std::uint64_t round_to_unit(std::size_t bytes) {
   return (std::uint64_t{bytes} + unit - 1) & ~(unit - 1);
 }
@@ -163,8 +166,6 @@ class resource_state {
 
   std::atomic<std::size_t> used_{0};
   std::atomic<std::size_t> used_high_{0};
-  std::atomic<std::size_t> allocations_{0};
-  std::atomic<std::size_t> allocations_total_{0};
   std::atomic<std::size_t> bad_deallocations_{0};
   std::atomic<bool> over_threshold_{false};
 
@@ -319,8 +320,6 @@ void resource_state::note_used(std::uint64_t bytes) noexcept {
   const std::size_t now = used_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   std::size_t high = used_high_.load(std::memory_order_relaxed);
   while (now > high && !used_high_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {}
-  allocations_.fetch_add(1, std::memory_order_relaxed);
-  allocations_total_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64_t size,
@@ -342,6 +341,7 @@ void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64
     if (found == nullptr) return nullptr;
     block* b = home.carve(found, start, size);
     b->tag = tag;
+    ++home.allocations_made;
     return reinterpret_cast<void*>(home.base() + b->offset);
   };
   if (record != nullptr) {
@@ -356,7 +356,7 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
                                std::uint32_t tag) {
   if (asleep_.load(std::memory_order_relaxed))
     throw invalid_argument("memory_resource: allocate while the resource is asleep (wake() it first)");
-  if (!std::has_single_bit(alignment) || alignment > page_)
+  if (!power_of_two(alignment) || alignment > page_)
     throw invalid_argument(
         fmt::format("memory_resource: alignment {} is not a power of two of at most the granularity {}",
                     alignment, page_));
@@ -628,6 +628,7 @@ void* resource_state::slow_allocate(stream_entry& entry, std::uint64_t size, std
   void* p = slow_allocate_locked(entry, kind, size, alignment, sync, requested);
   arena& a = *arena_containing(reinterpret_cast<std::uintptr_t>(p));
   a.allocated_at(reinterpret_cast<std::uintptr_t>(p) - a.base())->tag = tag;
+  ++a.allocations_made;
   return p;
 }
 
@@ -710,7 +711,7 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
   arena* a = arena_containing(address);
   if (a == nullptr) return refuse("the pointer is not one of this resource's");
   if (asleep_.load()) return refuse("the resource is asleep (wake() it first)");
-  if (!std::has_single_bit(alignment))
+  if (!power_of_two(alignment))
     return refuse(fmt::format("alignment {} is not a power of two", alignment));
   bool over = false;
   cleanup("memory_resource: deallocate", [&] {
@@ -742,7 +743,6 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
       }
     }
     used_.fetch_sub(size, std::memory_order_relaxed);
-    allocations_.fetch_sub(1, std::memory_order_relaxed);
     over = over_threshold_.load(std::memory_order_relaxed);
   });
   if (over)
@@ -822,7 +822,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
     arena& a = *arenas_[i].load();
     std::vector<const block*> blocks;
-    for (const auto& [offset, b] : a.allocated()) blocks.push_back(b);
+    a.allocated().for_each([&](const block* b) { blocks.push_back(b); });
     std::sort(blocks.begin(), blocks.end(),
               [](const block* x, const block* y) { return x->offset < y->offset; });
     for (const block* b : blocks) {
@@ -882,12 +882,12 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
     arena& a = *arenas_[i].load();
     std::vector<bool> wanted;
-    for (const auto& [offset, b] : a.allocated()) {
-      if (!waking(b->tag)) continue;
+    a.allocated().for_each([&](const block* b) {
+      if (!waking(b->tag)) return;
       const auto [first, count] = a.page_span(b->offset, b->size);
       if (wanted.size() < first + count) wanted.resize(first + count);
       for (std::size_t p = first; p < first + count; ++p) wanted[p] = true;
-    }
+    });
     for (std::size_t p = 0; p < wanted.size(); ++p)
       if (wanted[p] && a.pages()[p].chunk == nullptr) needed.emplace_back(&a, p);
   }
@@ -1013,8 +1013,11 @@ memory_resource_statistics resource_state::statistics() const {
   s.reserved_high = reserved_high_;
   s.used_current = used_.load();
   s.used_high = used_high_.load();
-  s.allocations = allocations_.load();
-  s.allocations_total = allocations_total_.load();
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    const arena& a = *arenas_[i].load();
+    s.allocations += a.allocated_count();
+    s.allocations_total += a.allocations_made;
+  }
   s.segments = arena_count_.load();
   s.handles = mapped_pages_ + spare_.size();
   s.largest_free_block = largest_free_locked();
