@@ -36,7 +36,9 @@ constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
 // std::has_single_bit is a popcount, a library call where the target lacks the instruction.
-constexpr bool power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
+constexpr bool power_of_two(std::size_t x) noexcept {
+  return x != 0 && (x & (x - 1)) == 0;
+}
 
 std::uint64_t round_to_unit(std::size_t bytes) {
   return (std::uint64_t{bytes} + unit - 1) & ~(unit - 1);
@@ -711,8 +713,7 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
   arena* a = arena_containing(address);
   if (a == nullptr) return refuse("the pointer is not one of this resource's");
   if (asleep_.load()) return refuse("the resource is asleep (wake() it first)");
-  if (!power_of_two(alignment))
-    return refuse(fmt::format("alignment {} is not a power of two", alignment));
+  if (!power_of_two(alignment)) return refuse(fmt::format("alignment {} is not a power of two", alignment));
   bool over = false;
   cleanup("memory_resource: deallocate", [&] {
     stream_entry* entry = (sync || synchronous_) ? nullptr : &entry_of(stream, false);
