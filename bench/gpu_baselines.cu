@@ -307,12 +307,13 @@ class raw_driver_once final : public grow_once_contender {
   bool mapped_ = false;
 };
 
-// The raw driver sequence a user would write by hand: 64 MiB handles created as vmm creates
-// its chunks, mapped at the end of one reservation, one cuMemSetAccess a grow; everything
-// released in end(). The same cold state as vmm's cold-pool rows: no handle is reused
-// between iterations.
+// The raw driver sequence a user would write by hand: handles of one size (64 MiB, or 256
+// MiB, the geometric policy's largest chunk) created as vmm creates its chunks, mapped at the
+// end of one reservation, one cuMemSetAccess a grow; everything released in end(). The same
+// cold state as vmm's cold-pool rows: no handle is reused between iterations.
 class raw_vmm_grow final : public grow_contender {
  public:
+  explicit raw_vmm_grow(std::size_t chunk) : chunk_(chunk) {}
   ~raw_vmm_grow() override { end(); }
   void begin(std::size_t final_size, memory_probe* probe) override {
     end();
@@ -322,7 +323,7 @@ class raw_vmm_grow final : public grow_contender {
     properties_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     properties_.location.id = 0;
     properties_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    reserved_ = (final_size + chunk - 1) / chunk * chunk;
+    reserved_ = (final_size + chunk_ - 1) / chunk_ * chunk_;
     check(calls.address_reserve(&base_, reserved_, 0, 0, 0), "cuMemAddressReserve(" + bytes(reserved_) + ")");
     access_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access_.location.id = 0;
@@ -334,10 +335,10 @@ class raw_vmm_grow final : public grow_contender {
     const std::size_t first = mapped_;
     while (mapped_ < new_size) {
       CUmemGenericAllocationHandle handle = 0;
-      check(calls.create(&handle, chunk, &properties_, 0), "cuMemCreate(" + bytes(chunk) + ")");
+      check(calls.create(&handle, chunk_, &properties_, 0), "cuMemCreate(" + bytes(chunk_) + ")");
       handles_.push_back(handle);
-      check(calls.map(base_ + mapped_, chunk, 0, handle, 0), "cuMemMap(" + bytes(chunk) + ")");
-      mapped_ += chunk;
+      check(calls.map(base_ + mapped_, chunk_, 0, handle, 0), "cuMemMap(" + bytes(chunk_) + ")");
+      mapped_ += chunk_;
       if (probe_ != nullptr) probe_->sample();
     }
     if (mapped_ > first)
@@ -359,7 +360,7 @@ class raw_vmm_grow final : public grow_contender {
   [[nodiscard]] std::size_t handle_count() const override { return handles_.size(); }
 
  private:
-  static constexpr std::size_t chunk = 64 * mib;
+  std::size_t chunk_;
   CUmemAllocationProp properties_{};
   CUmemAccessDesc access_{};
   CUdeviceptr base_ = 0;
@@ -401,7 +402,10 @@ std::vector<grow_entry> gpu_baseline_contenders() {
       {"floor", contender_role::floor, [] { return std::make_unique<gpu_floor>(); }},
       {"realloc_copy_2x", contender_role::baseline, [] { return std::make_unique<gpu_realloc_2x>(); }},
       {"thrust_resize", contender_role::baseline, [] { return std::make_unique<gpu_thrust_resize>(); }},
-      {"raw_vmm_64MiB_cold", contender_role::baseline, [] { return std::make_unique<raw_vmm_grow>(); }},
+      {"raw_vmm_64MiB_cold", contender_role::baseline,
+       [] { return std::make_unique<raw_vmm_grow>(64 * mib); }},
+      {"raw_vmm_256MiB_cold", contender_role::baseline,
+       [] { return std::make_unique<raw_vmm_grow>(256 * mib); }},
   };
 }
 

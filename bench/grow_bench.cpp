@@ -190,7 +190,8 @@ std::vector<grow_entry> with_vmm(std::vector<grow_entry> baselines, int gpu_ordi
       vmm_entries.push_back(
           {fmt::format("vmm_{}_{}", geometric ? "geometric" : "fixed64MiB", warm ? "warm" : "cold"),
            contender_role::vmm, [gpu_ordinal, geometric, warm] {
-             return make_vmm_contender(gpu_ordinal, geometric, 64 * mib, warm);
+             return make_vmm_contender(
+                 gpu_ordinal, geometric ? chunk_policy::geometric() : chunk_policy::fixed(64 * mib), warm);
            }});
     }
   }

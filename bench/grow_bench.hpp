@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "vmm/growable_buffer.hpp"
+
 namespace vmm::bench {
 
 inline constexpr std::size_t mib = std::size_t{1} << 20;
@@ -157,12 +159,10 @@ struct grow_once_entry {
 
 // ---- Contenders that need only vmm and the OS (grow_contenders.cpp) ----
 
-/// vmm::growable_buffer on a location's provider. geometric: chunk_policy::geometric(),
-/// else chunk_policy::fixed(fixed_chunk). warm: one pool for the whole run (warmed by the
-/// untimed first run); cold: a fresh pool every iteration, trimmed and destroyed after it.
+/// vmm::growable_buffer on a location's provider, growing by `policy`. warm: one pool for the whole run
+/// (warmed by the untimed first run); cold: a fresh pool every iteration, trimmed and destroyed after it.
 /// `gpu_ordinal` < 0: OS host memory; else that GPU.
-std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, bool geometric, std::size_t fixed_chunk,
-                                                   bool warm);
+std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, vmm::chunk_policy policy, bool warm);
 /// reserve(chunk) then shrink_to_fit + collect_retired(true) on a growable_buffer with its
 /// own pool, warmed before the first timed grow.
 // max_size 0: the buffer's default reservation (the location's whole memory).

@@ -319,11 +319,8 @@ struct scope_exit {
 
 }  // namespace
 
-std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, bool geometric, std::size_t fixed_chunk,
-                                                   bool warm) {
-  return std::make_unique<vmm_grow_contender>(
-      location_of(gpu_ordinal), geometric ? chunk_policy::geometric() : chunk_policy::fixed(fixed_chunk),
-      warm);
+std::unique_ptr<grow_contender> make_vmm_contender(int gpu_ordinal, chunk_policy policy, bool warm) {
+  return std::make_unique<vmm_grow_contender>(location_of(gpu_ordinal), policy, warm);
 }
 
 std::unique_ptr<grow_once_contender> make_vmm_growable_once(int gpu_ordinal, std::size_t chunk,
