@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "enum_names.hpp"
 #include "little_endian.hpp"
 
 namespace vmm::ipc {
@@ -25,15 +26,9 @@ constexpr std::size_t handle_bytes = sizeof(interprocess_event_handle::bytes);
 enum class message_type : std::uint32_t { events = 1, ready = 2, done = 3 };
 
 const char* name(message_type type) {
-  switch (type) {
-    case message_type::events:
-      return "events";
-    case message_type::ready:
-      return "ready";
-    case message_type::done:
-      return "done";
-  }
-  return "?";
+  static constexpr vmm::detail::enum_name<message_type> names[] = {
+      {message_type::events, "events"}, {message_type::ready, "ready"}, {message_type::done, "done"}};
+  return vmm::detail::name_of(type, names, "?");
 }
 
 std::vector<std::byte> header(message_type type, std::uint64_t sequence, std::size_t extra = 0) {

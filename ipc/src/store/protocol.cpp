@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "../little_endian.hpp"
+#include "enum_names.hpp"
 
 namespace vmm::store {
 namespace {
@@ -128,33 +129,21 @@ location get_location(reader& in, const char* what) {
 }  // namespace
 
 const char* to_string(status code) noexcept {
-  switch (code) {
-    case status::ok:
-      return "ok";
-    case status::bad_request:
-      return "bad request";
-    case status::unsupported_version:
-      return "unsupported protocol version";
-    case status::not_found:
-      return "not found";
-    case status::exists:
-      return "name taken";
-    case status::denied:
-      return "denied";
-    case status::cap_exceeded:
-      return "cap exceeded";
-    case status::sealed:
-      return "sealed";
-    case status::out_of_memory:
-      return "out of memory";
-    case status::invalid:
-      return "invalid";
-    case status::unavailable:
-      return "unavailable";
-    case status::internal:
-      return "internal error";
-  }
-  return "unknown status";
+  static constexpr vmm::detail::enum_name<status> names[] = {
+      {status::ok, "ok"},
+      {status::bad_request, "bad request"},
+      {status::unsupported_version, "unsupported protocol version"},
+      {status::not_found, "not found"},
+      {status::exists, "name taken"},
+      {status::denied, "denied"},
+      {status::cap_exceeded, "cap exceeded"},
+      {status::sealed, "sealed"},
+      {status::out_of_memory, "out of memory"},
+      {status::invalid, "invalid"},
+      {status::unavailable, "unavailable"},
+      {status::internal, "internal error"},
+  };
+  return vmm::detail::name_of(code, names, "unknown status");
 }
 
 bool valid_name(std::string_view name, std::string* why) {
