@@ -82,7 +82,9 @@ interprocess_event_handle handle_at(std::span<const std::byte> bytes, std::size_
 
 handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider,
                                    std::chrono::milliseconds timeout)
-    : socket_(socket_fd), timeout_(timeout), ready_(require(provider)), done_(provider) {
+    : handoff_end(socket_fd, timeout) {
+  ready_ = interprocess_event(require(provider));
+  done_ = interprocess_event(provider);
   std::vector<std::byte> message = header(message_type::events, 0, 2 * handle_bytes);
   std::copy(ready_.handle().bytes.begin(), ready_.handle().bytes.end(), message.begin() + header_bytes);
   std::copy(done_.handle().bytes.begin(), done_.handle().bytes.end(),
@@ -91,24 +93,24 @@ handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provide
 }
 
 void handoff_producer::publish(stream_ref stream) {
-  if (!consumed_)
+  if (in_round_)
     throw invalid_argument(fmt::format("handoff: round {} is published and not consumed yet", sequence_));
   ready_.record(stream);
   send_message(socket_, header(message_type::ready, sequence_ + 1), {}, timeout_);
   ++sequence_;
-  consumed_ = false;
+  in_round_ = true;
 }
 
 void handoff_producer::wait_consumed(stream_ref stream) {
-  if (consumed_) throw invalid_argument("handoff: wait_consumed with no round published");
+  if (!in_round_) throw invalid_argument("handoff: wait_consumed with no round published");
   (void)receive(socket_, timeout_, message_type::done, sequence_);
-  consumed_ = true;
+  in_round_ = false;
   done_.enqueue_wait(stream);
 }
 
 handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider,
                                    std::chrono::milliseconds timeout)
-    : socket_(socket_fd), timeout_(timeout) {
+    : handoff_end(socket_fd, timeout) {
   provider = require(std::move(provider));
   const std::vector<std::byte> handles =
       receive(socket_, timeout_, message_type::events, 0, 2 * handle_bytes);
@@ -128,19 +130,19 @@ handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provide
 }
 
 void handoff_consumer::acquire(stream_ref stream) {
-  if (!finished_)
+  if (in_round_)
     throw invalid_argument(fmt::format("handoff: round {} is acquired and not finished yet", sequence_));
   (void)receive(socket_, timeout_, message_type::ready, sequence_ + 1);
   ++sequence_;
-  finished_ = false;
+  in_round_ = true;
   ready_.enqueue_wait(stream);
 }
 
 void handoff_consumer::finish(stream_ref stream) {
-  if (finished_) throw invalid_argument("handoff: finish with no round acquired");
+  if (!in_round_) throw invalid_argument("handoff: finish with no round acquired");
   done_.record(stream);
   send_message(socket_, header(message_type::done, sequence_), {}, timeout_);
-  finished_ = true;
+  in_round_ = false;
 }
 
 }  // namespace vmm::ipc
