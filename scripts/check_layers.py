@@ -63,9 +63,10 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     ("provider", 2,
      concept("provider", "address_space", "stream_executor", "unique_fd", "capabilities")
      + ["vmm/src/providers/"]),
-    # Move-only RAII over one provider call each, and the process's retirement list.
+    # Move-only RAII over one provider call each (their ownership is one template,
+    # provider_owned), and the process's retirement list.
     ("primitives", 3,
-     concept("address_range", "physical_allocation", "mapping", "retirement")
+     concept("address_range", "physical_allocation", "mapping", "provider_owned", "retirement")
      + ["vmm/src/retirement.hpp"]),
     # Physical chunks recycled per location, and the run of chunks mapped in a range that
     # every buffer and view is made of.

@@ -161,11 +161,8 @@ void mapped_range::retire_after(std::span<const stream_use> uses,
                                 std::vector<stream_event> also) && noexcept {
   std::vector<stream_event> passed = std::move(also);
   for (const stream_use& use : uses) {
-    bool recorded = false;
-    detail::cleanup("mapped_range: recording the point of a stream", [&] {
-      passed.emplace_back(*use.executor, use.stream);
-      recorded = true;
-    });
+    const bool recorded = detail::cleanup("mapped_range: recording the point of a stream",
+                                          [&] { passed.emplace_back(*use.executor, use.stream); });
     if (!recorded)
       detail::cleanup("mapped_range: waiting for a stream", [&] { use.executor->synchronize(use.stream); });
   }
