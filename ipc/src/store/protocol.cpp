@@ -61,6 +61,12 @@ class reader {
     at_ += length;
     return text;
   }
+  // A u8 that must be 0 or 1.
+  bool get_flag(const char* name) {
+    const auto flag = get<std::uint8_t>();
+    if (flag > 1) throw protocol_error(fmt::format("vmm-store {}: {} flag neither 0 nor 1", what_, name));
+    return flag == 1;
+  }
   void zeros(std::size_t n) {
     for (std::size_t i = 0; i < n; ++i)
       if (get<std::uint8_t>() != 0)
@@ -377,9 +383,7 @@ buffer_info read_info(reader& in) {
   info.capacity = in.get<std::uint64_t>();
   info.max_size = in.get<std::uint64_t>();
   info.holders = in.get<std::uint32_t>();
-  const auto sealed = in.get<std::uint8_t>();
-  if (sealed > 1) throw protocol_error("vmm-store reply: sealed flag neither 0 nor 1");
-  info.sealed = sealed == 1;
+  info.sealed = in.get_flag("sealed");
   return info;
 }
 }  // namespace
@@ -423,9 +427,7 @@ hold_reply decode_hold_reply(std::span<const std::byte> body) {
   const auto sent = in.get<std::uint8_t>();
   if (sent > 2) throw protocol_error(fmt::format("vmm-store hold reply: unknown delivery {}", sent));
   reply.sent = static_cast<delivery>(sent);
-  const auto sealed = in.get<std::uint8_t>();
-  if (sealed > 1) throw protocol_error("vmm-store hold reply: sealed flag neither 0 nor 1");
-  reply.sealed = sealed == 1;
+  reply.sealed = in.get_flag("sealed");
   in.finish();
   return reply;
 }
