@@ -48,10 +48,11 @@ def concept(*names: str) -> list[str]:
 LAYERS: list[tuple[str, int, list[str]]] = [
     # Below everything: the exceptions every layer throws, the driver's wrappers included
     # (STYLE.md: a throwing wrapper names the failed call), and the never-throwing cleanup
-    # helper that error.cpp implements. Neither includes anything of vmm.
+    # helper that error.cpp implements, and the enum-name lookup of every to_string. None
+    # includes anything of vmm.
     # The vocabulary value types (where memory lives, who accesses it, a stream) sit here
     # too: the driver layer speaks in them.
-    ("base", 0, concept("error", "location", "stream_ref") + ["vmm/src/cleanup.hpp"]),
+    ("base", 0, concept("error", "location", "stream_ref") + ["vmm/src/cleanup.hpp", "vmm/src/enum_names.hpp"]),
     # libcuda, loaded at run time: one X-macro table of entry points.
     ("driver", 1, ["vmm/src/driver/"]),
     # Every system call, and the fault injection that both the OS calls and the driver
@@ -62,9 +63,10 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     ("provider", 2,
      concept("provider", "address_space", "stream_executor", "unique_fd", "capabilities")
      + ["vmm/src/providers/"]),
-    # Move-only RAII over one provider call each, and the process's retirement list.
+    # Move-only RAII over one provider call each (their ownership is one template,
+    # provider_owned), and the process's retirement list.
     ("primitives", 3,
-     concept("address_range", "physical_allocation", "mapping", "retirement")
+     concept("address_range", "physical_allocation", "mapping", "provider_owned", "retirement")
      + ["vmm/src/retirement.hpp"]),
     # Physical chunks recycled per location, and the run of chunks mapped in a range that
     # every buffer and view is made of.

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "enum_names.hpp"
 #include "little_endian.hpp"
 
 namespace vmm::ipc {
@@ -25,15 +26,9 @@ constexpr std::size_t handle_bytes = sizeof(interprocess_event_handle::bytes);
 enum class message_type : std::uint32_t { events = 1, ready = 2, done = 3 };
 
 const char* name(message_type type) {
-  switch (type) {
-    case message_type::events:
-      return "events";
-    case message_type::ready:
-      return "ready";
-    case message_type::done:
-      return "done";
-  }
-  return "?";
+  static constexpr vmm::detail::enum_name<message_type> names[] = {
+      {message_type::events, "events"}, {message_type::ready, "ready"}, {message_type::done, "done"}};
+  return vmm::detail::name_of(type, names, "?");
 }
 
 std::vector<std::byte> header(message_type type, std::uint64_t sequence, std::size_t extra = 0) {
@@ -87,7 +82,9 @@ interprocess_event_handle handle_at(std::span<const std::byte> bytes, std::size_
 
 handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provider> provider,
                                    std::chrono::milliseconds timeout)
-    : socket_(socket_fd), timeout_(timeout), ready_(require(provider)), done_(provider) {
+    : handoff_end(socket_fd, timeout) {
+  ready_ = interprocess_event(require(provider));
+  done_ = interprocess_event(provider);
   std::vector<std::byte> message = header(message_type::events, 0, 2 * handle_bytes);
   std::copy(ready_.handle().bytes.begin(), ready_.handle().bytes.end(), message.begin() + header_bytes);
   std::copy(done_.handle().bytes.begin(), done_.handle().bytes.end(),
@@ -96,24 +93,24 @@ handoff_producer::handoff_producer(int socket_fd, std::shared_ptr<memory_provide
 }
 
 void handoff_producer::publish(stream_ref stream) {
-  if (!consumed_)
+  if (in_round_)
     throw invalid_argument(fmt::format("handoff: round {} is published and not consumed yet", sequence_));
   ready_.record(stream);
   send_message(socket_, header(message_type::ready, sequence_ + 1), {}, timeout_);
   ++sequence_;
-  consumed_ = false;
+  in_round_ = true;
 }
 
 void handoff_producer::wait_consumed(stream_ref stream) {
-  if (consumed_) throw invalid_argument("handoff: wait_consumed with no round published");
+  if (!in_round_) throw invalid_argument("handoff: wait_consumed with no round published");
   (void)receive(socket_, timeout_, message_type::done, sequence_);
-  consumed_ = true;
+  in_round_ = false;
   done_.enqueue_wait(stream);
 }
 
 handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provider> provider,
                                    std::chrono::milliseconds timeout)
-    : socket_(socket_fd), timeout_(timeout) {
+    : handoff_end(socket_fd, timeout) {
   provider = require(std::move(provider));
   const std::vector<std::byte> handles =
       receive(socket_, timeout_, message_type::events, 0, 2 * handle_bytes);
@@ -133,19 +130,19 @@ handoff_consumer::handoff_consumer(int socket_fd, std::shared_ptr<memory_provide
 }
 
 void handoff_consumer::acquire(stream_ref stream) {
-  if (!finished_)
+  if (in_round_)
     throw invalid_argument(fmt::format("handoff: round {} is acquired and not finished yet", sequence_));
   (void)receive(socket_, timeout_, message_type::ready, sequence_ + 1);
   ++sequence_;
-  finished_ = false;
+  in_round_ = true;
   ready_.enqueue_wait(stream);
 }
 
 void handoff_consumer::finish(stream_ref stream) {
-  if (finished_) throw invalid_argument("handoff: finish with no round acquired");
+  if (!in_round_) throw invalid_argument("handoff: finish with no round acquired");
   done_.record(stream);
   send_message(socket_, header(message_type::done, sequence_), {}, timeout_);
-  finished_ = true;
+  in_round_ = false;
 }
 
 }  // namespace vmm::ipc

@@ -61,9 +61,15 @@ received_manifest receive_manifest(int socket_fd, std::chrono::milliseconds time
 // receiving each continuation message when the previous one is used up. An fd is owned by
 // the caller once taken, so it is closed as soon as its handle is imported.
 struct imported_buffer::fd_source {
-  // Every fd is in `fds`.
-  fd_source(std::vector<unique_fd> fds, std::size_t total)
-      : fd_source(std::move(fds), total, -1, detail::deadline(no_timeout)) {}
+  // Every fd is in `fds`: exactly one per posix-fd chunk of `description`.
+  static fd_source from_list(std::vector<unique_fd> fds, const manifest& description) {
+    if (fds.size() != description.fd_count())
+      throw invalid_argument(
+          fmt::format("imported_buffer: {} fds for a {} of {} posix-fd chunks", fds.size(),
+                      description.kind == manifest_kind::growth ? "growth manifest" : "manifest",
+                      description.fd_count()));
+    return fd_source(std::move(fds), description.fd_count(), -1, detail::deadline(no_timeout));
+  }
   // The fds past `fds` arrive on `socket_fd`, in continuation messages due before `deadline`.
   fd_source(std::vector<unique_fd> fds, std::size_t total, int socket_fd, const detail::deadline& deadline)
       : batch(std::move(fds)), remaining(total), socket(socket_fd), until(deadline) {}
@@ -111,12 +117,8 @@ imported_buffer::imported_buffer(unmapped, const manifest& description, import_o
 imported_buffer::imported_buffer(const manifest& description, std::vector<unique_fd> fds,
                                  import_options options)
     : imported_buffer(unmapped{}, description, std::move(options)) {
-  if (fds.size() != description.fd_count())
-    throw invalid_argument(fmt::format("imported_buffer: {} fds for a manifest of {} posix-fd chunks",
-                                       fds.size(), description.fd_count()));
-  fd_source source(std::move(fds), description.fd_count());
+  fd_source source = fd_source::from_list(std::move(fds), description);
   map_chunks(description, source);
-  size_ = description.size;
 }
 
 imported_buffer imported_buffer::receive(int socket_fd, import_options options) {
@@ -125,7 +127,6 @@ imported_buffer imported_buffer::receive(int socket_fd, import_options options) 
   fd_source source(std::move(first.fds), first.description.fd_count(), socket_fd, until);
   imported_buffer result(unmapped{}, first.description, std::move(options));
   result.map_chunks(first.description, source);
-  result.size_ = first.description.size;
   return result;
 }
 
@@ -223,15 +224,17 @@ void imported_buffer::map_chunks(const manifest& description, fd_source& fds) {
           description.max_size, limit, to_string(description.where)));
     run_ = mapped_range(provider, description.max_size);
   }
-  if (fresh.empty()) return;
-  const std::size_t old_count = run_.chunks().size();
-  try {
-    for (shared_chunk& chunk : fresh) run_.push_back(std::move(chunk));
-    run_.set_access(description.start, description.end - description.start, grants);
-  } catch (...) {
-    run_.unmap_from(old_count);  // nothing queued can use them yet
-    throw;
+  if (!fresh.empty()) {
+    const std::size_t old_count = run_.chunks().size();
+    try {
+      for (shared_chunk& chunk : fresh) run_.push_back(std::move(chunk));
+      run_.set_access(description.start, description.end - description.start, grants);
+    } catch (...) {
+      run_.unmap_from(old_count);  // nothing queued can use them yet
+      throw;
+    }
   }
+  size_ = description.size;
 }
 
 void imported_buffer::check_growth(const manifest& tail) const {
@@ -255,12 +258,8 @@ void imported_buffer::check_growth(const manifest& tail) const {
 
 void imported_buffer::grow(const manifest& tail, std::vector<unique_fd> fds) {
   check_growth(tail);
-  if (fds.size() != tail.fd_count())
-    throw invalid_argument(fmt::format("imported_buffer: {} fds for a growth manifest of {} posix-fd chunks",
-                                       fds.size(), tail.fd_count()));
-  fd_source source(std::move(fds), tail.fd_count());
+  fd_source source = fd_source::from_list(std::move(fds), tail);
   map_chunks(tail, source);
-  size_ = tail.size;
 }
 
 void imported_buffer::receive_growth(int socket_fd, std::chrono::milliseconds timeout) {
@@ -269,7 +268,6 @@ void imported_buffer::receive_growth(int socket_fd, std::chrono::milliseconds ti
   fd_source source(std::move(first.fds), first.description.fd_count(), socket_fd, until);
   check_growth(first.description);
   map_chunks(first.description, source);
-  size_ = first.description.size;
 }
 
 }  // namespace vmm::ipc

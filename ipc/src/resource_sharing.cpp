@@ -79,6 +79,24 @@ std::uint8_t grant_code(access_mode grant) {
   }
 }
 
+// What both messages open with, checked: at least the magic and the version, the magic
+// `magic`, and the version this library reads. `message` names the message, `header_bytes`
+// its header's size.
+void check_opening(std::span<const std::byte> bytes, const char* message, std::uint32_t magic,
+                   std::size_t header_bytes) {
+  static_assert(resource_field::magic == pointer_field::magic &&
+                resource_field::version == pointer_field::version);
+  if (bytes.size() < 6)
+    refuse(
+        fmt::format("{}: truncated: {} bytes, the header alone is {}", message, bytes.size(), header_bytes));
+  if (const auto got = load<std::uint32_t>(bytes, resource_field::magic); got != magic)
+    refuse(fmt::format("{}: bad magic {:#010x} (expected {:#010x})", message, got, magic));
+  if (const auto version = load<std::uint16_t>(bytes, resource_field::version);
+      version != resource_sharing_version)
+    refuse(fmt::format("{}: version {} is not supported (this library reads version {})", message, version,
+                       resource_sharing_version));
+}
+
 bool valid_granularity(std::uint64_t granularity) {
   return granularity >= 4096 && std::has_single_bit(granularity);
 }
@@ -177,14 +195,7 @@ std::vector<std::byte> serialize(const resource_description& d) {
 
 resource_description parse_resource_description(std::span<const std::byte> bytes) {
   const auto fail = [](const std::string& what) { refuse("resource message: " + what); };
-  if (bytes.size() < 6)
-    fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), resource_message_bytes));
-  if (const auto magic = load<std::uint32_t>(bytes, resource_field::magic); magic != resource_message_magic)
-    fail(fmt::format("bad magic {:#010x} (expected {:#010x})", magic, resource_message_magic));
-  if (const auto version = load<std::uint16_t>(bytes, resource_field::version);
-      version != resource_sharing_version)
-    fail(fmt::format("version {} is not supported (this library reads version {})", version,
-                     resource_sharing_version));
+  check_opening(bytes, "resource message", resource_message_magic, resource_message_bytes);
   if (bytes.size() != resource_message_bytes)
     fail(fmt::format("{} bytes where {} are due", bytes.size(), resource_message_bytes));
   resource_description d;
@@ -241,14 +252,7 @@ pointer_description parse_pointer_description(std::span<const std::byte> bytes, 
   if (!valid_granularity(granularity))
     throw invalid_argument(
         fmt::format("pointer message: granularity {} is not a power of two >= 4096", granularity));
-  if (bytes.size() < 6)
-    fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), pointer_header_bytes));
-  if (const auto magic = load<std::uint32_t>(bytes, pointer_field::magic); magic != pointer_message_magic)
-    fail(fmt::format("bad magic {:#010x} (expected {:#010x})", magic, pointer_message_magic));
-  if (const auto version = load<std::uint16_t>(bytes, pointer_field::version);
-      version != resource_sharing_version)
-    fail(fmt::format("version {} is not supported (this library reads version {})", version,
-                     resource_sharing_version));
+  check_opening(bytes, "pointer message", pointer_message_magic, pointer_header_bytes);
   if (bytes.size() < pointer_header_bytes)
     fail(fmt::format("truncated: {} bytes, the header alone is {}", bytes.size(), pointer_header_bytes));
   if (load<std::uint16_t>(bytes, pointer_field::reserved) != 0) fail("reserved bytes are not 0");

@@ -20,11 +20,13 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -47,27 +49,13 @@ std::uint64_t parse_number(const std::string& text, const char* what) {
     throw usage_error{fmt::format("{}: not a number: {}", what, text)};
   std::uint64_t scale = 1;
   if (at != end) {
-    if (at + 1 != end) throw usage_error{fmt::format("{}: bad suffix in {}", what, text)};
-    switch (*at) {
-      case 'K':
-      case 'k':
-        scale = 1ull << 10;
-        break;
-      case 'M':
-      case 'm':
-        scale = 1ull << 20;
-        break;
-      case 'G':
-      case 'g':
-        scale = 1ull << 30;
-        break;
-      case 'T':
-      case 't':
-        scale = 1ull << 40;
-        break;
-      default:
-        throw usage_error{fmt::format("{}: bad suffix in {}", what, text)};
-    }
+    // K, M, G or T, either case: 2^10, 2^20, 2^30, 2^40.
+    constexpr std::string_view suffixes = "kmgt";
+    const std::size_t power =
+        at + 1 == end ? suffixes.find(static_cast<char>(std::tolower(static_cast<unsigned char>(*at))))
+                      : std::string_view::npos;
+    if (power == std::string_view::npos) throw usage_error{fmt::format("{}: bad suffix in {}", what, text)};
+    scale = std::uint64_t{1} << (10 * (power + 1));
   }
   if (value > UINT64_MAX / scale) throw usage_error{fmt::format("{}: too large: {}", what, text)};
   return value * scale;

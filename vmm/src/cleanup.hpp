@@ -9,12 +9,15 @@ namespace vmm::detail {
 // down (process exit: the driver freed everything itself).
 void report_current_exception(const char* context) noexcept;
 
+// Runs `fn`; returns whether it finished without throwing (what it threw is reported).
 template <class Fn>
-void cleanup(const char* context, Fn&& fn) noexcept {
+bool cleanup(const char* context, Fn&& fn) noexcept {
   try {
     std::forward<Fn>(fn)();
+    return true;
   } catch (...) {
     report_current_exception(context);
+    return false;
   }
 }
 

@@ -107,7 +107,7 @@ growable_buffer::growable_buffer(growable_buffer&& other) noexcept
     : pool_(std::move(other.pool_)),
       options_(std::move(other.options_)),
       run_(std::move(other.run_)),
-      retirements_(std::move(other.retirements_)),
+      retirements_(std::exchange(other.retirements_, {})),
       capacity_(std::exchange(other.capacity_, 0)),
       size_(std::exchange(other.size_, 0)),
       host_part_(other.host_part_),
@@ -115,9 +115,7 @@ growable_buffer::growable_buffer(growable_buffer&& other) noexcept
       worker_(std::move(other.worker_)),
       recent_grows_(other.recent_grows_),
       grow_count_(std::exchange(other.grow_count_, 0)),
-      asked_(std::exchange(other.asked_, 0)) {
-  other.retirements_.clear();
-}
+      asked_(std::exchange(other.asked_, 0)) {}
 
 growable_buffer& growable_buffer::operator=(growable_buffer&& other) noexcept {
   if (this != &other) {
@@ -125,8 +123,7 @@ growable_buffer& growable_buffer::operator=(growable_buffer&& other) noexcept {
     pool_ = std::move(other.pool_);
     options_ = std::move(other.options_);
     run_ = std::move(other.run_);
-    retirements_ = std::move(other.retirements_);
-    other.retirements_.clear();
+    retirements_ = std::exchange(other.retirements_, {});
     capacity_ = std::exchange(other.capacity_, 0);
     size_ = std::exchange(other.size_, 0);
     host_part_ = other.host_part_;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "enum_names.hpp"
+
 namespace vmm {
 
 std::string to_string(const location& where) {
@@ -22,15 +24,10 @@ std::string to_string(const accessor& who) {
 }
 
 const char* to_string(access_mode mode) noexcept {
-  switch (mode) {
-    case access_mode::none:
-      return "none";
-    case access_mode::read_only:
-      return "read-only";
-    case access_mode::read_write:
-      return "read-write";
-  }
-  return "unknown access mode";
+  static constexpr detail::enum_name<access_mode> names[] = {{access_mode::none, "none"},
+                                                             {access_mode::read_only, "read-only"},
+                                                             {access_mode::read_write, "read-write"}};
+  return detail::name_of(mode, names, "unknown access mode");
 }
 
 }  // namespace vmm

@@ -28,23 +28,18 @@ mapped_range::mapped_range(std::shared_ptr<memory_provider> provider, std::size_
     : range_(std::move(provider), size, alignment) {}
 
 mapped_range::mapped_range(mapped_range&& other) noexcept
-    : chunks_(std::move(other.chunks_)),
+    : chunks_(std::exchange(other.chunks_, {})),
       range_(std::move(other.range_)),
-      mappings_(std::move(other.mappings_)),
-      mapped_(std::exchange(other.mapped_, 0)) {
-  other.chunks_.clear();
-  other.mappings_.clear();
-}
+      mappings_(std::exchange(other.mappings_, {})),
+      mapped_(std::exchange(other.mapped_, 0)) {}
 
 mapped_range& mapped_range::operator=(mapped_range&& other) noexcept {
   if (this != &other) {
     mapped_range old(std::move(*this));  // unmapped by old's destructor
-    chunks_ = std::move(other.chunks_);
+    chunks_ = std::exchange(other.chunks_, {});
     range_ = std::move(other.range_);
-    mappings_ = std::move(other.mappings_);
+    mappings_ = std::exchange(other.mappings_, {});
     mapped_ = std::exchange(other.mapped_, 0);
-    other.chunks_.clear();
-    other.mappings_.clear();
   }
   return *this;
 }
@@ -161,11 +156,8 @@ void mapped_range::retire_after(std::span<const stream_use> uses,
                                 std::vector<stream_event> also) && noexcept {
   std::vector<stream_event> passed = std::move(also);
   for (const stream_use& use : uses) {
-    bool recorded = false;
-    detail::cleanup("mapped_range: recording the point of a stream", [&] {
-      passed.emplace_back(*use.executor, use.stream);
-      recorded = true;
-    });
+    const bool recorded = detail::cleanup("mapped_range: recording the point of a stream",
+                                          [&] { passed.emplace_back(*use.executor, use.stream); });
     if (!recorded)
       detail::cleanup("mapped_range: waiting for a stream", [&] { use.executor->synchronize(use.stream); });
   }

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "enum_names.hpp"
 #include "providers/driver_provider.hpp"
 #include "providers/os_host_provider.hpp"
 #include "vmm/error.hpp"
@@ -118,15 +119,9 @@ void memory_provider::adopt(physical_handle handle, std::size_t size) {
 }
 
 const char* to_string(handle_kind kind) noexcept {
-  switch (kind) {
-    case handle_kind::none:
-      return "none";
-    case handle_kind::posix_fd:
-      return "posix fd";
-    case handle_kind::fabric:
-      return "fabric";
-  }
-  return "unknown handle kind";
+  static constexpr detail::enum_name<handle_kind> names[] = {
+      {handle_kind::none, "none"}, {handle_kind::posix_fd, "posix fd"}, {handle_kind::fabric, "fabric"}};
+  return detail::name_of(kind, names, "unknown handle kind");
 }
 
 std::shared_ptr<memory_provider> provider_for(location where) {

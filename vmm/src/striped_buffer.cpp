@@ -171,31 +171,22 @@ striped_buffer::striped_buffer(std::vector<int> devices, std::size_t size, strip
 }
 
 striped_buffer::striped_buffer(striped_buffer&& other) noexcept
-    : devices_(std::move(other.devices_)),
-      access_(std::move(other.access_)),
-      pools_(std::move(other.pools_)),
-      users_(std::move(other.users_)),
-      layout_(std::exchange(other.layout_, stripe_layout{})),
-      run_(std::move(other.run_)) {
-  other.devices_.clear();
-  other.access_.clear();
-  other.pools_.clear();
-  other.users_.clear();
-}
+    : devices_(std::exchange(other.devices_, {})),
+      access_(std::exchange(other.access_, {})),
+      pools_(std::exchange(other.pools_, {})),
+      users_(std::exchange(other.users_, {})),
+      layout_(std::exchange(other.layout_, {})),
+      run_(std::move(other.run_)) {}
 
 striped_buffer& striped_buffer::operator=(striped_buffer&& other) noexcept {
   if (this != &other) {
     striped_buffer old(std::move(*this));  // retired by old's destructor
-    devices_ = std::move(other.devices_);
-    access_ = std::move(other.access_);
-    pools_ = std::move(other.pools_);
-    users_ = std::move(other.users_);
-    layout_ = std::exchange(other.layout_, stripe_layout{});
+    devices_ = std::exchange(other.devices_, {});
+    access_ = std::exchange(other.access_, {});
+    pools_ = std::exchange(other.pools_, {});
+    users_ = std::exchange(other.users_, {});
+    layout_ = std::exchange(other.layout_, {});
     run_ = std::move(other.run_);
-    other.devices_.clear();
-    other.access_.clear();
-    other.pools_.clear();
-    other.users_.clear();
   }
   return *this;
 }

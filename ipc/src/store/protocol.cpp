@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "../little_endian.hpp"
+#include "enum_names.hpp"
 
 namespace vmm::store {
 namespace {
@@ -59,6 +60,12 @@ class reader {
     std::string text(reinterpret_cast<const char*>(bytes_.data() + at_), length);
     at_ += length;
     return text;
+  }
+  // A u8 that must be 0 or 1.
+  bool get_flag(const char* name) {
+    const auto flag = get<std::uint8_t>();
+    if (flag > 1) throw protocol_error(fmt::format("vmm-store {}: {} flag neither 0 nor 1", what_, name));
+    return flag == 1;
   }
   void zeros(std::size_t n) {
     for (std::size_t i = 0; i < n; ++i)
@@ -128,33 +135,21 @@ location get_location(reader& in, const char* what) {
 }  // namespace
 
 const char* to_string(status code) noexcept {
-  switch (code) {
-    case status::ok:
-      return "ok";
-    case status::bad_request:
-      return "bad request";
-    case status::unsupported_version:
-      return "unsupported protocol version";
-    case status::not_found:
-      return "not found";
-    case status::exists:
-      return "name taken";
-    case status::denied:
-      return "denied";
-    case status::cap_exceeded:
-      return "cap exceeded";
-    case status::sealed:
-      return "sealed";
-    case status::out_of_memory:
-      return "out of memory";
-    case status::invalid:
-      return "invalid";
-    case status::unavailable:
-      return "unavailable";
-    case status::internal:
-      return "internal error";
-  }
-  return "unknown status";
+  static constexpr vmm::detail::enum_name<status> names[] = {
+      {status::ok, "ok"},
+      {status::bad_request, "bad request"},
+      {status::unsupported_version, "unsupported protocol version"},
+      {status::not_found, "not found"},
+      {status::exists, "name taken"},
+      {status::denied, "denied"},
+      {status::cap_exceeded, "cap exceeded"},
+      {status::sealed, "sealed"},
+      {status::out_of_memory, "out of memory"},
+      {status::invalid, "invalid"},
+      {status::unavailable, "unavailable"},
+      {status::internal, "internal error"},
+  };
+  return vmm::detail::name_of(code, names, "unknown status");
 }
 
 bool valid_name(std::string_view name, std::string* why) {
@@ -388,9 +383,7 @@ buffer_info read_info(reader& in) {
   info.capacity = in.get<std::uint64_t>();
   info.max_size = in.get<std::uint64_t>();
   info.holders = in.get<std::uint32_t>();
-  const auto sealed = in.get<std::uint8_t>();
-  if (sealed > 1) throw protocol_error("vmm-store reply: sealed flag neither 0 nor 1");
-  info.sealed = sealed == 1;
+  info.sealed = in.get_flag("sealed");
   return info;
 }
 }  // namespace
@@ -434,9 +427,7 @@ hold_reply decode_hold_reply(std::span<const std::byte> body) {
   const auto sent = in.get<std::uint8_t>();
   if (sent > 2) throw protocol_error(fmt::format("vmm-store hold reply: unknown delivery {}", sent));
   reply.sent = static_cast<delivery>(sent);
-  const auto sealed = in.get<std::uint8_t>();
-  if (sealed > 1) throw protocol_error("vmm-store hold reply: sealed flag neither 0 nor 1");
-  reply.sealed = sealed == 1;
+  reply.sealed = in.get_flag("sealed");
   in.finish();
   return reply;
 }

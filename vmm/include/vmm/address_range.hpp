@@ -12,13 +12,15 @@
 #include <memory>
 
 #include "vmm/provider.hpp"
+#include "vmm/provider_owned.hpp"
 
 namespace vmm {
 
 /// Owns a range of virtual address space (memory_provider::allocate_range); frees it on
 /// destruction. Nothing in it is accessible until physical memory is mapped (vmm::mapping)
 /// and access is set. Move-only. Destroy every mapping in the range first: freeing a range
-/// with mappings in it is refused (and reported, from the destructor).
+/// with mappings in it is refused (and reported, from the destructor and a move assignment,
+/// which then give the addresses up).
 class address_range {
  public:
   /// An empty range.
@@ -28,32 +30,28 @@ class address_range {
   /// @throws vmm::invalid_argument size is 0, the provider is null, or the alignment is bad.
   /// @throws vmm::out_of_memory no address space of that size is left.
   address_range(std::shared_ptr<memory_provider> provider, std::size_t size, std::size_t alignment = 0);
-  address_range(address_range&& other) noexcept;
-  address_range& operator=(address_range&& other) noexcept;
-  address_range(const address_range&) = delete;
-  address_range& operator=(const address_range&) = delete;
-  ~address_range();
 
   /// The first address, or 0 when empty.
-  [[nodiscard]] std::uintptr_t address() const noexcept { return address_; }
+  [[nodiscard]] std::uintptr_t address() const noexcept { return held_.value(); }
   /// The first address as a pointer.
-  [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address_); }
+  [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address()); }
   /// The size in bytes (a multiple of the granularity).
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t size() const noexcept { return held_.size(); }
   /// The provider the range came from (null when empty).
-  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return held_.provider(); }
   /// Gives up ownership: the caller must free [address(), address() + size()) through the
   /// provider.
-  std::uintptr_t release() noexcept;
+  std::uintptr_t release() noexcept { return held_.release(); }
   /// Frees the range now and becomes empty. Returns false when the free failed (the
   /// failure is reported, not thrown): the range then still owns the addresses, and a later
   /// reset() tries again; the destructor tries once more and then gives up.
-  bool reset() noexcept;
+  bool reset() noexcept { return held_.reset(); }
 
  private:
-  std::shared_ptr<memory_provider> provider_;
-  std::uintptr_t address_ = 0;
-  std::size_t size_ = 0;
+  static bool free_range(const std::shared_ptr<memory_provider>& provider, std::uintptr_t address,
+                         std::size_t size) noexcept;
+
+  detail::provider_owned<std::uintptr_t, &address_range::free_range> held_;
 };
 
 }  // namespace vmm

@@ -16,6 +16,7 @@
 
 #include "vmm/physical_allocation.hpp"
 #include "vmm/provider.hpp"
+#include "vmm/provider_owned.hpp"
 
 namespace vmm {
 
@@ -36,32 +37,28 @@ class mapping {
   /// Maps `memory` at `address` and applies `grants` (an empty span: no access yet; the
   /// caller sets it later over a larger range, one call for many mappings).
   mapping(const physical_allocation& memory, std::uintptr_t address, std::span<const access_grant> grants);
-  mapping(mapping&& other) noexcept;
-  mapping& operator=(mapping&& other) noexcept;
-  mapping(const mapping&) = delete;
-  mapping& operator=(const mapping&) = delete;
-  ~mapping();
 
   /// The first address (0 when empty).
-  [[nodiscard]] std::uintptr_t address() const noexcept { return address_; }
-  [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address_); }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
+  [[nodiscard]] std::uintptr_t address() const noexcept { return held_.value(); }
+  [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address()); }
+  [[nodiscard]] std::size_t size() const noexcept { return held_.size(); }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return held_.provider(); }
   /// Changes the access of the whole mapping.
   void set_access(access_mode mode);
   /// Gives up ownership: the caller must unmap [address(), address() + size()).
-  std::uintptr_t release() noexcept;
+  std::uintptr_t release() noexcept { return held_.release(); }
   /// Unmaps now and becomes empty. Returns false when the unmap failed (the failure is
   /// reported, not thrown): the mapping then still owns the range, and a later reset()
-  /// tries again; the destructor tries once more and then gives up. While memory could not
-  /// be unmapped, whoever owns it must not hand it to anyone else.
-  bool reset() noexcept;
+  /// tries again; the destructor and a move assignment try once more and then give up.
+  /// While memory could not be unmapped, whoever owns it must not hand it to anyone else.
+  bool reset() noexcept { return held_.reset(); }
 
  private:
   mapping(const physical_allocation& memory, std::uintptr_t address);  // maps, no access
-  std::shared_ptr<memory_provider> provider_;
-  std::uintptr_t address_ = 0;
-  std::size_t size_ = 0;
+  static bool unmap(const std::shared_ptr<memory_provider>& provider, std::uintptr_t address,
+                    std::size_t size) noexcept;
+
+  detail::provider_owned<std::uintptr_t, &mapping::unmap> held_;
 };
 
 }  // namespace vmm

@@ -19,12 +19,14 @@
 #include <memory>
 
 #include "vmm/provider.hpp"
+#include "vmm/provider_owned.hpp"
 #include "vmm/unique_fd.hpp"
 
 namespace vmm {
 
-/// Owns a physical memory handle; destroys it on destruction. Mappings of it stay valid
-/// after that (the memory lives until its last mapping goes). Move-only.
+/// Owns a physical memory handle; destroys it on destruction (and on move assignment), as
+/// reset() does. Mappings of it stay valid after that (the memory lives until its last
+/// mapping goes). Move-only.
 class physical_allocation {
  public:
   /// An empty allocation.
@@ -45,36 +47,32 @@ class physical_allocation {
   ///         the granularity; the handle is then still the caller's.
   [[nodiscard]] static physical_allocation adopt(std::shared_ptr<memory_provider> provider,
                                                  physical_handle handle, std::size_t size);
-  physical_allocation(physical_allocation&& other) noexcept;
-  physical_allocation& operator=(physical_allocation&& other) noexcept;
-  physical_allocation(const physical_allocation&) = delete;
-  physical_allocation& operator=(const physical_allocation&) = delete;
-  /// Destroys the handle, as reset() does.
-  ~physical_allocation();
 
   /// The handle (0 when empty).
-  [[nodiscard]] physical_handle get() const noexcept { return handle_; }
+  [[nodiscard]] physical_handle get() const noexcept { return held_.value(); }
   /// Size in bytes (a multiple of the granularity).
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
+  [[nodiscard]] std::size_t size() const noexcept { return held_.size(); }
+  [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return held_.provider(); }
   /// Whether this holds a handle.
-  explicit operator bool() const noexcept { return provider_ != nullptr; }
+  explicit operator bool() const noexcept { return provider() != nullptr; }
   /// Exports the memory as a new file descriptor (send it to another process).
   /// @throws vmm::invalid_argument the memory cannot be exported, or this is empty.
   /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the export failed.
   [[nodiscard]] unique_fd export_fd() const;
   /// Gives up ownership of the handle: the caller must destroy it through the provider.
-  physical_handle release() noexcept;
+  physical_handle release() noexcept { return held_.release(); }
   /// Destroys the handle now and becomes empty. A destroy the provider refuses is reported
   /// (never thrown) and tried again at the next collect_retired().
-  void reset() noexcept;
+  void reset() noexcept { held_.reset(); }
 
  private:
   physical_allocation(std::shared_ptr<memory_provider> provider, physical_handle handle,
                       std::size_t size) noexcept;
-  std::shared_ptr<memory_provider> provider_;
-  physical_handle handle_ = 0;
-  std::size_t size_ = 0;
+  // Always true: a handle the provider refuses to destroy goes to the retirement list.
+  static bool destroy(const std::shared_ptr<memory_provider>& provider, physical_handle handle,
+                      std::size_t size) noexcept;
+
+  detail::provider_owned<physical_handle, &physical_allocation::destroy> held_;
 };
 
 }  // namespace vmm

@@ -52,8 +52,33 @@
 
 namespace vmm::ipc {
 
+namespace detail {
+
+// What both ends hold: the connection, the deadline of each of its messages, the two events
+// (created by the producer, opened by the consumer) and the rounds so far.
+class handoff_end {
+ public:
+  /// The rounds published (producer) or acquired (consumer) so far.
+  [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
+
+ protected:
+  handoff_end(int socket_fd, std::chrono::milliseconds timeout) noexcept
+      : socket_(socket_fd), timeout_(timeout) {}
+
+  int socket_;
+  std::chrono::milliseconds timeout_;
+  interprocess_event ready_;
+  interprocess_event done_;
+  std::uint64_t sequence_ = 0;
+  // A round is under way: published and not consumed (producer), acquired and not
+  // finished (consumer).
+  bool in_round_ = false;
+};
+
+}  // namespace detail
+
 /// The producer's end. Not thread-safe (one conversation, in order). Move-only.
-class handoff_producer {
+class handoff_producer : public detail::handoff_end {
  public:
   /// Creates the two events through `provider` (the memory's) and sends their handles.
   /// @param socket_fd the connection to the consumer; not owned.
@@ -85,20 +110,10 @@ class handoff_producer {
   ///         round counts as consumed: order later work after the consumer's some other way
   ///         (the consumer's finish() has been received) before reusing the memory.
   void wait_consumed(stream_ref stream);
-  /// The rounds published so far.
-  [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
-
- private:
-  int socket_;
-  std::chrono::milliseconds timeout_;
-  interprocess_event ready_;
-  interprocess_event done_;
-  std::uint64_t sequence_ = 0;
-  bool consumed_ = true;
 };
 
 /// The consumer's end. Not thread-safe. Move-only.
-class handoff_consumer {
+class handoff_consumer : public detail::handoff_end {
  public:
   /// Receives the producer's event handles and opens them through `provider`.
   /// @param socket_fd the connection to the producer; not owned.
@@ -131,16 +146,6 @@ class handoff_consumer {
   /// @throws vmm::invalid_argument nothing is acquired.
   /// @throws vmm::ipc::timeout_error, vmm::os_error, vmm::out_of_memory, vmm::driver_error.
   void finish(stream_ref stream);
-  /// The rounds acquired so far.
-  [[nodiscard]] std::uint64_t rounds() const noexcept { return sequence_; }
-
- private:
-  int socket_;
-  std::chrono::milliseconds timeout_;
-  interprocess_event ready_;
-  interprocess_event done_;
-  std::uint64_t sequence_ = 0;
-  bool finished_ = true;
 };
 
 }  // namespace vmm::ipc

@@ -166,7 +166,8 @@ class imported_buffer {
   // Throws unless `tail` is a growth manifest of this import that starts where it ends.
   void check_growth(const manifest& tail) const;
   // Imports every handle of `description`, then maps them at their offsets and sets access
-  // over the new part; appends them only once all of that succeeded.
+  // over the new part; appends them, and takes the manifest's size, only once all of that
+  // succeeded.
   void map_chunks(const manifest& description, fd_source& fds);
   [[nodiscard]] std::shared_ptr<memory_provider> provider_of(const location& where) const;
 
