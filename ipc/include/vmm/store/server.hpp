@@ -34,6 +34,8 @@
 /// as before. Two deadlines close a connection, each checked every turn whether or not the
 /// connection was ready: a request whose first byte came request_timeout ago and that is
 /// still not whole, and a reply not written in full reply_timeout after it was queued.
+/// What a request asks for (a create, an export) is done on the thread: a costly request
+/// delays the others by its cost, never by how its client sends or reads.
 ///
 /// Order of events. Each turn first closes the connections whose peer hung up (their unread
 /// requests are dropped: every request that changes something but release gets a reply, so
