@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -433,6 +435,31 @@ class store_daemon : public ::testing::Test {
   temporary_directory directory_;
 };
 
+// The bytes of one frame as a client writes them: a frame header, then `payload`.
+std::vector<std::byte> frame_bytes(std::uint32_t magic, std::uint32_t fds, std::uint64_t size,
+                                   std::span<const std::byte> payload = {}) {
+  const ipc::frame_header header{magic, fds, size};
+  std::vector<std::byte> bytes(sizeof header);
+  std::memcpy(bytes.data(), &header, sizeof header);
+  bytes.insert(bytes.end(), payload.begin(), payload.end());
+  return bytes;
+}
+
+std::vector<std::byte> request_frame(const store::request& asked) {
+  const std::vector<std::byte> payload = store::encode(asked);
+  return frame_bytes(ipc::frame_magic, 0, payload.size(), payload);
+}
+
+// Writes `bytes` at once, never waiting: each test writes less than a socket buffers.
+void send_now(int socket, std::span<const std::byte> bytes) {
+  ASSERT_EQ(::send(socket, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT),
+            static_cast<ssize_t>(bytes.size()));
+}
+
+store::reply receive_reply(int socket) {
+  return store::decode_reply(ipc::receive_message(socket, 0).payload);
+}
+
 TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_else) {
   daemon_process daemon(directory_.path() + "/socket");
   store::client store({.socket_path = daemon.socket()});
@@ -442,18 +469,12 @@ TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_
   store.seal("kept");
   const store::daemon_statistics before = store.statistics();
 
-  const auto frame = [](std::uint32_t magic, std::uint32_t fds, std::uint64_t size) {
-    ipc::frame_header header{magic, fds, size};
-    std::vector<std::byte> bytes(sizeof header);
-    std::memcpy(bytes.data(), &header, sizeof header);
-    return bytes;
-  };
   std::vector<std::byte> valid_get =
       store::encode(store::request{.op = store::operation::get, .name = "kept"});
   std::vector<std::pair<std::string, std::vector<std::byte>>> raw = {
-      {"bad frame magic", frame(0x12345678, 0, 8)},
-      {"oversized frame", frame(ipc::frame_magic, 0, std::uint64_t{1} << 40)},
-      {"frame over the request limit", frame(ipc::frame_magic, 0, store::max_request_bytes + 1)},
+      {"bad frame magic", frame_bytes(0x12345678, 0, 8)},
+      {"oversized frame", frame_bytes(ipc::frame_magic, 0, std::uint64_t{1} << 40)},
+      {"frame over the request limit", frame_bytes(ipc::frame_magic, 0, store::max_request_bytes + 1)},
       {"truncated header", std::vector<std::byte>(7, std::byte{0x56})},
   };
   std::vector<std::pair<std::string, std::vector<std::byte>>> payloads = {
@@ -516,6 +537,84 @@ TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_
   EXPECT_EQ(after.connections, before.connections);
   EXPECT_EQ(after.open_fds, before.open_fds);
   EXPECT_EQ(checksum_of(contents(store.get("kept"))), checksum_of(pattern(g, 13)));
+}
+
+// ---- the daemon serves everyone while one client is slow, silent or deaf ----------------------
+// Each test fails against a daemon that waits for one client: its other client's requests
+// would time out (30 s), as the daemon's own timeouts are set far longer.
+
+TEST_F(store_daemon, a_client_silent_mid_frame_holds_nobody_up) {
+  daemon_process daemon(directory_.path() + "/socket", {"--request-timeout", "600000"});
+  const std::vector<std::byte> hello = request_frame({.op = store::operation::hello});
+  const unique_fd silent = ipc::connect_unix(daemon.socket());
+  const std::size_t half = hello.size() / 2;
+  send_now(silent.get(), std::span(hello).first(half));
+
+  store::client other({.socket_path = daemon.socket()});
+  {
+    store::buffer made = other.create("busy", 4096, location::os_host());
+    const store::buffer got = other.get("busy");
+    EXPECT_EQ(got.entry(), made.entry());
+    other.remove("busy");
+  }
+  EXPECT_EQ(other.statistics().connections, 2u) << "the silent client's connection was closed";
+  // Its request was waited for: the rest of it is answered.
+  send_now(silent.get(), std::span(hello).subspan(half));
+  const store::reply answer = receive_reply(silent.get());
+  ASSERT_EQ(answer.code, status::ok) << answer.message;
+  EXPECT_EQ(store::decode_daemon_info(answer.body), other.daemon());
+}
+
+TEST_F(store_daemon, a_request_trickled_byte_by_byte_is_answered) {
+  daemon_process daemon(directory_.path() + "/socket", {"--request-timeout", "600000"});
+  store::client other({.socket_path = daemon.socket()});
+  (void)other.create("trickled", 4096, location::os_host());
+  const std::vector<std::byte> frame = request_frame({.op = store::operation::stat, .name = "trickled"});
+  const unique_fd slow = ipc::connect_unix(daemon.socket());
+  (void)other.list();  // the daemon accepts `slow` in the turn that serves this, at the latest
+  for (std::size_t i = 0; i < frame.size(); ++i) {
+    send_now(slow.get(), std::span(frame).subspan(i, 1));
+    // Another client's round trip: the daemon reads this byte no later than it serves that
+    // request (the byte came first), so the frame arrives a byte at a time, and meanwhile
+    // the other client is served and `slow` stays connected.
+    EXPECT_EQ(other.statistics().connections, 2u) << "after byte " << i;
+  }
+  const store::reply answer = receive_reply(slow.get());
+  ASSERT_EQ(answer.code, status::ok) << answer.message;
+  EXPECT_EQ(store::decode_buffer_info(answer.body), other.stat("trickled"));
+}
+
+TEST_F(store_daemon, a_client_that_never_reads_its_replies_holds_nobody_up) {
+  daemon_process daemon(directory_.path() + "/socket", {"--reply-timeout", "600000"});
+  store::client other({.socket_path = daemon.socket()});
+  // Replies of some 19 KB each: a list of 64 buffers with names of 255 bytes.
+  constexpr std::size_t listed = 64;
+  for (std::size_t i = 0; i < listed; ++i)
+    (void)other.create(std::string(251, 'n') + std::to_string(1000 + i), 4096, location::os_host());
+  // 400 list requests written at once (10 KB), and no reply read: far more replies (7 MB)
+  // than the sockets between it and the daemon hold.
+  constexpr int asked = 400;
+  const std::vector<std::byte> list = request_frame({.op = store::operation::list});
+  std::vector<std::byte> requests;
+  for (int i = 0; i < asked; ++i) requests.insert(requests.end(), list.begin(), list.end());
+  const unique_fd deaf = ipc::connect_unix(daemon.socket());
+  send_now(deaf.get(), requests);
+
+  // The daemon serves one request of each client a turn: within a few of these round trips
+  // the replies to the deaf client no longer fit, and the other is still served.
+  for (int i = 0; i < 64; ++i) {
+    store::buffer made = other.create("busy", 4096, location::os_host());
+    const store::buffer got = other.get("busy");
+    EXPECT_EQ(got.entry(), made.entry());
+    other.remove("busy");
+  }
+  EXPECT_EQ(other.statistics().connections, 2u) << "the client that does not read was closed";
+  // Its replies were kept for it, in order: it gets every one once it reads.
+  for (int i = 0; i < asked; ++i) {
+    const store::reply answer = receive_reply(deaf.get());
+    ASSERT_EQ(answer.code, status::ok) << "reply " << i << ": " << answer.message;
+    ASSERT_GE(store::decode_buffer_infos(answer.body).size(), listed) << "reply " << i;
+  }
 }
 
 TEST_F(store_daemon, another_uid_is_refused) {

@@ -2,12 +2,14 @@
 // client (docs/store.md).
 //
 //   vmm-store serve [--socket P] [--cap BYTES] [--client-cap BYTES] [--allow-uid U,...]
-//                   [--ready-fd N]
+//                   [--request-timeout MS] [--reply-timeout MS] [--ready-fd N]
 //   vmm-store ls [--socket P]
 //   vmm-store stat NAME [--socket P]
 //   vmm-store rm NAME [--socket P]
 //
-// BYTES takes a suffix K, M, G or T (powers of 1024). --ready-fd N: once listening, write
+// BYTES takes a suffix K, M, G or T (powers of 1024). --request-timeout and --reply-timeout
+// bound how long a request may take to arrive once begun and a reply to be read, in
+// milliseconds (server_options, docs/store.md; 1000 and 5000 by default). --ready-fd N: once listening, write
 // one byte to descriptor N and close it (for supervisors and tests that wait for the
 // daemon without polling). SIGINT and SIGTERM stop the daemon and remove its socket.
 // Exit status: 0 done, 1 an error (printed), 2 bad usage.
@@ -22,6 +24,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <optional>
@@ -61,6 +64,13 @@ std::uint64_t parse_number(const std::string& text, const char* what) {
   return value * scale;
 }
 
+std::chrono::milliseconds milliseconds(const std::string& text, const char* what) {
+  const std::uint64_t value = parse_number(text, what);
+  if (value > static_cast<std::uint64_t>(std::chrono::milliseconds::max().count()))
+    throw usage_error{fmt::format("{}: too large: {}", what, text)};
+  return std::chrono::milliseconds(value);
+}
+
 std::string human(std::uint64_t bytes) {
   if (bytes >= (1ull << 30) && bytes % (1ull << 20) == 0)
     return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30));
@@ -93,6 +103,10 @@ int serve(const std::vector<std::string>& args) {
             static_cast<uid_t>(parse_number(list.substr(start, comma - start), "--allow-uid")));
         start = comma + 1;
       }
+    } else if (args[i] == "--request-timeout") {
+      options.request_timeout = milliseconds(value(), "--request-timeout");
+    } else if (args[i] == "--reply-timeout") {
+      options.reply_timeout = milliseconds(value(), "--reply-timeout");
     } else if (args[i] == "--ready-fd") {
       ready_fd = static_cast<int>(parse_number(value(), "--ready-fd"));
     } else {
@@ -174,7 +188,8 @@ int main(int argc, char** argv) {
   } catch (const usage_error& error) {
     fmt::print(stderr,
                "vmm-store: {}\nusage: vmm-store serve [--socket P] [--cap BYTES] [--client-cap BYTES] "
-               "[--allow-uid U,...] [--ready-fd N]\n       vmm-store ls|stat NAME|rm NAME [--socket P]\n",
+               "[--allow-uid U,...] [--request-timeout MS] [--reply-timeout MS] [--ready-fd N]\n       "
+               "vmm-store ls|stat NAME|rm NAME [--socket P]\n",
                error.message);
     return 2;
   } catch (const std::exception& error) {

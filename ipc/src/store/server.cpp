@@ -14,8 +14,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <climits>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <random>
+
+#include "../continuation.hpp"
+#include "../deadline.hpp"
+#include "os/system.hpp"
 
 namespace vmm::store {
 namespace {
@@ -78,6 +86,25 @@ void clear_stale_socket(const std::string& path) {
   throw invalid_argument(fmt::format("vmm-store: a daemon already listens at {}", path));
 }
 
+// One frame of a reply on its way out, written from `sent` on. Its descriptors go with its
+// first byte; they belong to `keeps`, a manifest of an entry the connection holds (so its
+// chunks live), kept alive here until the frame is written even if the entry's cache moves on.
+struct outgoing_frame {
+  std::vector<std::byte> bytes;  // the frame header, then the payload
+  std::vector<int> fds;
+  std::shared_ptr<const ipc::exported_manifest> keeps;
+  std::size_t sent = 0;
+};
+
+outgoing_frame make_frame(std::span<const std::byte> payload, std::span<const int> fds = {},
+                          std::shared_ptr<const ipc::exported_manifest> keeps = nullptr) {
+  const ipc::frame_header header{ipc::frame_magic, static_cast<std::uint32_t>(fds.size()), payload.size()};
+  outgoing_frame frame{std::vector<std::byte>(sizeof header), {fds.begin(), fds.end()}, std::move(keeps)};
+  std::memcpy(frame.bytes.data(), &header, sizeof header);
+  frame.bytes.insert(frame.bytes.end(), payload.begin(), payload.end());
+  return frame;
+}
+
 }  // namespace
 
 struct server::entry {
@@ -93,7 +120,7 @@ struct server::entry {
   std::size_t charged = 0;  // capacity counted in bytes_ (and the charged connection's)
   growable_buffer buffer;
   // The last whole export per grant, valid for the capacity it was made at.
-  std::map<access_mode, ipc::exported_manifest> whole;
+  std::map<access_mode, std::shared_ptr<const ipc::exported_manifest>> whole;
   // Every generation (manifest buffer_id) exported for this entry, with its grant.
   std::map<std::uint64_t, access_mode> generations;
 
@@ -112,6 +139,25 @@ struct server::connection {
   uid_t uid = 0;
   std::map<std::uint64_t, std::uint32_t> holds;  // entry id -> holds
   std::size_t charged = 0;                       // bytes of its live creations
+  // The request being received: its frame header, then its payload.
+  std::array<std::byte, sizeof(ipc::frame_header) + max_request_bytes> inbox{};
+  std::size_t received = 0;
+  // The reply being written. While it is, nothing more is read from this client.
+  std::deque<outgoing_frame> outbox;
+  // Set while a request is partly received (request_timeout) or a reply partly written
+  // (reply_timeout): never both, as no request is read while a reply waits.
+  std::optional<ipc::detail::deadline> deadline;
+  bool closing = false;  // closed once the outbox is written (at once if it is empty)
+
+  // Whether the turn that ends closes it.
+  [[nodiscard]] bool finished() const noexcept {
+    return (closing && outbox.empty()) || (deadline && deadline->passed());
+  }
+  // The peer went away, or broke off: nothing more to read or write.
+  void hang_up() noexcept {
+    outbox.clear();
+    closing = true;
+  }
 };
 
 server::server(server_options options) : options_(std::move(options)) {
@@ -157,9 +203,10 @@ std::shared_ptr<chunk_pool> server::pool_for(const location& where) {
 }
 
 void server::add_connection(unique_fd socket, pid_t pid, uid_t uid) {
+  // A new socket has room for this short reply: it is sent at once or not at all.
   const auto refuse = [&](const std::string& why) {
     try {
-      ipc::send_message(socket.get(), encode_error(status::denied, why), {}, std::chrono::milliseconds(100));
+      ipc::send_message(socket.get(), encode_error(status::denied, why), {}, std::chrono::milliseconds(0));
     } catch (const std::exception&) {
       // The client is refused either way.
     }
@@ -195,13 +242,18 @@ bool server::serve_once(std::chrono::milliseconds timeout) {
   polled.push_back({wake_read_.get(), POLLIN, 0});
   if (listener_) polled.push_back({listener_.get(), POLLIN, 0});
   const std::size_t first_client = polled.size();
+  // Wait no longer than the first deadline of a connection.
+  int wait_ms = timeout == ipc::no_timeout
+                    ? -1
+                    : static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 0, INT_MAX));
   for (const auto& [id, client] : connections_) {
-    polled.push_back({client->socket.get(), POLLIN, 0});
+    polled.push_back(
+        {client->socket.get(), static_cast<short>(client->outbox.empty() ? POLLIN : POLLOUT), 0});
     ids.push_back(id);
+    const int left = client->deadline ? client->deadline->poll_timeout() : -1;
+    if (left >= 0 && (wait_ms < 0 || left < wait_ms)) wait_ms = left;
   }
-  const int wait_ms =
-      timeout == ipc::no_timeout ? -1 : static_cast<int>(std::max<std::int64_t>(0, timeout.count()));
-  const int ready = ::poll(polled.data(), polled.size(), wait_ms);
+  const int ready = os::poll(polled.data(), polled.size(), wait_ms);
   if (ready < 0) {
     if (errno == EINTR) return true;
     throw os_error(errno, "vmm-store: poll");
@@ -214,11 +266,17 @@ bool server::serve_once(std::chrono::milliseconds timeout) {
   for (std::size_t i = 0; i < ids.size(); ++i)
     if ((polled[first_client + i].revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) close_connection(ids[i]);
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    if ((polled[first_client + i].revents & POLLIN) == 0) continue;
     const auto found = connections_.find(ids[i]);
     if (found == connections_.end()) continue;
-    if (!serve_request(*found->second)) close_connection(ids[i]);
+    if ((polled[first_client + i].revents & POLLOUT) != 0) flush(*found->second);
+    if ((polled[first_client + i].revents & POLLIN) != 0) receive(*found->second);
   }
+  // Then what is done: refused clients whose reply is written, and every connection whose
+  // request or reply is past its deadline, whether or not it was ready in this turn.
+  ids.clear();
+  for (const auto& [id, client] : connections_)
+    if (client->finished()) ids.push_back(id);
+  for (const std::uint64_t id : ids) close_connection(id);
   if (listener_ && (polled[1].revents & POLLIN) != 0) accept_pending();
   return true;
 }
@@ -276,7 +334,7 @@ class server::dispatch {
  public:
   dispatch(server& daemon, connection& client) : d_(daemon), c_(client) {}
 
-  const ipc::exported_manifest* manifest = nullptr;
+  std::shared_ptr<const ipc::exported_manifest> manifest;
 
   std::vector<std::byte> run(const request& r) {
     switch (r.op) {
@@ -366,12 +424,13 @@ class server::dispatch {
   }
 
   // The whole manifest of `e` for `grant`, made now if the cached one is stale.
-  const ipc::exported_manifest& whole(entry& e, access_mode grant) {
+  std::shared_ptr<const ipc::exported_manifest> whole(entry& e, access_mode grant) {
     auto found = e.whole.find(grant);
-    if (found == e.whole.end() || found->second.description.end != e.buffer.capacity() ||
-        found->second.description.size != e.buffer.size()) {
-      ipc::exported_manifest made = d_.exporter_.export_buffer(e.buffer, {.grant = grant});
-      e.generations[made.description.buffer_id] = grant;
+    if (found == e.whole.end() || found->second->description.end != e.buffer.capacity() ||
+        found->second->description.size != e.buffer.size()) {
+      auto made = std::make_shared<const ipc::exported_manifest>(
+          d_.exporter_.export_buffer(e.buffer, {.grant = grant}));
+      e.generations[made->description.buffer_id] = grant;
       found = e.whole.insert_or_assign(grant, std::move(made)).first;
     }
     return found->second;
@@ -392,15 +451,15 @@ class server::dispatch {
       last.buffer_id = generation;
       last.end = end;
       try {
-        growth_ = d_.exporter_.export_growth(e.buffer, last, {.grant = grant});
-        manifest = &growth_;
+        manifest = std::make_shared<const ipc::exported_manifest>(
+            d_.exporter_.export_growth(e.buffer, last, {.grant = grant}));
         reply.sent = delivery::growth;
         return reply;
       } catch (const invalid_argument&) {
         // `end` is no chunk boundary of this generation: the client imports it whole.
       }
     }
-    manifest = &whole(e, grant);
+    manifest = whole(e, grant);
     return reply;
   }
 
@@ -443,12 +502,12 @@ class server::dispatch {
     e.creator = c_.id;
     e.creator_pid = c_.pid;
     e.charged_to = c_.id;
-    const ipc::exported_manifest& sent = whole(e, access_mode::read_write);
+    std::shared_ptr<const ipc::exported_manifest> sent = whole(e, access_mode::read_write);
     d_.entries_.emplace(e.id, std::move(made));
     d_.names_.emplace(e.name, e.id);
     charge(e, e.buffer.capacity());
     hold(e);
-    manifest = &sent;
+    manifest = std::move(sent);
     return encode(hold_reply{e.id, e.buffer.size(), delivery::whole, false});
   }
 
@@ -512,51 +571,65 @@ class server::dispatch {
 
   server& d_;
   connection& c_;
-  ipc::exported_manifest growth_;
 };
 
-bool server::serve_request(connection& client) {
-  const int fd = client.socket.get();
-  // The frame header first, unread: a frame too large for any request, or with
-  // descriptors, is refused before its payload is read.
-  ipc::frame_header header{};
-  const ssize_t peeked = ::recv(fd, &header, sizeof header, MSG_PEEK | MSG_DONTWAIT);
-  if (peeked == 0) return false;
-  if (peeked < 0) return errno == EAGAIN || errno == EINTR;
-  const auto refuse = [&](status code, const std::string& why) {
-    try {
-      ipc::send_message(fd, encode_error(code, why), {}, options_.reply_timeout);
-    } catch (const std::exception&) {
-      // Closed either way.
-    }
-    return false;
+void server::receive(connection& client) {
+  constexpr std::size_t header_bytes = sizeof(ipc::frame_header);
+  const auto header = [&] {
+    ipc::frame_header read{};
+    std::memcpy(&read, client.inbox.data(), header_bytes);
+    return read;
   };
-  if (static_cast<std::size_t>(peeked) == sizeof header &&
-      (header.magic != ipc::frame_magic || header.payload_size > max_request_bytes || header.fd_count != 0))
-    return refuse(
-        status::bad_request,
-        fmt::format("vmm-store: a request frame of {} bytes with {} descriptors (magic {:#010x}); requests "
-                    "are at most {} bytes, with none",
-                    header.payload_size, header.fd_count, header.magic, max_request_bytes));
+  // The header first, alone: a frame too large for any request is refused before its
+  // payload is read.
+  std::size_t wanted = client.received < header_bytes ? header_bytes : header_bytes + header().payload_size;
+  while (client.received < wanted) {
+    iovec io{client.inbox.data() + client.received, wanted - client.received};
+    // No room for control data: descriptors sent with a request are never installed here
+    // (the kernel drops them and sets MSG_CTRUNC).
+    msghdr message{};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    const ssize_t got = os::recvmsg(client.socket.get(), &message, MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;  // the rest later
+    if (got <= 0) return client.hang_up();  // closed or broken off, mid-frame or not: nothing to tell
+    if ((message.msg_flags & MSG_CTRUNC) != 0)
+      return refuse(client, status::bad_request,
+                    "vmm-store: a request came with descriptors; requests carry none");
+    if (client.received == 0) client.deadline.emplace(options_.request_timeout);
+    client.received += static_cast<std::size_t>(got);
+    if (client.received != header_bytes) continue;
+    const ipc::frame_header h = header();
+    if (h.magic != ipc::frame_magic || h.payload_size > max_request_bytes || h.fd_count != 0)
+      return refuse(
+          client, status::bad_request,
+          fmt::format("vmm-store: a request frame of {} bytes with {} descriptors (magic {:#010x}); requests "
+                      "are at most {} bytes, with none",
+                      h.payload_size, h.fd_count, h.magic, max_request_bytes));
+    wanted += h.payload_size;
+  }
+  client.received = 0;
+  client.deadline.reset();
+  serve(client, std::span(client.inbox).subspan(header_bytes, wanted - header_bytes));
+}
+
+void server::serve(connection& client, std::span<const std::byte> payload) {
   request asked;
   try {
-    const ipc::message got = ipc::receive_message(fd, 0, options_.request_timeout);
-    asked = decode_request(got.payload);
+    asked = decode_request(payload);
   } catch (const unsupported_version_error& error) {
-    return refuse(status::unsupported_version, error.what());
+    return refuse(client, status::unsupported_version, error.what());
   } catch (const ipc::protocol_error& error) {
-    return refuse(status::bad_request, error.what());
-  } catch (const std::exception&) {
-    return false;  // closed, timed out, or broke off: nothing to tell
+    return refuse(client, status::bad_request, error.what());
   }
 
   if (asked.op == operation::release) {
     if (!client.holds.contains(asked.entry))
       return refuse(
-          status::bad_request,
+          client, status::bad_request,
           fmt::format("vmm-store: release of entry {}, which this client does not hold", asked.entry));
     drop_hold(client, asked.entry);
-    return true;
+    return;
   }
 
   std::vector<std::byte> reply;
@@ -579,13 +652,58 @@ bool server::serve_request(connection& client) {
     reply = encode_error(status::internal, error.what());
     handler.manifest = nullptr;
   }
-  try {
-    ipc::send_message(fd, reply, {}, options_.reply_timeout);
-    if (handler.manifest != nullptr) ipc::send_manifest(fd, *handler.manifest, options_.reply_timeout);
-  } catch (const std::exception&) {
-    return false;
+  send(client, reply, std::move(handler.manifest));
+}
+
+void server::refuse(connection& client, status code, const std::string& why) {
+  send(client, encode_error(code, why));
+  client.closing = true;
+}
+
+void server::send(connection& client, std::span<const std::byte> reply,
+                  std::shared_ptr<const ipc::exported_manifest> manifest) {
+  client.outbox.push_back(make_frame(reply));
+  if (manifest) {
+    // The manifest's frames as send_manifest makes them: its bytes with the first
+    // max_fds_per_message descriptors, then a continuation frame per further batch.
+    std::vector<int> fds;
+    for (const unique_fd& fd : manifest->fds) fds.push_back(fd.get());
+    for (std::uint32_t index = 0; index == 0 || index * ipc::max_fds_per_message < fds.size(); ++index) {
+      const auto continuation = ipc::detail::continuation_payload(index);
+      const std::size_t first = index * ipc::max_fds_per_message;
+      client.outbox.push_back(make_frame(
+          index == 0 ? std::span<const std::byte>(manifest->bytes) : continuation,
+          std::span(fds).subspan(first, std::min(fds.size() - first, ipc::max_fds_per_message)), manifest));
+    }
   }
-  return true;
+  client.deadline.emplace(options_.reply_timeout);
+  flush(client);
+}
+
+void server::flush(connection& client) {
+  while (!client.outbox.empty()) {
+    outgoing_frame& frame = client.outbox.front();
+    iovec io{frame.bytes.data() + frame.sent, frame.bytes.size() - frame.sent};
+    msghdr message{};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    alignas(cmsghdr) std::array<std::byte, CMSG_SPACE(sizeof(int) * ipc::max_fds_per_message)> control{};
+    if (frame.sent == 0 && !frame.fds.empty()) {  // the descriptors go with the frame's first byte
+      const std::size_t fd_bytes = frame.fds.size() * sizeof(int);
+      message.msg_control = control.data();
+      message.msg_controllen = CMSG_SPACE(fd_bytes);
+      *CMSG_FIRSTHDR(&message) =
+          cmsghdr{.cmsg_len = CMSG_LEN(fd_bytes), .cmsg_level = SOL_SOCKET, .cmsg_type = SCM_RIGHTS};
+      std::memcpy(CMSG_DATA(CMSG_FIRSTHDR(&message)), frame.fds.data(), fd_bytes);
+    }
+    const ssize_t written = os::sendmsg(client.socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (written < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return;  // the rest once the client reads (POLLOUT), before the deadline
+    if (written < 0) return client.hang_up();
+    frame.sent += static_cast<std::size_t>(written);
+    if (frame.sent == frame.bytes.size()) client.outbox.pop_front();
+  }
+  client.deadline.reset();
 }
 
 daemon_statistics server::statistics() const {

@@ -23,19 +23,34 @@
 /// valid in the client whatever the daemon does (the import keeps it alive); what the
 /// daemon frees is only its own mapping and its pool's claim.
 ///
-/// Order of events. Each turn of the loop first closes the connections whose peer hung up
-/// (their unread requests are dropped: every request that changes something but release
-/// gets a reply, so a client that saw its reply knows it was done), then serves one request
-/// from each readable connection. So a client that saw another process die (waitpid) and
-/// then asks for statistics sees that process's holds gone.
+/// Serving. The daemon is one thread over non-blocking sockets: each turn of its loop
+/// polls every connection, moves what each one has ready without waiting, and answers only
+/// whole requests. A connection's bytes collect in a receive buffer (the frame header first,
+/// checked, then its payload) until its frame is complete, so a client that sends half a
+/// frame, or a byte at a time, delays nobody; each turn serves at most one request of each
+/// connection. A reply that the socket cannot take at once is queued
+/// on its connection and written as the client reads; until it is, that connection's next
+/// requests are not read (so a connection queues at most one reply), and others are served
+/// as before. Two deadlines close a connection, each checked every turn whether or not the
+/// connection was ready: a request whose first byte came request_timeout ago and that is
+/// still not whole, and a reply not written in full reply_timeout after it was queued.
+/// What a request asks for (a create, an export) is done on the thread: a costly request
+/// delays the others by its cost, never by how its client sends or reads.
+///
+/// Order of events. Each turn first closes the connections whose peer hung up (their unread
+/// requests are dropped: every request that changes something but release gets a reply, so
+/// a client that saw its reply knows it was done), then serves what the others have ready,
+/// then closes those past a deadline. So a client that saw another process die (waitpid)
+/// and then asks for statistics sees that process's holds gone.
 ///
 /// Trust. Connections are accepted only from the uids allowed (SO_PEERCRED; by default the
 /// daemon's own uid); others get a denied reply and are closed. A request is one frame of at
 /// most max_request_bytes, checked whole before anything happens (decode_request); a frame
-/// that claims more, carries descriptors, or does not arrive within request_timeout closes
-/// the connection, and so does a request that breaks the protocol (after a bad_request
-/// reply). One connection's misbehaviour never changes another's state. The daemon is one
-/// thread: a client that stops reading its replies for reply_timeout is closed.
+/// whose header claims more or announces descriptors is refused before its payload is read,
+/// and descriptors that come with a request are dropped unopened (the receive has no room
+/// for them) and refused. A request that breaks the protocol gets a bad_request (or
+/// unsupported_version) reply, and its connection is closed once that reply is written. One
+/// connection's misbehaviour never changes another's state, nor delays another's replies.
 ///
 /// Caps. `cap` bounds the capacity of every live entry together (removed but held ones
 /// included), `client_cap` what one connection's live creations hold; each is checked
@@ -56,6 +71,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,9 +89,11 @@ struct server_options {
   std::size_t client_cap = std::numeric_limits<std::size_t>::max();
   /// The uids that may connect; empty: only the daemon's own.
   std::vector<uid_t> allowed_uids;
-  /// How long a request frame may take to arrive once its first byte has.
+  /// How long a request frame may take to arrive once its first byte has; a connection
+  /// still mid-frame then is closed.
   std::chrono::milliseconds request_timeout{1000};
-  /// How long a reply may wait for the client to read.
+  /// How long a reply (with the manifest that follows it) may wait, queued, for the client
+  /// to read it; a connection whose reply is not written in full by then is closed.
   std::chrono::milliseconds reply_timeout{5000};
   /// Connections beyond this are refused.
   std::size_t max_connections = 4096;
@@ -115,8 +133,17 @@ class server {
 
   void accept_pending();
   void close_connection(std::uint64_t id) noexcept;
-  // Serves one request of `client`; false when the connection must be closed.
-  bool serve_request(connection& client);
+  // Reads what has arrived of `client`'s next request, and serves it once it is whole.
+  void receive(connection& client);
+  // Answers one whole request.
+  void serve(connection& client, std::span<const std::byte> payload);
+  // Sends an error reply, then closes the connection.
+  void refuse(connection& client, status code, const std::string& why);
+  // Queues a reply (and the manifest that follows it) and writes what fits now.
+  void send(connection& client, std::span<const std::byte> reply,
+            std::shared_ptr<const ipc::exported_manifest> manifest = nullptr);
+  // Writes what fits now of the queued reply.
+  void flush(connection& client);
   void drop_hold(connection& client, std::uint64_t entry_id) noexcept;
   void destroy_if_unused(std::uint64_t entry_id) noexcept;
   std::shared_ptr<chunk_pool> pool_for(const location& where);
