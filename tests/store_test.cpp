@@ -439,9 +439,9 @@ class store_daemon : public ::testing::Test {
 std::vector<std::byte> frame_bytes(std::uint32_t magic, std::uint32_t fds, std::uint64_t size,
                                    std::span<const std::byte> payload = {}) {
   const ipc::frame_header header{magic, fds, size};
-  std::vector<std::byte> bytes(sizeof header);
+  std::vector<std::byte> bytes(sizeof header + payload.size());
   std::memcpy(bytes.data(), &header, sizeof header);
-  bytes.insert(bytes.end(), payload.begin(), payload.end());
+  if (!payload.empty()) std::memcpy(bytes.data() + sizeof header, payload.data(), payload.size());
   return bytes;
 }
 
