@@ -30,13 +30,17 @@
 // per benchmark (posix_spawn, a socket pair as its descriptor 3; CUDA is started in it
 // before timing). Each iteration is one socket round trip timed on the exporter's side
 // (manual time): export and send, then the importer receives, imports and replies "ready".
-// The importer times its own import (counter importer_us). Outside the time the importer
-// checks the first and last 4 KiB of what it mapped (a kernel on the GPU, memcmp on the
-// host: a wrong byte fails the benchmark) and lets go; the exporter frees (and for the
-// _first rows trims) once the importer said it let go. first_us is the first iteration
-// alone. Each vmm row runs after the cudaMemPool row of its kind and size, and carries the
-// ratio as counter x_mempool; a summary at the end prints every ratio again.
-// Without a GPU, the vmm rows run on the OS host-memory provider (no cudaMemPool there).
+// The importer times its own import (counter importer_us), the exporter its export
+// (export_us, the send excluded), and arrival_us is when the importer had the message,
+// from the start of the hand-off (steady_clock is one clock for both processes of a host).
+// On the lent H100 the importer is back at its receive only ~0.6 ms after the next hand-off
+// began, for cudaMemPool and vmm alike (not for round_trip, whose importer runs no CUDA
+// work): arrival_us shows it, and export_us + importer_us are each side's own cost. Outside the time the
+// importer checks the first and last 4 KiB of what it mapped (a kernel on the GPU, memcmp on the host: a
+// wrong byte fails the benchmark) and lets go; the exporter frees (and for the _first rows trims) once the
+// importer said it let go. first_us is the first iteration alone. Each vmm row runs after the cudaMemPool row
+// of its kind and size, and carries the ratio as counter x_mempool; a summary at the end prints every ratio
+// again. Without a GPU, the vmm rows run on the OS host-memory provider (no cudaMemPool there).
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -47,6 +51,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -129,6 +134,7 @@ struct setup_message {
 };
 struct ready_message {
   std::uint64_t importer_ns;
+  std::int64_t arrived_ns;  // steady_clock, the same clock in both processes of one host
 };
 struct idle_message {
   std::uint64_t mismatches;
@@ -237,7 +243,10 @@ int run_peer() {
     }
     const auto importer_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - arrived).count();
-    send_value(socket, ready_message{static_cast<std::uint64_t>(importer_ns)});
+    send_value(socket,
+               ready_message{
+                   static_cast<std::uint64_t>(importer_ns),
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(arrived.time_since_epoch()).count()});
 
     (void)receive_value<std::uint32_t>(socket);  // the exporter's "let go"
     idle_message idle{0};
@@ -297,7 +306,8 @@ class contender {
   virtual ~contender() = default;
   virtual void setup(int socket) = 0;
   virtual void before_each() {}
-  virtual void hand_off(int socket) = 0;
+  // Exports and sends; returns the seconds the export took (the send excluded).
+  virtual double hand_off(int socket) = 0;
   // After the importer let go.
   virtual void after_each() {}
 };
@@ -305,7 +315,10 @@ class contender {
 class round_trip final : public contender {
  public:
   void setup(int socket) override { send_value(socket, setup_message{method::round_trip, 0, 0}); }
-  void hand_off(int socket) override { vmm::ipc::send_message(socket, {}); }
+  double hand_off(int socket) override {
+    vmm::ipc::send_message(socket, {});
+    return 0;
+  }
 };
 
 class vmm_pointer final : public contender {
@@ -333,8 +346,12 @@ class vmm_pointer final : public contender {
   void before_each() override {
     if (kind_ == method::vmm_first) allocate();
   }
-  void hand_off(int socket) override {
-    vmm::ipc::send_pointer(socket, exporter_->export_pointer(data_, size_));
+  double hand_off(int socket) override {
+    const auto start = clock_type::now();
+    const auto pointer = exporter_->export_pointer(data_, size_);
+    const double seconds = seconds_since(start);
+    vmm::ipc::send_pointer(socket, pointer);
+    return seconds;
   }
   void after_each() override {
     if (kind_ != method::vmm_first) return;
@@ -388,10 +405,13 @@ class mempool_pointer final : public contender {
   void before_each() override {
     if (kind_ == method::mempool_first) allocate();
   }
-  void hand_off(int socket) override {
+  double hand_off(int socket) override {
+    const auto start = clock_type::now();
     cudaMemPoolPtrExportData data{};
     CHECK(cudaMemPoolExportPointer(&data, pointer_));
+    const double seconds = seconds_since(start);
     send_value(socket, data);
+    return seconds;
   }
   void after_each() override {
     if (kind_ != method::mempool_first) return;
@@ -448,13 +468,20 @@ void run_pointer(benchmark::State& state, bool on_gpu, method kind, std::size_t 
     double total_seconds = 0;
     double first_seconds = -1;
     double importer_seconds = 0;
+    double export_seconds = 0;
+    double arrival_seconds = 0;
     std::uint64_t mismatches = 0;
     for (auto _ : state) {
       way->before_each();
       const auto start = clock_type::now();
-      way->hand_off(importer.socket());
+      export_seconds += way->hand_off(importer.socket());
       const auto ready = receive_value<ready_message>(importer.socket());
       const double seconds = seconds_since(start);
+      arrival_seconds +=
+          static_cast<double>(
+              ready.arrived_ns -
+              std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count()) *
+          1e-9;
       state.SetIterationTime(seconds);
       total_seconds += seconds;
       if (first_seconds < 0) first_seconds = seconds;
@@ -471,6 +498,9 @@ void run_pointer(benchmark::State& state, bool on_gpu, method kind, std::size_t 
     const double mean_us = total_seconds / iterations * 1e6;
     state.counters["first_us"] = first_seconds * 1e6;
     state.counters["importer_us"] = importer_seconds / iterations * 1e6;
+    state.counters["export_us"] = export_seconds / iterations * 1e6;
+    state.counters["arrival_us"] = arrival_seconds / iterations * 1e6;
+
     state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(size));
     results()[key_of(on_gpu, kind, size)] = mean_us;
     if (is_vmm(kind)) {
@@ -495,8 +525,13 @@ void register_all() {
     std::printf("no GPU (%s): the vmm rows run on the OS host-memory provider, without cudaMemPool\n",
                 why.c_str());
   const auto add = [on_gpu](method kind, std::size_t size, int iterations) {
-    std::string name = std::string("pointer/") + (on_gpu ? "" : "os/") + name_of(kind);
-    if (kind != method::round_trip) name += "/" + size_name(size);
+    // Appended piece by piece: GCC 12 -O3 warns (-Wrestrict) at a chain of + on std::string.
+    std::string name = on_gpu ? "pointer/" : "pointer/os/";
+    name += name_of(kind);
+    if (kind != method::round_trip) {
+      name += '/';
+      name += size_name(size);
+    }
     std::function<std::unique_ptr<contender>()> make;
     if (kind == method::round_trip)
       make = [] { return std::make_unique<round_trip>(); };
