@@ -14,7 +14,8 @@
 // memory the resource held: mapped or spare), their ratio, the largest single allocation
 // still possible at the end (with the trace's last live set still allocated), and the host
 // time of each allocate and deallocate (median and 99th percentile) and of an
-// allocate + deallocate pair. --repeat replays the trace N times in one resource (the
+// allocate + deallocate pair (the sum of the two, so two clock readings' cost; the median of
+// an empty reading is printed beside them). --repeat replays the trace N times in one resource (the
 // steady state of a training loop); the figures cover every pass.
 //
 // --simulate BYTES (OS host only; a number with an optional KiB/MiB/GiB suffix): the OS
@@ -356,6 +357,15 @@ int main(int argc, char** argv) try {
   const percentiles a = of(allocate_ns);
   const percentiles d = of(deallocate_ns);
   const percentiles p = of(pair_ns);
+  // What one timing costs by itself: every sample above includes it (the pair twice).
+  std::vector<double> empty_ns;
+  empty_ns.reserve(4096);
+  for (int i = 0; i < 4096; ++i) {
+    const auto t0 = clock::now();
+    const auto t1 = clock::now();
+    empty_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+  }
+  const double clock_ns = of(empty_ns).median;
   const double ratio = static_cast<double>(after.reserved_high) / static_cast<double>(peak_live);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   fmt::print(
@@ -373,6 +383,7 @@ int main(int argc, char** argv) try {
   fmt::print("  allocate     {:8.0f} {:8.0f}\n", a.median, a.p99);
   fmt::print("  deallocate   {:8.0f} {:8.0f}\n", d.median, d.p99);
   fmt::print("  pair         {:8.0f} {:8.0f}\n", p.median, p.p99);
+  fmt::print("  (each timing includes {:.0f} ns of clock reads, the pair twice)\n", clock_ns);
   fmt::print("pages: {} created, {} stitched, {} released; {} address ranges; replay {:.2f} s\n",
              after.pages_created, after.pages_stitched, after.pages_released, after.segments, seconds);
   if (!json_path.empty()) {
@@ -382,11 +393,12 @@ int main(int argc, char** argv) try {
         "\"peak_live_bytes\": {}, "
         "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
-        "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"pages_created\": {}, "
+        "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
+        "\"pages_created\": {}, "
         "\"pages_stitched\": {}, \"segments\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
         after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
-        after.pages_created, after.pages_stitched, after.segments);
+        clock_ns, after.pages_created, after.pages_stitched, after.segments);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }
   if (max_ratio != 0 && ratio > max_ratio) {
