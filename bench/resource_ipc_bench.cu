@@ -19,6 +19,9 @@
 //                     manifest with one fd per page, import_pointer (import, map, set access);
 //   vmm_repeated      one allocation; the exporter's cache serves each page's fd (a dup),
 //                     the importer imports, maps and sets access again (it let go between);
+//   vmm_cached        as vmm_repeated, the importer made with keep_mapped_bytes = the
+//                     pointer's size: the pages it let go of stay mapped in its cache, and
+//                     importing them again takes them back and closes the fds (no driver call);
 //   vmm_still_mapped  one allocation the importer keeps imported: importing it again finds
 //                     every page mapped and only closes the fds (no driver call);
 //   round_trip        an empty message there and a reply back: the socket's share.
@@ -101,7 +104,8 @@ enum class method : std::uint32_t {
   vmm_repeated,
   vmm_still_mapped,
   mempool_first,
-  mempool_repeated
+  mempool_repeated,
+  vmm_cached
 };
 
 const char* name_of(method m) {
@@ -118,12 +122,15 @@ const char* name_of(method m) {
       return "mempool_first";
     case method::mempool_repeated:
       return "mempool_repeated";
+    case method::vmm_cached:
+      return "vmm_cached";
   }
   return "?";
 }
 
 bool is_vmm(method m) {
-  return m == method::vmm_first || m == method::vmm_repeated || m == method::vmm_still_mapped;
+  return m == method::vmm_first || m == method::vmm_repeated || m == method::vmm_cached ||
+         m == method::vmm_still_mapped;
 }
 
 // The wire between the two processes of this program: one host, host byte order.
@@ -209,8 +216,9 @@ int run_peer() {
   vmm::ipc::imported_pointer kept;  // vmm_still_mapped
   cudaMemPool_t pool = nullptr;
   if (is_vmm(setup.kind)) {
-    shared.emplace(
-        vmm::ipc::imported_resource::receive(socket, {.provider = vmm::provider_for(location_of(on_gpu))}));
+    const std::size_t keep = setup.kind == method::vmm_cached ? setup.size : 0;
+    shared.emplace(vmm::ipc::imported_resource::receive(
+        socket, {.provider = vmm::provider_for(location_of(on_gpu)), .keep_mapped_bytes = keep}));
     if (setup.kind == method::vmm_still_mapped) kept = shared->receive_pointer(socket);
   } else if (setup.kind != method::round_trip) {
     if (setup_raw.fds.size() != 1) throw bench_error("the pool's fd is missing");
@@ -547,8 +555,10 @@ void register_all() {
   };
   add(method::round_trip, 0, 500);
   // The cudaMemPool rows first: each vmm row reports its ratio to the one before it.
-  std::vector<row> rows = {
-      {method::vmm_first, 30, 5}, {method::vmm_repeated, 200, 20}, {method::vmm_still_mapped, 200, 50}};
+  std::vector<row> rows = {{method::vmm_first, 30, 5},
+                           {method::vmm_repeated, 200, 20},
+                           {method::vmm_cached, 200, 50},
+                           {method::vmm_still_mapped, 200, 50}};
   if (on_gpu)
     rows.insert(rows.begin(), {{method::mempool_first, 30, 5}, {method::mempool_repeated, 200, 20}});
   for (const std::size_t size : {64 * mib, 4096 * mib})
@@ -562,7 +572,8 @@ void print_summary() {
       "size)\n");
   for (const auto& [key, mean] : results()) {
     std::string ratio;
-    for (const method kind : {method::vmm_first, method::vmm_repeated, method::vmm_still_mapped}) {
+    for (const method kind :
+         {method::vmm_first, method::vmm_repeated, method::vmm_cached, method::vmm_still_mapped}) {
       const std::string tag = std::string("/") + name_of(kind) + "/";
       if (key.find(tag) == std::string::npos) continue;
       const std::string base = key.substr(0, key.find(tag)) + "/" + name_of(baseline_of(kind)) + "/" +

@@ -3,7 +3,8 @@
 // shared by several pointers mapped once, release and re-import, trimming after the
 // importer let go, the refusal to allocate from an imported resource, malformed messages
 // refused with nothing mapped and every fd closed, a dying importer, the stream-ordered
-// hand-off, and threads.
+// hand-off, the importer's cache of let-go pages (keep_mapped_bytes, trim()),
+// and threads.
 //
 // The second process is tests/helpers/resource_peer.cpp (spawned with posix_spawn, one end
 // of a socket pair as its descriptor 3). Tests that need no second process import in this
@@ -72,6 +73,18 @@ void expect_error(Fn&& fn, const std::string& says) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find(says), std::string::npos) << error.what();
   }
+}
+
+// Gives back `imported`'s cache and waits for what was retired: then it holds nothing.
+ipc::imported_resource_statistics expect_trimmed_to_nothing(ipc::imported_resource& imported) {
+  imported.trim();
+  collect_retired(true);
+  const ipc::imported_resource_statistics s = imported.statistics();
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.pointers, 0u);
+  EXPECT_EQ(s.pages_mapped, 0u);
+  EXPECT_EQ(s.segments, 0u);
+  return s;
 }
 
 // ---- the wire, without any provider ------------------------------------------------------
@@ -262,9 +275,11 @@ class resource_sharing : public provider_test<Kind> {
     peer_process process;
     resource_peer_report baseline;
   };
-  std::unique_ptr<peer> spawn() {
-    std::unique_ptr<peer> made(
-        new peer{peer_process({VMM_RESOURCE_PEER_PATH, Kind::name}), resource_peer_report{}});
+  // `keep_mapped_bytes`: the peer's resource_import_options::keep_mapped_bytes.
+  std::unique_ptr<peer> spawn(std::size_t keep_mapped_bytes = 0) {
+    std::vector<std::string> argv = {VMM_RESOURCE_PEER_PATH, Kind::name};
+    if (keep_mapped_bytes != 0) argv.push_back(std::to_string(keep_mapped_bytes));
+    std::unique_ptr<peer> made(new peer{peer_process(std::move(argv)), resource_peer_report{}});
     made->baseline = receive_resource_report(made->process.socket());
     ipc::send_resource(made->process.socket(), exporter_->export_resource());
     return made;
@@ -278,6 +293,18 @@ class resource_sharing : public provider_test<Kind> {
     send_command(to.process.socket(), {resource_peer_op::import, slot, 0});
     ipc::send_pointer(to.process.socket(), exporter_->export_pointer(p, n));
     return receive_resource_report(to.process.socket());
+  }
+  // Frees `p` (`n` bytes), gives its pages up, and allocates `n` bytes filled with `seed`
+  // again: at the same place (checked), with new pages.
+  void* reallocate_with_new_pages(void* p, std::size_t n, std::uint32_t seed) {
+    const memory_resource::allocation_pages old_pages = resource_->pages_of(p, n);
+    resource_->deallocate_sync(p, n);
+    resource_->trim_to(0);
+    void* q = allocate_filled(n, seed);
+    const memory_resource::allocation_pages new_pages = resource_->pages_of(q, n);
+    EXPECT_EQ(new_pages.arena, old_pages.arena);
+    EXPECT_EQ(new_pages.first_page, old_pages.first_page) << "the resource put the new block elsewhere";
+    return q;
   }
   // The distinct pages that the allocations touch, as (arena, page).
   std::set<std::pair<std::size_t, std::size_t>> pages_under(
@@ -425,6 +452,8 @@ TYPED_TEST(resource_sharing, a_released_pointer_imports_again_with_no_second_exp
   const resource_peer_report again = this->send_to(*peer, 0, p, n);
   EXPECT_EQ(again.checksum, this->checksum_at(p, n));
   EXPECT_EQ(again.pages_imported, 2 * this->resource_->pages_of(p, n).pages.size());
+  EXPECT_EQ(again.pages_reused, 0u);  // no cache by default
+  EXPECT_EQ(again.cached_bytes, 0u);
   EXPECT_EQ(this->exporter_->statistics().handles_exported, exported);  // the cache served them
   EXPECT_TRUE(this->command(*peer, resource_peer_op::release).same_usage(peer->baseline));
   this->resource_->deallocate_sync(p, n);
@@ -682,27 +711,25 @@ TYPED_TEST(resource_sharing, malformed_pointers_are_refused_with_nothing_mapped_
 TYPED_TEST(resource_sharing, a_page_the_importer_still_maps_with_other_memory_is_refused) {
   // The exporter frees and trims an allocation this process still holds, then allocates
   // again at the same place with new pages: the importer must not show its old pages there.
-  ipc::imported_resource imported = this->import_here();
-  const std::size_t n = 3 * mib;
-  void* p = this->allocate_filled(n, 700);
-  ipc::imported_pointer held = this->share_here(imported, p, n);
-  const memory_resource::allocation_pages old_pages = this->resource_->pages_of(p, n);
-  this->resource_->deallocate_sync(p, n);
-  this->resource_->trim_to(0);
-  void* q = this->allocate_filled(n, 701);
-  const memory_resource::allocation_pages new_pages = this->resource_->pages_of(q, n);
-  ASSERT_EQ(new_pages.arena, old_pages.arena);
-  ASSERT_EQ(new_pages.first_page, old_pages.first_page) << "the resource put the new block elsewhere";
-  const ipc::exported_pointer exported = this->exporter_->export_pointer(q, n);
-  this->expect_refused(imported, exported.bytes, exported.pages,
-                       "it freed an allocation this process had not let go of");
-  EXPECT_EQ(this->contents(held.data(), n, this->importer_provider_.get()),
-            pattern(n, 700));  // still the old memory
-  held.reset();
-  ipc::imported_pointer fresh = this->share_here(imported, q, n);
-  EXPECT_EQ(this->contents(fresh.data(), n, this->importer_provider_.get()), pattern(n, 701));
-  fresh.reset();
-  this->resource_->deallocate_sync(q, n);
+  // A cache changes nothing for pages in use.
+  for (const std::size_t keep : {std::size_t{0}, 64 * mib}) {
+    SCOPED_TRACE(keep);
+    ipc::imported_resource imported = this->import_here({.keep_mapped_bytes = keep});
+    const std::size_t n = 3 * mib;
+    void* p = this->allocate_filled(n, 700);
+    ipc::imported_pointer held = this->share_here(imported, p, n);
+    void* q = this->reallocate_with_new_pages(p, n, 701);
+    const ipc::exported_pointer exported = this->exporter_->export_pointer(q, n);
+    this->expect_refused(imported, exported.bytes, exported.pages,
+                         "it freed an allocation this process had not let go of");
+    EXPECT_EQ(this->contents(held.data(), n, this->importer_provider_.get()),
+              pattern(n, 700));  // still the old memory
+    held.reset();                // with a cache, its pages stay mapped, unused
+    ipc::imported_pointer fresh = this->share_here(imported, q, n);
+    EXPECT_EQ(this->contents(fresh.data(), n, this->importer_provider_.get()), pattern(n, 701));
+    fresh.reset();
+    this->resource_->deallocate_sync(q, n);
+  }
 }
 
 TYPED_TEST(resource_sharing, a_segment_larger_than_the_limit_is_refused_before_anything_is_reserved) {
@@ -800,40 +827,226 @@ TYPED_TEST(resource_sharing, a_consumer_fills_each_pointer_in_stream_order_and_l
   EXPECT_TRUE(exited_cleanly(peer->process.wait()));
 }
 
-TYPED_TEST(resource_sharing, threads_export_import_and_let_go_at_once) {
-  ipc::imported_resource imported = this->import_here();
+// ---- the cache of let-go pages (resource_import_options::keep_mapped_bytes) -----------------
+
+TYPED_TEST(resource_sharing, with_a_cache_a_pointer_let_go_of_imports_again_with_no_page_imported) {
+  const std::size_t g = this->granularity_;
+  const std::size_t n = 5 * mib + 3;
+  void* p = this->allocate_filled(n, 1100);
+  const std::size_t pages = this->resource_->pages_of(p, n).pages.size();
+  auto peer = this->spawn(pages * g);
+  resource_peer_report report = this->send_to(*peer, 0, p, n);
+  EXPECT_EQ(report.checksum, this->checksum_at(p, n));
+  EXPECT_EQ(report.pages_imported, pages);
+  report = this->command(*peer, resource_peer_op::release);
+  EXPECT_EQ(report.pointers, 0u);
+  EXPECT_EQ(report.pages_mapped, pages);  // kept, unused
+  EXPECT_EQ(report.cached_bytes, pages * g);
+  EXPECT_EQ(report.pages_released, 0u);
+  EXPECT_EQ(report.mappings - peer->baseline.mappings, pages);
+
+  write_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(p), pattern(n, 1101));
+  report = this->send_to(*peer, 0, p, n);
+  EXPECT_EQ(report.checksum, this->checksum_at(p, n));  // the new bytes, through the kept mapping
+  EXPECT_EQ(report.pages_imported, pages);              // no page imported the second time
+  EXPECT_EQ(report.pages_reused, pages);
+  EXPECT_EQ(report.pages_shared, 0u);
+  EXPECT_EQ(report.cached_bytes, 0u);
+  EXPECT_EQ(report.mappings - peer->baseline.mappings, pages);
+
+  report = this->command(*peer, resource_peer_op::release);
+  EXPECT_EQ(report.cached_bytes, pages * g);
+  report = this->command(*peer, resource_peer_op::trim);
+  EXPECT_EQ(report.cached_bytes, 0u);
+  EXPECT_EQ(report.pages_mapped, 0u);
+  EXPECT_EQ(report.segments, 0u);
+  EXPECT_EQ(report.pages_released, pages);
+  EXPECT_TRUE(report.same_usage(peer->baseline))
+      << "ranges " << report.ranges << " handles " << report.handles << " mappings " << report.mappings;
+  this->resource_->deallocate_sync(p, n);
+}
+
+TYPED_TEST(resource_sharing, with_a_cache_a_page_the_exporter_replaced_is_retired_and_the_new_one_imported) {
+  const std::size_t g = this->granularity_;
+  ipc::imported_resource imported = this->import_here({.keep_mapped_bytes = 64 * mib});
   const address_space_usage before = this->importer_provider_->address_space().usage();
-  constexpr int threads = 4;
-  constexpr int rounds = 12;
-  std::vector<std::thread> workers;
-  std::atomic<int> wrong{0};
-  for (int t = 0; t < threads; ++t)
-    workers.emplace_back([&, t] {
-      std::mt19937 random(static_cast<std::uint32_t>(t));
-      auto [sender, receiver] = ipc::make_socket_pair();
-      for (int round = 0; round < rounds; ++round) {
-        const std::size_t n = 1 + random() % (3 * mib);
-        const auto seed = static_cast<std::uint32_t>(t * 1000 + round);
-        void* p = this->resource_->allocate_sync(n);
-        write_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(p), pattern(n, seed));
-        ipc::send_pointer(sender.get(), this->exporter_->export_pointer(p, n));
-        ipc::imported_pointer shared = imported.receive_pointer(receiver.get());
-        if (read_bytes(*this->importer_provider_, reinterpret_cast<std::uintptr_t>(shared.data()), n) !=
-            pattern(n, seed))
-          ++wrong;
-        shared.reset();
-        this->resource_->deallocate_sync(p, n);
-      }
-    });
-  for (std::thread& worker : workers) worker.join();
-  EXPECT_EQ(wrong.load(), 0);
+  const std::size_t n = 3 * mib;
+  void* p = this->allocate_filled(n, 1200);
+  const std::size_t pages = this->resource_->pages_of(p, n).pages.size();
+  this->share_here(imported, p, n).reset();
+  ASSERT_EQ(imported.statistics().cached_bytes, pages * g);
+  // The exporter frees it (the importer let go) and puts new pages at the same place.
+  void* q = this->reallocate_with_new_pages(p, n, 1201);
+
+  ipc::imported_pointer fresh = this->share_here(imported, q, n);
+  EXPECT_EQ(this->contents(fresh.data(), n, this->importer_provider_.get()), pattern(n, 1201));
+  ipc::imported_resource_statistics s = imported.statistics();
+  EXPECT_EQ(s.pages_released, pages);  // the old pages, retired
+  EXPECT_EQ(s.pages_imported, 2 * pages);
+  EXPECT_EQ(s.pages_reused, 0u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.pages_mapped, pages);
+  fresh.reset();
+  imported.trim();
   collect_retired(true);
-  const ipc::imported_resource_statistics s = imported.statistics();
-  EXPECT_EQ(s.pointers, 0u);
+  s = imported.statistics();
   EXPECT_EQ(s.pages_mapped, 0u);
-  EXPECT_EQ(s.segments, 0u);
-  EXPECT_EQ(this->resource_->statistics().allocations, 0u);
+  EXPECT_EQ(s.pages_released, 2 * pages);
+  this->resource_->deallocate_sync(q, n);
   EXPECT_EQ(this->importer_usage(), before);
+}
+
+TYPED_TEST(resource_sharing, the_cache_keeps_at_most_its_bound_and_gives_up_the_least_recently_let_go_first) {
+  const std::size_t g = this->granularity_;
+  const std::size_t bound = 2 * g + g / 2;  // two pages
+  ipc::imported_resource imported = this->import_here({.keep_mapped_bytes = bound});
+  const address_space_usage before = this->importer_provider_->address_space().usage();
+  // Three allocations of one page each.
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    void* p = this->resource_->allocate_sync(g, g);
+    write_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(p), pattern(g, 1300 + i));
+    blocks.emplace_back(p, g);
+    ASSERT_EQ(this->resource_->pages_of(p, g).pages.size(), 1u);
+  }
+  ASSERT_EQ(this->pages_under(blocks).size(), 3u);
+  const auto take = [&](std::uint32_t i) {
+    ipc::imported_pointer shared = this->share_here(imported, blocks[i].first, g);
+    EXPECT_EQ(this->contents(shared.data(), g, this->importer_provider_.get()), pattern(g, 1300 + i));
+    EXPECT_LE(imported.statistics().cached_bytes, bound);
+    return shared;
+  };
+  const auto let_go = [&](ipc::imported_pointer& shared) {
+    shared.reset();
+    collect_retired(true);
+    EXPECT_LE(imported.statistics().cached_bytes, bound);
+  };
+  std::vector<ipc::imported_pointer> held;
+  for (std::uint32_t i = 0; i < 3; ++i) held.push_back(take(i));
+  for (ipc::imported_pointer& shared : held) let_go(shared);  // 0, then 1, then 2
+  ipc::imported_resource_statistics s = imported.statistics();
+  EXPECT_EQ(s.cached_bytes, 2 * g);
+  EXPECT_EQ(s.pages_mapped, 2u);
+  EXPECT_EQ(s.pages_released, 1u);  // block 0, let go of first
+  EXPECT_EQ(s.pages_imported, 3u);
+
+  // Blocks 1 and 2 come from the cache, block 0 is imported again.
+  held[1] = take(1);
+  held[2] = take(2);
+  s = imported.statistics();
+  EXPECT_EQ(s.pages_reused, 2u);
+  EXPECT_EQ(s.pages_imported, 3u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  held[0] = take(0);
+  EXPECT_EQ(imported.statistics().pages_imported, 4u);
+
+  // Let go in another order: 2, 0, 1. Block 2 goes first out of the cache.
+  for (const std::uint32_t i : {2u, 0u, 1u}) let_go(held[i]);
+  s = imported.statistics();
+  EXPECT_EQ(s.cached_bytes, 2 * g);
+  EXPECT_EQ(s.pages_released, 2u);
+  held[0] = take(0);
+  held[1] = take(1);
+  EXPECT_EQ(imported.statistics().pages_reused, 4u);
+  EXPECT_EQ(imported.statistics().pages_imported, 4u);
+  held[2] = take(2);
+  EXPECT_EQ(imported.statistics().pages_imported, 5u);
+
+  for (ipc::imported_pointer& shared : held) let_go(shared);
+  imported.trim();
+  collect_retired(true);
+  EXPECT_EQ(imported.statistics().pages_mapped, 0u);
+  for (const auto& [p, n] : blocks) this->resource_->deallocate_sync(p, n);
+  EXPECT_EQ(this->importer_usage(), before);
+}
+
+TYPED_TEST(resource_sharing, trim_gives_back_every_cached_page_and_the_exporters_memory_goes) {
+  const std::size_t fds_before = open_fd_count();
+  const std::size_t mappings_before = memfd_mapping_count();
+  ipc::imported_resource imported = this->import_here({.keep_mapped_bytes = 64 * mib});
+  const address_space_usage before = this->importer_provider_->address_space().usage();
+  const std::vector<std::size_t> sizes = {7 * mib + 1, 40 * kib};
+  std::vector<std::pair<void*, std::size_t>> held;
+  for (std::uint32_t i = 0; i < sizes.size(); ++i) {
+    held.emplace_back(this->allocate_filled(sizes[i], 1400 + i), sizes[i]);
+    this->share_here(imported, held[i].first, sizes[i]).reset();
+  }
+  const std::size_t distinct = this->pages_under(held).size();
+  EXPECT_EQ(imported.statistics().cached_bytes, distinct * this->granularity_);
+  EXPECT_EQ(imported.statistics().pages_mapped, distinct);
+
+  for (const auto& [p, n] : held) this->resource_->deallocate_sync(p, n);
+  this->resource_->trim_to(0);
+  this->exporter_->purge();
+  EXPECT_EQ(this->resource_->statistics().reserved_current, 0u);
+  if (this->provider_->where().kind == memory_kind::os_host) {
+    EXPECT_GT(memfd_mapping_count(), mappings_before);  // the cache still maps the memory
+  }
+
+  EXPECT_EQ(expect_trimmed_to_nothing(imported).pages_released, distinct);
+  EXPECT_EQ(this->importer_usage(), before);
+  EXPECT_EQ(open_fd_count(), fds_before);
+  EXPECT_EQ(memfd_mapping_count(), mappings_before);
+}
+
+TYPED_TEST(resource_sharing, destroying_the_imported_resource_gives_its_cache_back) {
+  const std::size_t g = this->granularity_;
+  const address_space_usage before = this->importer_provider_->address_space().usage();
+  void* p = this->resource_->allocate_sync(2 * g, g);
+  void* q = this->resource_->allocate_sync(2 * g, g);
+  ASSERT_EQ(this->pages_under({{p, 2 * g}, {q, 2 * g}}).size(), 4u);
+  ipc::imported_pointer kept;
+  {
+    ipc::imported_resource imported = this->import_here({.keep_mapped_bytes = 64 * mib});
+    this->share_here(imported, p, 2 * g).reset();
+    kept = this->share_here(imported, q, 2 * g);
+    ASSERT_EQ(imported.statistics().cached_bytes, 2 * g);
+    EXPECT_EQ(this->importer_provider_->address_space().usage().mappings, before.mappings + 4);
+  }
+  collect_retired(true);
+  EXPECT_EQ(this->importer_provider_->address_space().usage().mappings, before.mappings + 2);  // kept's own
+  kept.reset();  // as with no cache: unmapped
+  collect_retired(true);
+  this->resource_->deallocate_sync(p, 2 * g);
+  this->resource_->deallocate_sync(q, 2 * g);
+  EXPECT_EQ(this->importer_usage(), before);
+}
+
+TYPED_TEST(resource_sharing, threads_export_import_and_let_go_at_once) {
+  // Without a cache, and with one that holds a few pages (evicting often).
+  for (const std::size_t keep : {std::size_t{0}, 3 * this->granularity_}) {
+    SCOPED_TRACE(keep);
+    ipc::imported_resource imported = this->import_here({.keep_mapped_bytes = keep});
+    const address_space_usage before = this->importer_provider_->address_space().usage();
+    constexpr int threads = 4;
+    constexpr int rounds = 12;
+    std::vector<std::thread> workers;
+    std::atomic<int> wrong{0};
+    for (int t = 0; t < threads; ++t)
+      workers.emplace_back([&, t] {
+        std::mt19937 random(static_cast<std::uint32_t>(t));
+        auto [sender, receiver] = ipc::make_socket_pair();
+        for (int round = 0; round < rounds; ++round) {
+          const std::size_t n = 1 + random() % (3 * mib);
+          const auto seed = static_cast<std::uint32_t>(t * 1000 + round);
+          void* p = this->resource_->allocate_sync(n);
+          write_bytes(*this->provider_, reinterpret_cast<std::uintptr_t>(p), pattern(n, seed));
+          ipc::send_pointer(sender.get(), this->exporter_->export_pointer(p, n));
+          ipc::imported_pointer shared = imported.receive_pointer(receiver.get());
+          if (read_bytes(*this->importer_provider_, reinterpret_cast<std::uintptr_t>(shared.data()), n) !=
+              pattern(n, seed))
+            ++wrong;
+          shared.reset();
+          this->resource_->deallocate_sync(p, n);
+        }
+      });
+    for (std::thread& worker : workers) worker.join();
+    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_LE(imported.statistics().cached_bytes, keep);
+    (void)expect_trimmed_to_nothing(imported);
+    EXPECT_EQ(this->resource_->statistics().allocations, 0u);
+    EXPECT_EQ(this->importer_usage(), before);
+  }
 }
 
 }  // namespace

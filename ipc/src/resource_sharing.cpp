@@ -16,6 +16,15 @@
 // needs an address one of them still maps waits for that retirement alone
 // (detail::collect_retirement), not for every retirement of the process.
 //
+// The cache (resource_import_options::keep_mapped_bytes). A page whose last pointer let go
+// may stay in its mirror with no user (users == 0): a cached page, still mapped, listed in
+// the state's cache list in the order pages were let go of. It keeps the point of the
+// stream of each pointer that let go of it (released_on, as a page still in use does), so
+// that retiring it later, from the cache, waits for the same work as retiring it at once
+// would. Every page leaves the mirror through retire_pages(): for a release without a
+// cache, for the least recently let-go pages beyond the bound, for a cached page the
+// exporter replaced, for trim().
+//
 // Locks: one mutex per imported resource, held across an import (the driver calls
 // included) and a release. Retirement runs under it; it never calls back into the state.
 
@@ -33,6 +42,7 @@
 #include <atomic>
 #include <bit>
 #include <limits>
+#include <list>
 #include <random>
 #include <thread>
 #include <utility>
@@ -385,10 +395,16 @@ class imported_resource_state : public std::enable_shared_from_this<imported_res
   imported_resource_state(const resource_description& description, resource_import_options options);
   imported_resource_state(const imported_resource_state&) = delete;
   imported_resource_state& operator=(const imported_resource_state&) = delete;
+  // Retires the cached pages: nothing else is left when no pointer holds the state.
+  ~imported_resource_state();
 
   imported_pointer import(received_pointer received, stream_ref stream);
   void release(const imported_pointer& pointer) noexcept;
   imported_resource_statistics statistics() const;
+  // Retires cached pages until at most `bytes` of them are left.
+  void trim_to(std::size_t bytes) noexcept;
+  // Keeps no page from now on, and retires the cached ones (the imported_resource goes).
+  void stop_caching() noexcept;
 
   const resource_description description;
   const std::shared_ptr<memory_provider> provider;
@@ -397,13 +413,21 @@ class imported_resource_state : public std::enable_shared_from_this<imported_res
   const std::chrono::milliseconds timeout;
 
  private:
+  // A page in the cache list: its mirror's segment and its index there.
+  struct cached_page {
+    std::uint32_t segment = 0;
+    std::size_t page = 0;
+  };
+  using cache_list = std::list<cached_page>;
   struct page_slot {
     std::uint64_t id = 0;
-    std::size_t users = 0;
+    std::size_t users = 0;  // 0: cached, listed at `cached_at`
     physical_allocation memory;
     mapping mapped;  // declared after the memory: unmapped first
-    // Points on the streams of pointers that let go of the page while others kept it.
+    // Points on the streams of pointers that let go of the page while others kept it, or
+    // while the cache kept it.
     std::vector<stream_event> released_on;
+    cache_list::iterator cached_at;
   };
   // Pages no pointer uses any more, waiting for their streams in the retirement list.
   // Destroyed in reverse order: unmapped, then the handles, then the range (when this was
@@ -420,13 +444,25 @@ class imported_resource_state : public std::enable_shared_from_this<imported_res
     std::vector<std::weak_ptr<retired_pages>> retiring;
   };
 
+  using mirror_map = std::map<std::uint32_t, mirror>;
+
   // Waits for the retirements of `m` that still map a page of `wanted`.
   static void wait_for_retired(mirror& m, const std::map<std::size_t, page_slot>& wanted);
+  // Takes the slots `pages` out of mirror `found` (cached ones out of the cache too) and
+  // hands their mappings and handles to the retirement list, to go once `point` and the
+  // points each slot kept have passed. Leaves the mirror in place, empty or not. Never
+  // throws: without room for the retirement it waits for the points here and unmaps at once.
+  void retire_pages_locked(mirror_map::iterator found, std::span<const std::size_t> pages,
+                           stream_event point) noexcept;
+  // Retires the least recently let-go cached pages until at most `bytes` are cached.
+  void trim_cache_locked(std::size_t bytes) noexcept;
 
   const std::size_t limit_;
   std::vector<access_grant> grants_;
   mutable std::mutex mutex_;
-  std::map<std::uint32_t, mirror> mirrors_;
+  mirror_map mirrors_;
+  std::size_t keep_bytes_;  // the cache's bound; 0 once the imported_resource is gone
+  cache_list cached_;       // least recently let go first
   imported_resource_statistics statistics_;
 };
 
@@ -438,7 +474,8 @@ imported_resource_state::imported_resource_state(const resource_description& d,
       stream(options.stream),
       timeout(options.timeout),
       limit_(options.max_size_limit != 0 ? options.max_size_limit
-                                         : 4 * provider->capabilities().physical_memory_size) {
+                                         : 4 * provider->capabilities().physical_memory_size),
+      keep_bytes_(options.keep_mapped_bytes) {
   if (provider->where() != d.where)
     throw invalid_argument(
         fmt::format("imported_resource: the resource is {} memory, the provider given serves "
@@ -502,17 +539,23 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
   const std::size_t count = d.page_ids.size();
 
   std::lock_guard lock(mutex_);
-  const auto found = mirrors_.find(d.segment);
+  auto found = mirrors_.find(d.segment);
   mirror* m = found == mirrors_.end() ? nullptr : &found->second;
   if (m != nullptr && m->range->size() != d.segment_size)
     refuse(fmt::format("imported_resource: segment {} is {} bytes here, the pointer says {}", d.segment,
                        m->range->size(), d.segment_size));
-  // Which pages are mapped already: the same physical page (the same id), or a refusal.
+  // Which pages are mapped already: the same physical page (the same id), a cached page
+  // the exporter replaced (stale), or a refusal.
   std::vector<bool> mapped_already(count, false);
+  std::vector<std::size_t> stale;
   if (m != nullptr)
     for (std::size_t i = 0; i < count; ++i) {
       const auto slot = m->pages.find(first + i);
       if (slot == m->pages.end()) continue;
+      if (slot->second.id != d.page_ids[i] && slot->second.users == 0) {
+        stale.push_back(first + i);
+        continue;
+      }
       if (slot->second.id != d.page_ids[i])
         refuse(fmt::format(
             "imported_resource: page {} of segment {} is mapped here with the exporter's page {} and in use "
@@ -522,6 +565,15 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
             first + i, d.segment, slot->second.id, d.page_ids[i]));
       mapped_already[i] = true;
     }
+  if (!stale.empty()) {
+    // Its mapping goes once the streams that used it pass: wait_for_retired() below waits
+    // for that before the new page is mapped at its address.
+    retire_pages_locked(found, stale, stream_event());
+    if (m->pages.empty()) {
+      mirrors_.erase(found);  // the range goes with the retirement
+      m = nullptr;
+    }
+  }
 
   // Declared before the pages it will hold, so that a failure unmaps them before the range goes.
   std::map<std::uint32_t, mirror> new_mirror;
@@ -562,13 +614,21 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
   imported_pointer result;
   result.state_ = shared_from_this();
   const std::size_t fresh = added.size();
-  for (std::size_t i = 0; i < count; ++i)
-    if (mapped_already[i]) ++m->pages.find(first + i)->second.users;
+  std::size_t reused = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!mapped_already[i]) continue;
+    page_slot& slot = m->pages.find(first + i)->second;
+    if (slot.users++ != 0) continue;
+    cached_.erase(slot.cached_at);  // out of the cache; its streams' points stay with it
+    statistics_.cached_bytes -= g;
+    ++reused;
+  }
   m->pages.merge(added);
   mirrors_.merge(new_mirror);
   ++statistics_.pointers;
   statistics_.pages_imported += fresh;
-  statistics_.pages_shared += count - fresh;
+  statistics_.pages_reused += reused;
+  statistics_.pages_shared += count - fresh - reused;
   result.data_ = reinterpret_cast<void*>(base + d.offset);
   result.bytes_ = static_cast<std::size_t>(d.bytes);
   result.segment_ = d.segment;
@@ -587,74 +647,146 @@ void imported_resource_state::release(const imported_pointer& pointer) noexcept 
   if (found == mirrors_.end()) return;  // cannot be: the pointer's pages are counted
   mirror& m = found->second;
   const auto slot_of = [&](std::size_t page) -> page_slot& { return m.pages.find(page)->second; };
+  const bool caching = keep_bytes_ >= g;
 
-  // Everything that can fail comes first: the points on the pointer's stream and room for
-  // what moves to the retirement list.
-  std::shared_ptr<retired_pages> retired;
-  std::vector<stream_event> points;
+  // Everything that can fail comes first: the points on the pointer's stream, room for
+  // them, and the cache entries of the pages that become cached.
+  std::vector<std::size_t> going;                                 // pages retired now
+  stream_event going_point;                                       // for them
   std::vector<std::pair<std::size_t, stream_event>> kept_points;  // for pages that stay
+  cache_list newly_cached;
   bool prepared = false;
   vmm::detail::cleanup("imported_resource: letting go of a pointer", [&] {
-    std::size_t going = 0;
-    std::size_t waits = 1;
     for (std::size_t page = first; page < first + count; ++page) {
       page_slot& slot = slot_of(page);
-      if (slot.users > 1) {
+      if (slot.users > 1 || caching) {
         std::erase_if(slot.released_on, [](const stream_event& e) { return e.done(); });
         slot.released_on.reserve(slot.released_on.size() + 1);
         kept_points.emplace_back(page, stream_event(executor, pointer.stream_));
+        if (slot.users == 1) newly_cached.push_back({pointer.segment_, page});
       } else {
-        ++going;
-        waits += slot.released_on.size();
+        if (going.empty()) going.reserve(count);
+        going.push_back(page);
       }
     }
-    if (going != 0) {
-      retired = std::make_shared<retired_pages>();
-      retired->pages.reserve(going);
-      retired->memory.reserve(going);
-      retired->mappings.reserve(going);
-      points.reserve(waits);
-      points.emplace_back(executor, pointer.stream_);
-      m.retiring.reserve(m.retiring.size() + 1);
-    }
+    if (!going.empty()) going_point = stream_event(executor, pointer.stream_);
     prepared = true;
   });
   if (!prepared) {
     // No room or no point: wait for the stream here, then unmap at once.
     vmm::detail::cleanup("imported_resource: waiting for a stream",
                          [&] { executor.synchronize(pointer.stream_); });
-    retired.reset();
-    points.clear();
+    going.clear();
+    going_point.reset();
     kept_points.clear();
   }
 
   std::size_t kept = 0;
   for (std::size_t page = first; page < first + count; ++page) {
+    page_slot& slot = slot_of(page);
+    if (prepared && (slot.users > 1 || caching)) {
+      slot.released_on.push_back(std::move(kept_points[kept++].second));
+      if (--slot.users == 0) {
+        cached_.splice(cached_.end(), newly_cached, newly_cached.begin());
+        slot.cached_at = std::prev(cached_.end());
+        statistics_.cached_bytes += g;
+      }
+    } else if (!prepared && slot.users > 1) {
+      --slot.users;
+    } else if (!prepared) {
+      // One at a time: no room to list them. The mirror keeps the rest of the pointer's
+      // pages, so it stays until the loop ends.
+      const std::size_t one = page;
+      retire_pages_locked(found, std::span(&one, 1), stream_event());
+    }
+  }
+  --statistics_.pointers;
+  if (!going.empty()) retire_pages_locked(found, going, std::move(going_point));
+  if (m.pages.empty()) mirrors_.erase(found);  // the range goes with its last retirement
+  trim_cache_locked(keep_bytes_);
+}
+
+void imported_resource_state::retire_pages_locked(mirror_map::iterator found,
+                                                  std::span<const std::size_t> pages,
+                                                  stream_event point) noexcept {
+  mirror& m = found->second;
+  std::shared_ptr<retired_pages> retired;
+  std::vector<stream_event> points;
+  vmm::detail::cleanup("imported_resource: retiring pages", [&] {
+    std::size_t waits = 1;
+    for (const std::size_t page : pages) waits += m.pages.find(page)->second.released_on.size();
+    auto made = std::make_shared<retired_pages>();
+    made->pages.reserve(pages.size());
+    made->memory.reserve(pages.size());
+    made->mappings.reserve(pages.size());
+    points.reserve(waits);
+    m.retiring.reserve(m.retiring.size() + 1);
+    retired = std::move(made);
+  });
+  if (retired != nullptr)
+    points.push_back(std::move(point));
+  else
+    vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { point.synchronize(); });
+
+  for (const std::size_t page : pages) {
     const auto slot = m.pages.find(page);
-    if (slot->second.users > 1) {
-      --slot->second.users;
-      if (prepared) slot->second.released_on.push_back(std::move(kept_points[kept++].second));
-      continue;
+    if (slot->second.users == 0) {
+      cached_.erase(slot->second.cached_at);
+      statistics_.cached_bytes -= description.granularity;
     }
     if (retired != nullptr) {
       retired->pages.push_back(page);
       retired->memory.push_back(std::move(slot->second.memory));
       retired->mappings.push_back(std::move(slot->second.mapped));
-      for (stream_event& point : slot->second.released_on) points.push_back(std::move(point));
+      for (stream_event& kept : slot->second.released_on) points.push_back(std::move(kept));
     } else {
-      for (const stream_event& point : slot->second.released_on)
-        vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { point.synchronize(); });
+      for (const stream_event& kept : slot->second.released_on)
+        vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { kept.synchronize(); });
     }
     m.pages.erase(slot);  // unmaps now what did not move to `retired`
     ++statistics_.pages_released;
   }
-  --statistics_.pointers;
   if (retired != nullptr) {
     retired->range = m.range;
     m.retiring.push_back(retired);
+    vmm::detail::retire(std::move(points), std::move(retired));
   }
-  if (m.pages.empty()) mirrors_.erase(found);  // the range goes with its last retirement
-  if (retired != nullptr) vmm::detail::retire(std::move(points), std::move(retired));
+}
+
+void imported_resource_state::trim_cache_locked(std::size_t bytes) noexcept {
+  const std::uint64_t g = description.granularity;
+  while (statistics_.cached_bytes > bytes) {
+    // The least recently let-go page, with the others of its segment among those to go.
+    const std::uint32_t segment = cached_.front().segment;
+    const std::size_t excess = static_cast<std::size_t>((statistics_.cached_bytes - bytes + g - 1) / g);
+    std::vector<std::size_t> victims;
+    vmm::detail::cleanup("imported_resource: trimming the cache", [&] {
+      victims.reserve(excess);
+      std::size_t seen = 0;
+      for (auto at = cached_.begin(); at != cached_.end() && seen < excess; ++at, ++seen)
+        if (at->segment == segment) victims.push_back(at->page);
+    });
+    const std::size_t one = cached_.front().page;
+    const auto found = mirrors_.find(segment);
+    retire_pages_locked(found, victims.empty() ? std::span(&one, 1) : std::span<const std::size_t>(victims),
+                        stream_event());
+    if (found->second.pages.empty()) mirrors_.erase(found);  // the range goes with its last retirement
+  }
+}
+
+void imported_resource_state::trim_to(std::size_t bytes) noexcept {
+  std::lock_guard lock(mutex_);
+  trim_cache_locked(bytes);
+}
+
+void imported_resource_state::stop_caching() noexcept {
+  std::lock_guard lock(mutex_);
+  keep_bytes_ = 0;
+  trim_cache_locked(0);
+}
+
+imported_resource_state::~imported_resource_state() {
+  trim_cache_locked(0);
 }
 
 imported_resource_statistics imported_resource_state::statistics() const {
@@ -714,8 +846,22 @@ imported_resource imported_resource::receive(int socket_fd, resource_import_opti
 }
 
 imported_resource::imported_resource(imported_resource&&) noexcept = default;
-imported_resource& imported_resource::operator=(imported_resource&&) noexcept = default;
-imported_resource::~imported_resource() = default;
+
+imported_resource& imported_resource::operator=(imported_resource&& other) noexcept {
+  if (this != &other) {
+    if (state_ != nullptr) state_->stop_caching();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+imported_resource::~imported_resource() {
+  if (state_ != nullptr) state_->stop_caching();
+}
+
+void imported_resource::trim() noexcept {
+  if (state_ != nullptr) state_->trim_to(0);
+}
 
 imported_pointer imported_resource::import_pointer(received_pointer received, stream_ref stream) {
   return state_->import(std::move(received), stream);

@@ -2,7 +2,7 @@
 // memory_resource and does what the test asks (tests/helpers/resource_peer_protocol.hpp),
 // over the Unix socket it inherits as descriptor 3.
 //
-// Usage: resource_peer <os_host|device>
+// Usage: resource_peer <os_host|device> [keep_mapped_bytes]
 // It first reports its address space's usage before anything is imported (the baseline),
 // then receives the resource message and answers commands until the test closes the
 // socket. Exit status: 0 when the test closed the socket, 2 on bad usage, 1 on any error
@@ -51,6 +51,8 @@ resource_peer_report report_of(const vmm::ipc::imported_resource* shared,
     report.pages_imported = s.pages_imported;
     report.pages_shared = s.pages_shared;
     report.pages_released = s.pages_released;
+    report.pages_reused = s.pages_reused;
+    report.cached_bytes = s.cached_bytes;
   }
   const vmm::address_space_usage usage = provider.address_space().usage();
   report.ranges = usage.ranges;
@@ -60,11 +62,12 @@ resource_peer_report report_of(const vmm::ipc::imported_resource* shared,
   return report;
 }
 
-int run(const std::string& where_name) {
+int run(const std::string& where_name, std::size_t keep_mapped_bytes) {
   const int socket = peer_socket_fd;
   const auto provider = vmm::provider_for(parse_location(where_name));
   send_resource_report(socket, report_of(nullptr, nullptr, *provider));  // the baseline
-  vmm::ipc::imported_resource shared = vmm::ipc::imported_resource::receive(socket, {.provider = provider});
+  vmm::ipc::imported_resource shared = vmm::ipc::imported_resource::receive(
+      socket, {.provider = provider, .keep_mapped_bytes = keep_mapped_bytes});
   const vmm::owned_stream stream(provider->executor());
   std::map<std::uint32_t, vmm::ipc::imported_pointer> slots;
   std::optional<vmm::ipc::handoff_consumer> consumer;
@@ -99,6 +102,9 @@ int run(const std::string& where_name) {
         slot.reset();                    // unmapped once the fill has passed
         consumer->finish(stream.get());  // the exporter's stream waits for the fill
         break;
+      case resource_peer_op::trim:
+        shared.trim();
+        break;
       case resource_peer_op::die:
         ::kill(::getpid(), SIGKILL);
         break;
@@ -121,7 +127,8 @@ int run(const std::string& where_name) {
     }
     // What was let go of is unmapped once its stream passes: wait for that, so that the
     // report counts what is mapped and nothing waiting.
-    if (command.op == resource_peer_op::release || command.op == resource_peer_op::consume)
+    if (command.op == resource_peer_op::release || command.op == resource_peer_op::consume ||
+        command.op == resource_peer_op::trim)
       vmm::collect_retired(true);
     resource_peer_report report = report_of(&shared, &slot, *provider);
     report.status = status;
@@ -132,12 +139,13 @@ int run(const std::string& where_name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <os_host|device>\n", argc > 0 ? argv[0] : "resource_peer");
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s <os_host|device> [keep_mapped_bytes]\n",
+                 argc > 0 ? argv[0] : "resource_peer");
     return 2;
   }
   try {
-    return run(argv[1]);
+    return run(argv[1], argc == 3 ? static_cast<std::size_t>(std::stoull(argv[2])) : 0);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "resource_peer: %s\n", error.what());
     return 1;

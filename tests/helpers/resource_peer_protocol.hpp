@@ -25,6 +25,7 @@ enum class resource_peer_op : std::uint32_t {
                  // report
   die = 6,       // SIGKILL itself
   allocate = 7,  // try to allocate from the imported resource; report how it was refused
+  trim = 8,      // give back the imported resource's cached pages (trim()), wait for them; report
 };
 
 struct resource_peer_command {
@@ -51,6 +52,8 @@ struct resource_peer_report {
   std::uint64_t pages_imported = 0;
   std::uint64_t pages_shared = 0;
   std::uint64_t pages_released = 0;
+  std::uint64_t pages_reused = 0;
+  std::uint64_t cached_bytes = 0;
   std::uint64_t ranges = 0;  // provider->address_space().usage()
   std::uint64_t handles = 0;
   std::uint64_t mappings = 0;

@@ -48,6 +48,24 @@
 /// up (purge()). A pointer of 4 GiB in 2 MiB pages is 2048 of them: raise RLIMIT_NOFILE
 /// for pointers of thousands of pages, as for vmm::ipc::exporter.
 ///
+/// Keeping let-go pages (resource_import_options::keep_mapped_bytes). Importing a page
+/// costs a driver call (cuMemImportFromShareableHandle, about 50 µs a 2 MiB page on an
+/// H100) and a mapping; an importer that takes the same allocations again and again (a
+/// pointer exported anew every step) pays that each time, where a cudaMemPool import
+/// costs ~2 µs because the imported pool stays mapped. With a bound set, a page no imported
+/// pointer uses any more stays imported, mapped and accessible (a cached page) while the
+/// cached pages fit the bound; a pointer that arrives with the same page (the same page id)
+/// takes it back with no driver call. Beyond the bound the least recently let-go pages are
+/// unmapped and released as without a cache, in stream order: a cached page keeps the
+/// points of the streams that used it, and goes once they have passed. A cached page whose
+/// offset arrives with another page id (the exporter freed that allocation and put other
+/// memory there) is retired the same way and the new page imported. trim() gives every
+/// cached page back; destroying the imported_resource does, and pointers that outlive it
+/// let go as with no cache. The cost: while the importer caches a page it holds the page's
+/// handle, so the exporter cannot give that physical memory back to its device (its
+/// trim_to() frees its own share only) — exactly as with a cudaMemPool IPC import, whose
+/// importer keeps the pool's memory mapped. How much to keep is the user's choice.
+///
 /// Unlike cudaMemPool IPC. The exporter's resource keeps every feature while it is shared:
 /// it allocates, frees, stitches and trims as before (trim_to(), the release threshold),
 /// and the pages it gives up go back to its chunk pool; the physical memory lives on only
@@ -269,6 +287,15 @@ struct resource_import_options {
   std::size_t max_size_limit = 0;
   /// How long receive() and receive_pointer() wait for the whole message.
   std::chrono::milliseconds timeout = default_timeout;
+  /// How many bytes of pages that no imported pointer uses any more this process keeps
+  /// imported and mapped (with access), so that a pointer arriving with them again maps at
+  /// once, with no driver call (see "Keeping let-go pages" in the file comment). Counted in
+  /// whole pages: at most keep_mapped_bytes / granularity pages are kept; beyond that the
+  /// least recently let-go pages are unmapped and released, in stream order. 0 (the
+  /// default): every page is released once the last pointer that uses it lets go. A kept
+  /// page's physical memory stays alive in the exporter's device (this process holds its
+  /// handle) until imported_resource::trim() or the imported_resource's destruction.
+  std::size_t keep_mapped_bytes = 0;
 };
 
 /// What an imported resource holds now, and has done (lifetime counters).
@@ -279,6 +306,12 @@ struct imported_resource_statistics {
   std::size_t pages_imported = 0;  ///< handles imported and mapped (lifetime)
   std::size_t pages_shared = 0;    ///< pages received that were mapped already: fd closed (lifetime)
   std::size_t pages_released = 0;  ///< pages retired once no pointer used them (lifetime)
+  /// Pages received that were cached (kept after every pointer let go, see
+  /// resource_import_options::keep_mapped_bytes) and taken back: fd closed, no driver call
+  /// (lifetime). Not counted in pages_shared.
+  std::size_t pages_reused = 0;
+  /// Bytes of the pages cached now: mapped, counted in pages_mapped, used by no pointer.
+  std::size_t cached_bytes = 0;
 };
 
 namespace detail {
@@ -342,18 +375,22 @@ class imported_resource {
   imported_resource& operator=(imported_resource&&) noexcept;
   imported_resource(const imported_resource&) = delete;
   imported_resource& operator=(const imported_resource&) = delete;
+  /// Gives back the cached pages (trim()); pointers that outlive the object let go of
+  /// their pages as with keep_mapped_bytes 0.
   ~imported_resource();
 
   /// Maps the pages of `received` that are not mapped yet (importing their handles; the
   /// fds of the pages mapped already are closed), at the exporter's offsets in the mirror
   /// of its segment (reserved on the first pointer in it), and returns the pointer. Its
-  /// release is ordered after `stream`.
+  /// release is ordered after `stream`. A cached page with the same page id is taken out of
+  /// the cache; a cached page with another id is retired (once the streams that used it
+  /// have passed: this call waits for them) and the new page imported in its place.
   /// Strong guarantee: on failure nothing new is mapped or reserved, every fd is closed.
   /// @throws vmm::ipc::protocol_error `received` is not a pointer of this resource (its id,
   ///         location, granularity, grant or page layout differ), its segment was seen with
   ///         another size, or a page it names is mapped here with other memory while an
   ///         imported pointer still uses it (the exporter freed an allocation this process
-  ///         had not let go of).
+  ///         had not let go of; a cached page is no reason to refuse).
   /// @throws vmm::invalid_argument the segment is larger than max_size_limit, or a handle is
   ///         not the memory the manifest says.
   /// @throws vmm::out_of_memory no address range of the segment's size is left.
@@ -379,6 +416,12 @@ class imported_resource {
   [[nodiscard]] access_mode access() const noexcept;
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
   [[nodiscard]] imported_resource_statistics statistics() const;
+
+  /// Gives back every cached page (resource_import_options::keep_mapped_bytes): unmapped
+  /// and released once the streams that used it have passed (vmm/retirement.hpp), as a
+  /// page no pointer uses is without a cache. Pages imported pointers use stay. The cache
+  /// fills again as pointers let go. Never throws.
+  void trim() noexcept;
 
  private:
   std::shared_ptr<detail::imported_resource_state> state_;
