@@ -229,11 +229,11 @@ TYPED_TEST(growable_buffers, the_default_maximum_is_the_locations_memory) {
 TEST(chunk_policies, geometric_chunks_grow_with_the_size_up_to_the_largest_chunk) {
   constexpr std::size_t m = std::size_t{1} << 20;
   const chunk_policy policy = chunk_policy::geometric();
-  EXPECT_EQ(policy.next_chunk(0, 1, 2 * m), 2 * m);                 // at least a granule
-  EXPECT_EQ(policy.next_chunk(0, 40 * m, 2 * m), 40 * m);           // what the growth asks
-  EXPECT_EQ(policy.next_chunk(256 * m, 258 * m, 2 * m), 32 * m);    // 1/8 of the new size
-  EXPECT_EQ(policy.next_chunk(4096 * m, 4098 * m, 2 * m), 64 * m);  // capped: 64 MiB
-  EXPECT_EQ(policy.next_chunk(0, 1024 * m, 2 * m), 64 * m);         // one of several
+  EXPECT_EQ(policy.next_chunk(0, 1, 2 * m), 2 * m);                  // at least a granule
+  EXPECT_EQ(policy.next_chunk(0, 40 * m, 2 * m), 40 * m);            // what the growth asks
+  EXPECT_EQ(policy.next_chunk(256 * m, 258 * m, 2 * m), 32 * m);     // 1/8 of the new size
+  EXPECT_EQ(policy.next_chunk(4096 * m, 4098 * m, 2 * m), 256 * m);  // capped: 256 MiB
+  EXPECT_EQ(policy.next_chunk(0, 1024 * m, 2 * m), 256 * m);         // one of several
   const chunk_policy small = chunk_policy::geometric(8, 5 * m);
   EXPECT_EQ(small.next_chunk(0, 64 * m, 2 * m), 4 * m);  // rounded down to the granularity
   EXPECT_EQ(small.next_chunk(0, 64 * m, 8 * m), 8 * m);  // never below one granule

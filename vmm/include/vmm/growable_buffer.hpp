@@ -112,12 +112,12 @@ class chunk_policy {
   /// Chunks as large as the growth asks, at least 1/slack_divisor of the new size (a power
   /// of two), and none larger than largest_chunk (rounded down to the granularity; a grow
   /// past it maps several): O(log size) handles up to that size, slack under
-  /// size/slack_divisor. The default largest, 64 MiB, is where fresh GPU memory costs
-  /// least once it is written (docs/GPU-FACTS.md: creating, mapping, granting and writing
-  /// 16 GiB takes longer in 256 MiB or 1 GiB handles than in 64 MiB ones, though the calls
-  /// alone are faster). slack_divisor > 0, largest_chunk > 0.
+  /// size/slack_divisor. The default largest, 256 MiB, weighs two costs of the driver's
+  /// (docs/GPU-FACTS.md, "Chunk size"): fresh memory created and first written costs less in
+  /// 64 MiB handles, but every later grow over recycled chunks pays per handle, so a warm
+  /// 16 GiB grow takes twice as long in 64 MiB chunks. slack_divisor > 0, largest_chunk > 0.
   static constexpr chunk_policy geometric(std::size_t slack_divisor = 8,
-                                          std::size_t largest_chunk = std::size_t{64} << 20) noexcept {
+                                          std::size_t largest_chunk = std::size_t{256} << 20) noexcept {
     return chunk_policy(false, slack_divisor, largest_chunk);
   }
   /// Every chunk is `chunk_size` bytes (rounded up to the granularity). chunk_size > 0.
