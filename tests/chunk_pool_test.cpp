@@ -118,6 +118,27 @@ TYPED_TEST(chunk_pools, acquire_idle_takes_the_largest_fitting_idle_chunk_and_ne
   EXPECT_EQ(pool->statistics().chunks_created, 3u);
 }
 
+// For any stream: chunks given back without a stream are there for any stream at once.
+TYPED_TEST(chunk_pools, a_request_for_any_stream_takes_chunks_every_stream_may_use) {
+  const std::size_t g = this->granularity_;
+  auto pool = this->pool();
+  EXPECT_FALSE(pool->acquire_idle(g, any_stream));
+  physical_handle first = 0;
+  {
+    pooled_chunk a = pool->acquire(g, any_stream);  // created
+    first = a.memory().get();
+  }
+  EXPECT_EQ(pool->statistics().chunks_created, 1u);
+  pooled_chunk again = pool->acquire_idle(2 * g, any_stream);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again.memory().get(), first);
+  pooled_chunk more = pool->acquire(g, any_stream);  // nothing idle: created
+  EXPECT_NE(more.memory().get(), first);
+  const pool_statistics s = pool->statistics();
+  EXPECT_EQ(s.chunks_created, 2u);
+  EXPECT_EQ(s.chunks_reused, 1u);
+}
+
 TYPED_TEST(chunk_pools, many_threads_share_one_pool_and_the_books_balance) {
   const std::size_t g = this->granularity_;
   auto pool = this->pool({.release_threshold = 6 * g, .cap = 24 * g});

@@ -36,7 +36,8 @@ TEST_F(stream_ordered_reuse, a_chunk_given_back_on_a_busy_stream_waits_for_it_be
   pooled_chunk for_b = pool->acquire(g, b.get());  // held to the end: b must not get `handle`
   EXPECT_NE(for_b.memory().get(), handle);
   EXPECT_EQ(pool->statistics().chunks_created, 2u);
-  EXPECT_FALSE(pool->acquire_idle(g, b.get()));  // nothing idle that b may use
+  EXPECT_FALSE(pool->acquire_idle(g, b.get()));     // nothing idle that b may use
+  EXPECT_FALSE(pool->acquire_idle(g, any_stream));  // nor that any stream may use
 
   pooled_chunk for_a = pool->acquire(g, a.get());  // a's own later work is ordered after
   EXPECT_EQ(for_a.memory().get(), handle);

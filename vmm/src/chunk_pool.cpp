@@ -49,10 +49,10 @@ chunk_pool::chunk_pool(private_tag, std::shared_ptr<memory_provider> provider, c
 chunk_pool::~chunk_pool() = default;  // idle chunks destroy themselves
 
 chunk_pool::idle_map::iterator chunk_pool::find_usable(idle_map::iterator first, idle_map::iterator last,
-                                                       stream_ref stream) const {
+                                                       std::optional<stream_ref> stream) const {
   // Same stream first: no waiting. Then any chunk whose giving stream has moved on.
   for (auto it = first; it != last; ++it)
-    if (!it->second.ordered || it->second.stream == stream) return it;
+    if (!it->second.ordered || (stream && it->second.stream == *stream)) return it;
   for (auto it = first; it != last; ++it)
     if (it->second.ready.done()) return it;
   return last;
@@ -82,6 +82,14 @@ pooled_chunk chunk_pool::create_counted(std::size_t size) {
 }
 
 pooled_chunk chunk_pool::acquire(std::size_t size, stream_ref stream) {
+  return acquire_for(size, stream);
+}
+
+pooled_chunk chunk_pool::acquire(std::size_t size, any_stream_t) {
+  return acquire_for(size, std::nullopt);
+}
+
+pooled_chunk chunk_pool::acquire_for(std::size_t size, std::optional<stream_ref> stream) {
   if (size == 0) throw invalid_argument("chunk_pool: acquire of 0 bytes");
   size = round_up(size, granularity());
   // Memory retired in stream order and now unused may come back to this pool: collect it
@@ -122,6 +130,14 @@ pooled_chunk chunk_pool::acquire(std::size_t size, stream_ref stream) {
 }
 
 pooled_chunk chunk_pool::acquire_idle(std::size_t max_size, stream_ref stream) {
+  return acquire_idle_for(max_size, stream);
+}
+
+pooled_chunk chunk_pool::acquire_idle(std::size_t max_size, any_stream_t) {
+  return acquire_idle_for(max_size, std::nullopt);
+}
+
+pooled_chunk chunk_pool::acquire_idle_for(std::size_t max_size, std::optional<stream_ref> stream) {
   std::lock_guard lock(mutex_);
   auto end = idle_.upper_bound(max_size);
   // Largest first: walk the sizes downwards.

@@ -184,9 +184,7 @@ void growth_worker::prepare(job& work) noexcept {
   bool failed = false;
   try {
     chunk_pool& pool = *work.request.pool;
-    // A stream no work is ever queued on (a token that names no CUDA stream): the pool lends
-    // only chunks that every stream may use, since the grow that maps them may run on any.
-    const stream_ref any_stream(reinterpret_cast<CUstream_st*>(work.slot.get()));
+    // The grow that maps these chunks may run on any stream: only chunks every stream may use.
     for (const std::size_t size : work.request.sizes) {
       shared_chunk chunk;
       if (pooled_chunk idle = pool.acquire_idle(size, any_stream)) {

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,13 @@ struct chunk_pool_options {
 };
 
 class chunk_pool;
+
+/// Names no stream: chunk_pool::acquire(size, any_stream) lends only chunks that every
+/// stream may use at once, for work whose stream is not known yet (growth ahead).
+struct any_stream_t {
+  explicit any_stream_t() = default;
+};
+inline constexpr any_stream_t any_stream{};
 
 /// A physical chunk lent by a pool. Move-only; destroying it gives it back at once
 /// (give_back(stream) gives it back in stream order instead).
@@ -121,9 +129,13 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   /// @throws vmm::out_of_memory the cap or the memory is exhausted.
   /// @throws vmm::invalid_argument size is 0.
   [[nodiscard]] pooled_chunk acquire(std::size_t size, stream_ref stream = {});
+  /// The same for work whose stream is not known yet: only an idle chunk every stream may
+  /// use at once (none still waiting for the stream that gave it back), else a new one.
+  [[nodiscard]] pooled_chunk acquire(std::size_t size, any_stream_t);
   /// The largest idle chunk of at most `max_size` bytes that `stream` may use, or an empty
   /// chunk. Never creates memory.
   [[nodiscard]] pooled_chunk acquire_idle(std::size_t max_size, stream_ref stream = {});
+  [[nodiscard]] pooled_chunk acquire_idle(std::size_t max_size, any_stream_t);
 
   /// Releases idle chunks (those no stream still has to pass) until at most
   /// `bytes_to_keep` bytes are reserved or none is left to release.
@@ -155,7 +167,11 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   // Takes back `memory` (or, when discarded, destroys it and stops counting it).
   void give_back(physical_allocation memory, bool ordered, stream_ref stream, bool discarded) noexcept;
   // Picks a usable idle chunk in [first, last), or last.
-  idle_map::iterator find_usable(idle_map::iterator first, idle_map::iterator last, stream_ref stream) const;
+  // `stream` empty: any stream (only chunks every stream may use).
+  idle_map::iterator find_usable(idle_map::iterator first, idle_map::iterator last,
+                                 std::optional<stream_ref> stream) const;
+  pooled_chunk acquire_for(std::size_t size, std::optional<stream_ref> stream);
+  pooled_chunk acquire_idle_for(std::size_t max_size, std::optional<stream_ref> stream);
   // Creates a chunk of `size` bytes, counted already; uncounts it when creating fails.
   pooled_chunk create_counted(std::size_t size);
   pooled_chunk lend(idle_map::iterator it);  // under the lock
