@@ -12,6 +12,10 @@
 #include <cstdint>
 #include <span>
 
+#include <vmm/ipc/fd_channel.hpp>
+
+#include <algorithm>
+
 #include "little_endian.hpp"
 
 namespace vmm::ipc::detail {
@@ -21,6 +25,21 @@ inline std::array<std::byte, 8> continuation_payload(std::uint32_t index) {
   store<std::uint32_t>(payload, 0, manifest_continuation_magic);
   store<std::uint32_t>(payload, 4, index);
   return payload;
+}
+
+// The messages that carry a manifest: its bytes with the first max_fds_per_message
+// descriptors, then a continuation per further batch. Calls message(payload, fds) for each.
+template <class Message>
+void for_each_manifest_message(std::span<const std::byte> bytes, std::span<const int> fds,
+                               Message&& message) {
+  std::size_t sent = std::min(fds.size(), max_fds_per_message);
+  message(bytes, fds.first(sent));
+  for (std::uint32_t index = 1; sent < fds.size(); ++index) {
+    const std::size_t count = std::min(fds.size() - sent, max_fds_per_message);
+    const std::array<std::byte, 8> payload = continuation_payload(index);
+    message(std::span<const std::byte>(payload), fds.subspan(sent, count));
+    sent += count;
+  }
 }
 
 // Throws bad_manifest unless `payload` is continuation number `index`.

@@ -60,5 +60,12 @@ void send_message(int socket_fd, std::span<const std::byte> payload, std::span<c
                   const deadline& until);
 [[nodiscard]] message receive_message(int socket_fd, std::optional<std::size_t> expected_fd_count,
                                       const deadline& until);
+/// Writes what the socket takes now of one message as send_message frames it (the header,
+/// then the payload; the descriptors go with the first byte), from byte `sent` on, adding
+/// what it wrote to `sent`. Never waits: returns false when the socket would block (or a
+/// signal came), true once the whole message is written. Limits are not checked here.
+/// @throws os_error the socket broke.
+bool send_some(int socket_fd, std::span<const std::byte> payload, std::span<const int> fds,
+               std::size_t& sent);
 
 }  // namespace vmm::ipc::detail

@@ -251,15 +251,10 @@ void send_manifest(int socket_fd, const exported_manifest& exported, std::chrono
   std::vector<int> fds;
   fds.reserve(exported.fds.size());
   for (const unique_fd& fd : exported.fds) fds.push_back(fd.get());
-  const std::span<const int> all(fds);
-  std::size_t sent = std::min(all.size(), max_fds_per_message);
   const detail::deadline until(timeout);
-  detail::send_message(socket_fd, exported.bytes, all.first(sent), until);
-  for (std::uint32_t index = 1; sent < all.size(); ++index) {
-    const std::size_t count = std::min(all.size() - sent, max_fds_per_message);
-    detail::send_message(socket_fd, detail::continuation_payload(index), all.subspan(sent, count), until);
-    sent += count;
-  }
+  detail::for_each_manifest_message(exported.bytes, fds, [&](auto payload, auto batch) {
+    detail::send_message(socket_fd, payload, batch, until);
+  });
 }
 
 }  // namespace vmm::ipc

@@ -268,28 +268,34 @@ void detail::send_message(int socket_fd, std::span<const std::byte> payload, std
                     payload.size(), max_payload_bytes));
   }
 
-  frame_header header{frame_magic, static_cast<std::uint32_t>(fds.size()),
-                      static_cast<std::uint64_t>(payload.size())};
-  // sendmsg takes non-const buffers but only reads them.
-  std::array<iovec, 2> buffers{iovec{&header, sizeof(header)},
-                               iovec{const_cast<std::byte*>(payload.data()), payload.size()}};
-  iovec_cursor unsent{buffers};
-
-  alignas(cmsghdr) std::array<std::byte, fds_control_space> control{};
-  bool fds_pending = !fds.empty();
-  std::size_t const total = sizeof(header) + payload.size();
+  std::size_t const total = sizeof(frame_header) + payload.size();
   std::size_t sent = 0;
-  while (!unsent.done()) {
+  while (!send_some(socket_fd, payload, fds, sent)) {
     if (!wait_until_ready(socket_fd, POLLOUT, until, "send_message")) {
       throw timeout_error(
           fmt::format("send_message on socket {}: timed out with {} of {} bytes sent ({} descriptors), "
                       "after waiting {} ms (timeout {} ms) for the peer to read",
                       socket_fd, sent, total, fds.size(), until.waited().count(), until.timeout().count()));
     }
+  }
+}
+
+bool detail::send_some(int socket_fd, std::span<const std::byte> payload, std::span<const int> fds,
+                       std::size_t& sent) {
+  frame_header header{frame_magic, static_cast<std::uint32_t>(fds.size()),
+                      static_cast<std::uint64_t>(payload.size())};
+  // sendmsg takes non-const buffers but only reads them.
+  std::array<iovec, 2> buffers{iovec{&header, sizeof(header)},
+                               iovec{const_cast<std::byte*>(payload.data()), payload.size()}};
+  iovec_cursor unsent{buffers};
+  unsent.advance(sent);
+  std::size_t const total = sizeof(header) + payload.size();
+  alignas(cmsghdr) std::array<std::byte, fds_control_space> control{};
+  while (!unsent.done()) {
     msghdr message_header{};
     message_header.msg_iov = unsent.data();
     message_header.msg_iovlen = unsent.count();
-    if (fds_pending) {
+    if (sent == 0 && !fds.empty()) {  // any byte written carries the descriptors with it
       message_header.msg_control = control.data();
       message_header.msg_controllen = CMSG_SPACE(fds.size_bytes());
       cmsghdr* part = CMSG_FIRSTHDR(&message_header);
@@ -300,16 +306,15 @@ void detail::send_message(int socket_fd, std::span<const std::byte> payload, std
     }
     ssize_t const written = os::sendmsg(socket_fd, &message_header, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (written < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return false;
       throw os_error(errno, fmt::format("send_message: sendmsg on socket {} after {} of {} "
                                         "bytes ({} descriptors)",
                                         socket_fd, sent, total, fds.size()));
     }
-    // Any byte written carried the descriptors with it.
-    fds_pending = false;
     sent += static_cast<std::size_t>(written);
     unsent.advance(static_cast<std::size_t>(written));
   }
+  return true;
 }
 
 message detail::receive_message(int socket_fd, std::optional<std::size_t> expected_fd_count,

@@ -86,11 +86,11 @@ void clear_stale_socket(const std::string& path) {
   throw invalid_argument(fmt::format("vmm-store: a daemon already listens at {}", path));
 }
 
-// One frame of a reply on its way out, written from `sent` on. Its descriptors go with its
-// first byte; they belong to `keeps`, a manifest of an entry the connection holds (so its
-// chunks live), kept alive here until the frame is written even if the entry's cache moves on.
+// One message of a reply on its way out, `sent` bytes of its frame written. Its descriptors
+// belong to `keeps`, a manifest of an entry the connection holds (so its chunks live), kept
+// alive here until the message is written even if the entry's cache moves on.
 struct outgoing_frame {
-  std::vector<std::byte> bytes;  // the frame header, then the payload
+  std::vector<std::byte> payload;
   std::vector<int> fds;
   std::shared_ptr<const ipc::exported_manifest> keeps;
   std::size_t sent = 0;
@@ -98,11 +98,7 @@ struct outgoing_frame {
 
 outgoing_frame make_frame(std::span<const std::byte> payload, std::span<const int> fds = {},
                           std::shared_ptr<const ipc::exported_manifest> keeps = nullptr) {
-  const ipc::frame_header header{ipc::frame_magic, static_cast<std::uint32_t>(fds.size()), payload.size()};
-  outgoing_frame frame{std::vector<std::byte>(sizeof header), {fds.begin(), fds.end()}, std::move(keeps)};
-  std::memcpy(frame.bytes.data(), &header, sizeof header);
-  frame.bytes.insert(frame.bytes.end(), payload.begin(), payload.end());
-  return frame;
+  return {{payload.begin(), payload.end()}, {fds.begin(), fds.end()}, std::move(keeps)};
 }
 
 }  // namespace
@@ -664,17 +660,11 @@ void server::send(connection& client, std::span<const std::byte> reply,
                   std::shared_ptr<const ipc::exported_manifest> manifest) {
   client.outbox.push_back(make_frame(reply));
   if (manifest) {
-    // The manifest's frames as send_manifest makes them: its bytes with the first
-    // max_fds_per_message descriptors, then a continuation frame per further batch.
     std::vector<int> fds;
     for (const unique_fd& fd : manifest->fds) fds.push_back(fd.get());
-    for (std::uint32_t index = 0; index == 0 || index * ipc::max_fds_per_message < fds.size(); ++index) {
-      const auto continuation = ipc::detail::continuation_payload(index);
-      const std::size_t first = index * ipc::max_fds_per_message;
-      client.outbox.push_back(make_frame(
-          index == 0 ? std::span<const std::byte>(manifest->bytes) : continuation,
-          std::span(fds).subspan(first, std::min(fds.size() - first, ipc::max_fds_per_message)), manifest));
-    }
+    ipc::detail::for_each_manifest_message(manifest->bytes, fds, [&](auto payload, auto batch) {
+      client.outbox.push_back(make_frame(payload, batch, manifest));
+    });
   }
   client.deadline.emplace(options_.reply_timeout);
   flush(client);
@@ -683,25 +673,13 @@ void server::send(connection& client, std::span<const std::byte> reply,
 void server::flush(connection& client) {
   while (!client.outbox.empty()) {
     outgoing_frame& frame = client.outbox.front();
-    iovec io{frame.bytes.data() + frame.sent, frame.bytes.size() - frame.sent};
-    msghdr message{};
-    message.msg_iov = &io;
-    message.msg_iovlen = 1;
-    alignas(cmsghdr) std::array<std::byte, CMSG_SPACE(sizeof(int) * ipc::max_fds_per_message)> control{};
-    if (frame.sent == 0 && !frame.fds.empty()) {  // the descriptors go with the frame's first byte
-      const std::size_t fd_bytes = frame.fds.size() * sizeof(int);
-      message.msg_control = control.data();
-      message.msg_controllen = CMSG_SPACE(fd_bytes);
-      *CMSG_FIRSTHDR(&message) =
-          cmsghdr{.cmsg_len = CMSG_LEN(fd_bytes), .cmsg_level = SOL_SOCKET, .cmsg_type = SCM_RIGHTS};
-      std::memcpy(CMSG_DATA(CMSG_FIRSTHDR(&message)), frame.fds.data(), fd_bytes);
+    try {
+      // The rest, when the socket would block, once the client reads (POLLOUT), before the deadline.
+      if (!ipc::detail::send_some(client.socket.get(), frame.payload, frame.fds, frame.sent)) return;
+    } catch (const os_error&) {
+      return client.hang_up();
     }
-    const ssize_t written = os::sendmsg(client.socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (written < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-      return;  // the rest once the client reads (POLLOUT), before the deadline
-    if (written < 0) return client.hang_up();
-    frame.sent += static_cast<std::size_t>(written);
-    if (frame.sent == frame.bytes.size()) client.outbox.pop_front();
+    client.outbox.pop_front();
   }
   client.deadline.reset();
 }
