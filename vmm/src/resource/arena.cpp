@@ -60,22 +60,48 @@ std::pair<std::size_t, std::size_t> arena::page_span(std::uint64_t offset,
 
 std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std::size_t stop) const noexcept {
   const auto [first, count] = page_span(offset, size);
-  std::size_t unmapped = 0;
-  for (std::size_t p = first; p < first + count && unmapped < stop; ++p)
-    if (p >= pages_.size() || pages_[p].chunk == nullptr) ++unmapped;
-  return unmapped;
+  const std::size_t known = std::clamp(held_.size(), first, first + count);
+  std::size_t unmapped = first + count - known;  // pages never held are not mapped
+  for (std::size_t p = first; p < known && unmapped < stop;) {
+    const std::size_t bit = p % 64;
+    const std::size_t n = std::min<std::size_t>(64 - bit, known - p);
+    std::uint64_t bits = mapped_bits_[p / 64] >> bit;
+    if (n < 64) bits &= (std::uint64_t{1} << n) - 1;
+    unmapped += n - static_cast<std::size_t>(std::popcount(bits));
+    p += n;
+  }
+  return std::min(unmapped, stop);
+}
+
+void arena::map_page(std::size_t p, shared_chunk chunk) {
+  page& target = pages_[p];
+  target.mapped = mapping(chunk->memory(), base() + (std::uint64_t{p} << page_shift_),
+                          std::span<const access_grant>{});
+  target.chunk = std::move(chunk);
+  mapped_bits_[p / 64] |= std::uint64_t{1} << (p % 64);
+}
+
+shared_chunk arena::unmap_page(std::size_t p) noexcept {
+  page& target = pages_[p];
+  if (!target.mapped.reset()) return nullptr;
+  mapped_bits_[p / 64] &= ~(std::uint64_t{1} << (p % 64));
+  return std::move(target.chunk);
 }
 
 void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
   const auto [first, count] = page_span(offset, size);
-  if (first + count > pages_.size()) pages_.resize(first + count);  // only ever when adding
+  if (first + count > held_.size()) {  // only ever when adding
+    held_.resize(first + count);
+    mapped_bits_.resize((first + count + 63) / 64);
+    pages_.resize(first + count);
+  }
   // The first and the last page may be held in part, every page between them whole.
   const std::uint64_t end = offset + size;
   const auto change = [&](std::size_t p, std::uint64_t bytes) {
     if (add)
-      pages_[p].held += bytes;
+      held_[p] += bytes;
     else
-      pages_[p].held -= bytes;
+      held_[p] -= bytes;
   };
   const std::uint64_t first_end = (std::uint64_t{first} + 1) << page_shift_;
   if (count == 1) return change(first, size);

@@ -38,10 +38,10 @@ struct stream_record {
   std::vector<std::pair<stream_ref, std::uint64_t>> waited_by;
 };
 
-// One page of an arena.
+// A mapped page of an arena: its chunk, and the mapping (with no access of its own: the
+// resource sets access over runs of pages at once).
 struct page {
-  std::uint64_t held = 0;  // bytes of allocated or pending blocks on the page
-  shared_chunk chunk;      // null: not mapped
+  shared_chunk chunk;  // null: not mapped
   mapping mapped;
 };
 
@@ -82,7 +82,21 @@ class arena {
   // Pages of [offset, offset + size) not mapped, counting no further than `stop`.
   [[nodiscard]] std::size_t unmapped_pages(std::uint64_t offset, std::uint64_t size,
                                            std::size_t stop) const noexcept;
-  [[nodiscard]] std::vector<page>& pages() noexcept { return pages_; }
+  // Pages [0, page_count()) have been held at some time; every later one is neither held
+  // nor mapped.
+  [[nodiscard]] std::size_t page_count() const noexcept { return held_.size(); }
+  [[nodiscard]] bool mapped(std::size_t p) const noexcept {
+    return p < held_.size() && (mapped_bits_[p / 64] >> (p % 64) & 1) != 0;
+  }
+  // Bytes of allocated or pending blocks on page p.
+  [[nodiscard]] std::uint64_t held(std::size_t p) const noexcept { return p < held_.size() ? held_[p] : 0; }
+  // The chunk mapped at page p (< page_count()), or null.
+  [[nodiscard]] const shared_chunk& chunk(std::size_t p) const noexcept { return pages_[p].chunk; }
+  // Maps `chunk` at page p (< page_count(), not mapped), with no access yet.
+  void map_page(std::size_t p, shared_chunk chunk);
+  // Unmaps page p (mapped) and gives its chunk back; null when the driver refused the unmap
+  // (reported): the page stays mapped, and a later allocation uses it.
+  shared_chunk unmap_page(std::size_t p) noexcept;
 
   // Where a request of `size` bytes aligned to `alignment` would start in `b`, or ~0 when it
   // does not fit.
@@ -122,6 +136,10 @@ class arena {
   std::size_t page_size_;
   unsigned page_shift_;  // the page size is a power of two
   address_range range_;
+  // Per page. What the hot path reads over runs of pages is dense: a word of held bytes and
+  // a bit of "mapped" each; the chunks and mappings sit apart.
+  std::vector<std::uint64_t> held_;
+  std::vector<std::uint64_t> mapped_bits_;
   std::vector<page> pages_;  // declared after range_: the mappings go first
   free_index released_;
   std::vector<std::unique_ptr<stream_slot>> slots_;

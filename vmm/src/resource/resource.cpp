@@ -394,18 +394,17 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
   const std::size_t arenas = arena_count_.load();
   for (std::size_t i = 0; i < arenas && stolen.size() < wanted; ++i) {
     arena& a = *arenas_[i].load();
-    std::vector<page>& pages = a.pages();
     a.released().candidates(0, [&](block* b) {
       const auto [start, n] = a.page_span(b->offset, b->size);
-      for (std::size_t p = start; p < start + n && p < pages.size() && stolen.size() < wanted; ++p) {
-        page& candidate = pages[p];
-        if (candidate.chunk == nullptr || candidate.held != 0) continue;
+      for (std::size_t p = start; p < start + n && stolen.size() < wanted; ++p) {
+        if (!a.mapped(p) || a.held(p) != 0) continue;
         if (&a == &target && p >= first && p < first + count) continue;
-        if (!candidate.mapped.reset()) continue;  // could not be unmapped: leave it (reported)
+        shared_chunk chunk = a.unmap_page(p);
+        if (chunk == nullptr) continue;  // could not be unmapped: leave it (reported)
         ++pages_stitched_;
         --mapped_pages_;
         learned_headroom_ += page_;
-        stolen.push_back(std::move(candidate.chunk));
+        stolen.push_back(std::move(chunk));
       }
       return stolen.size() >= wanted;
     });
@@ -456,21 +455,18 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
 
 void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t size) {
   const auto [first, count] = a.page_span(offset, size);
-  std::vector<page>& pages = a.pages();
   // Pages taken for this run, and whether each was created for it: a failure gives the
   // created ones back to the pool and keeps the others spare, so that the reserved memory
   // is what it was.
   std::vector<std::size_t> mapped_now;
   std::vector<std::size_t> missing;
   for (std::size_t p = first; p < first + count; ++p)
-    if (pages[p].chunk == nullptr) missing.push_back(p);
+    if (!a.mapped(p)) missing.push_back(p);
   std::vector<std::pair<shared_chunk, bool>> taken = take_pages(a, first, count, missing.size());
   try {
     for (std::size_t i = 0; i < missing.size(); ++i) {
       const std::size_t p = missing[i];
-      pages[p].mapped =
-          mapping(taken[i].first->memory(), a.base() + p * page_, std::span<const access_grant>{});
-      pages[p].chunk = taken[i].first;
+      a.map_page(p, taken[i].first);
       ++mapped_pages_;
       mapped_now.push_back(p);
     }
@@ -483,11 +479,10 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
     }
   } catch (...) {
     for (std::size_t p : mapped_now) {
-      if (!pages[p].mapped.reset()) {  // stays mapped: a later allocation uses it
-        std::erase_if(taken, [&](const auto& t) { return t.first == pages[p].chunk; });
+      if (a.unmap_page(p) == nullptr) {  // stays mapped: a later allocation uses it
+        std::erase_if(taken, [&](const auto& t) { return t.first == a.chunk(p); });
         continue;
       }
-      pages[p].chunk.reset();
       --mapped_pages_;
     }
     for (auto& [chunk, fresh] : taken)
@@ -763,11 +758,10 @@ void resource_state::release_idle(std::size_t bytes_to_keep) {
     ++pages_released_;
   }
   for (std::size_t i = 0; i < arena_count_.load() && reserved() > bytes_to_keep; ++i) {
-    std::vector<page>& pages = arenas_[i].load()->pages();
-    for (std::size_t p = pages.size(); p-- > 0 && reserved() > bytes_to_keep;) {
-      if (pages[p].chunk == nullptr || pages[p].held != 0) continue;
-      if (!pages[p].mapped.reset()) continue;
-      pages[p].chunk.reset();  // back to the chunk pool
+    arena& a = *arenas_[i].load();
+    for (std::size_t p = a.page_count(); p-- > 0 && reserved() > bytes_to_keep;) {
+      if (!a.mapped(p) || a.held(p) != 0) continue;
+      if (a.unmap_page(p) == nullptr) continue;  // the chunk goes back to the pool
       --mapped_pages_;
       ++pages_released_;
     }
@@ -855,13 +849,14 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
 
   // Every page goes: the physical memory back to the pool, and the pool's idle memory back
   // to the device.
-  for (std::size_t i = 0; i < arena_count_.load(); ++i)
-    for (page& p : arenas_[i].load()->pages()) {
-      if (p.chunk == nullptr || !p.mapped.reset()) continue;  // a page that cannot be unmapped stays
-      p.chunk.reset();
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    for (std::size_t p = 0; p < a.page_count(); ++p) {
+      if (!a.mapped(p) || a.unmap_page(p) == nullptr) continue;  // a page that cannot be unmapped stays
       --mapped_pages_;
       ++pages_released_;
     }
+  }
   pages_released_ += spare_.size();
   spare_.clear();
   pool_->trim_to(0);
@@ -890,7 +885,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
       for (std::size_t p = first; p < first + count; ++p) wanted[p] = true;
     });
     for (std::size_t p = 0; p < wanted.size(); ++p)
-      if (wanted[p] && a.pages()[p].chunk == nullptr) needed.emplace_back(&a, p);
+      if (wanted[p] && !a.mapped(p)) needed.emplace_back(&a, p);
   }
   // Take every page first: a wake that cannot have them all gives them back.
   std::vector<shared_chunk> taken;
@@ -913,9 +908,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   try {
     for (std::size_t i = 0; i < needed.size(); ++i) {
       auto [a, p] = needed[i];
-      page& target = a->pages()[p];
-      target.mapped = mapping(taken[i]->memory(), a->base() + p * page_, std::span<const access_grant>{});
-      target.chunk = std::move(taken[i]);
+      a->map_page(p, std::move(taken[i]));
       ++mapped_pages_;
       ++mapped_now;
     }
@@ -933,12 +926,8 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
                        static_cast<std::byte*>(saved_->data()) + run.offset, run.bytes, stream);
     executor_.synchronize(stream);
   } catch (...) {
-    for (std::size_t i = 0; i < mapped_now; ++i) {
-      page& target = needed[i].first->pages()[needed[i].second];
-      if (!target.mapped.reset()) continue;
-      target.chunk.reset();
-      --mapped_pages_;
-    }
+    for (std::size_t i = 0; i < mapped_now; ++i)
+      if (needed[i].first->unmap_page(needed[i].second) != nullptr) --mapped_pages_;
     throw;
   }
   pages_created_ += needed.size();
@@ -963,14 +952,13 @@ void resource_state::set_access(std::span<const access_grant> grants) {
   std::vector<access_grant> next(grants.begin(), grants.end());
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
     arena& a = *arenas_[i].load();
-    std::vector<page>& pages = a.pages();
-    for (std::size_t p = 0; p < pages.size();) {
-      if (pages[p].chunk == nullptr) {
+    for (std::size_t p = 0; p < a.page_count();) {
+      if (!a.mapped(p)) {
         ++p;
         continue;
       }
       std::size_t q = p + 1;
-      while (q < pages.size() && pages[q].chunk != nullptr) ++q;
+      while (a.mapped(q)) ++q;
       provider()->set_access(a.base() + p * page_, (q - p) * page_, next);
       p = q;
     }
@@ -1044,7 +1032,7 @@ memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std:
                       address, bytes));
     const auto [first, pages] = a.page_span(b->offset, b->size);
     memory_resource::allocation_pages result{i, a.base(), a.size(), first, page_, {}};
-    for (std::size_t p = first; p < first + pages; ++p) result.pages.push_back(a.pages()[p].chunk);
+    for (std::size_t p = first; p < first + pages; ++p) result.pages.push_back(a.chunk(p));
     return result;
   }
   throw invalid_argument(fmt::format("memory_resource: {:#x} is not this resource's", address));
