@@ -75,8 +75,8 @@ std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std:
 
 void arena::map_page(std::size_t p, shared_chunk chunk) {
   page& target = pages_[p];
-  target.mapped = mapping(chunk->memory(), base() + (std::uint64_t{p} << page_shift_),
-                          std::span<const access_grant>{});
+  target.mapped =
+      mapping(chunk->memory(), base() + (std::uint64_t{p} << page_shift_), std::span<const access_grant>{});
   target.chunk = std::move(chunk);
   mapped_bits_[p / 64] |= std::uint64_t{1} << (p % 64);
 }
