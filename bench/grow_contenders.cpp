@@ -123,7 +123,8 @@ class vmm_provider_once final : public grow_once_contender {
   void grow() override {
     provider_->map(range_.address(), memory_.size(), memory_.get());
     mapped_ = true;
-    provider_->set_access(range_.address(), memory_.size(), access_mode::read_write);
+    provider_->set_access(range_.address(), memory_.size(),
+                          provider_->capabilities().grants(access_mode::read_write));
   }
   void undo() override {
     provider_->unmap(range_.address(), memory_.size());

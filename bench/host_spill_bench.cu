@@ -104,7 +104,7 @@ struct fixture {
                 ? static_cast<std::size_t>(oversubscribe *
                                            static_cast<double>(gpu->capabilities().physical_memory_size))
                 : cap_bytes + host_bytes;
-    total = vmm::round_up(total, gpu->granularity());
+    total = vmm::round_up(total, gpu->capabilities().granularity);
     // The copies' buffers first: once the vector has filled the GPU there is no room left.
     staging = std::min(oversubscribe > 0 ? total - total / 2 : host_bytes, max_staging);
     check(cudaMallocHost(&staging_host, staging), "cudaMallocHost");

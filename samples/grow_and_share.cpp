@@ -73,7 +73,7 @@ int run_parent(const char* self) {
   const vmm::location where = gpu ? vmm::location::device(0) : vmm::location::os_host();
   if (!gpu) fmt::print("no GPU ({}): using the OS host-memory provider\n", why);
   const auto provider = vmm::provider_for(where);
-  const std::size_t chunk = provider->granularity();
+  const std::size_t chunk = provider->capabilities().granularity;
   fmt::print("memory: {}, chunk {} MiB\n", vmm::to_string(where), chunk >> 20);
 
   // Reserve room for 64 chunks; map them as the buffer grows.
@@ -88,7 +88,7 @@ int run_parent(const char* self) {
     }
     // One access call over the whole new range: the driver's cost is per handle, not per call.
     provider->set_access(range.address() + first * chunk, (count - first) * chunk,
-                         vmm::access_mode::read_write);
+                         provider->capabilities().grants(vmm::access_mode::read_write));
   };
 
   grow_to(1);

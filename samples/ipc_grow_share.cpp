@@ -84,7 +84,7 @@ int run_producer() {
   const vmm::location where = gpu ? vmm::location::device(0) : vmm::location::os_host();
   if (!gpu) fmt::print("no GPU ({}): using the OS host-memory provider\n", why);
   const auto provider = vmm::provider_for(where);
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   vmm::growable_buffer buffer(where, {.max_size = 256 * g});
   fmt::print("producer {}: {} memory, a buffer of up to {} at {}\n", ::getpid(), vmm::to_string(where),
              mib(buffer.max_size()), buffer.data());

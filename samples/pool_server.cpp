@@ -51,7 +51,7 @@ int main() try {
   const vmm::location where = gpu ? vmm::location::device(0) : vmm::location::os_host();
   if (!gpu) fmt::print("no GPU ({}): using the OS host-memory provider\n", why);
   auto provider = vmm::provider_for(where);
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   const std::size_t largest = largest_chunks * g;
   const std::size_t cap = admitted_at_once * largest;
   auto pool = vmm::chunk_pool::create(provider, {.cap = cap});

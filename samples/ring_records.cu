@@ -137,7 +137,7 @@ int run() {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
   const vmm::location where = vmm::location::device(0);
-  const std::size_t capacity = 4 * vmm::provider_for(where)->granularity();
+  const std::size_t capacity = 4 * vmm::provider_for(where)->capabilities().granularity;
   std::uint64_t straddled = 0;
   int rounds = 0;
   std::vector<record_seen> seen(record_count);

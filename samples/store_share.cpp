@@ -82,7 +82,7 @@ std::size_t mismatches(const vmm::store::buffer& held, std::size_t n, int device
 
 int producer(const std::string& socket, vmm::location where) {
   vmm::store::client store({.socket_path = socket});
-  const std::size_t g = vmm::provider_for(where)->granularity();
+  const std::size_t g = vmm::provider_for(where)->capabilities().granularity;
   vmm::store::buffer out = store.create(name, 4 * g, where, {.max_size = 64 * g});
   fill(out, 0, 4 * g / 4);
   store.grow(name, 8 * g);  // in place: a consumer holding it would refresh and see it

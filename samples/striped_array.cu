@@ -114,7 +114,7 @@ bool spill_across_gpus(int gpus) {
   grown.resize(256 * mib);  // past GPU 0's 64 MiB: the rest lands on GPU 1
   std::vector<std::size_t> bytes_on(static_cast<std::size_t>(gpus));
   for (const vmm::shared_chunk& chunk : grown.chunks(0, grown.capacity()))
-    bytes_on[static_cast<std::size_t>(chunk->memory().provider()->where().id)] += chunk->size();
+    bytes_on[static_cast<std::size_t>(chunk->memory().provider()->capabilities().where.id)] += chunk->size();
   std::printf("growable buffer at %p (still %p after growing) holds %zu MiB:", grown.data(), address,
               grown.size() / mib);
   for (int d = 0; d < gpus; ++d)

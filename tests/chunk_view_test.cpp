@@ -123,7 +123,7 @@ int write_through_view_in_child(access_mode mode) {
   std::string reason;
   auto provider = provider_or_skip_reason<Kind>(&reason);
   if (provider == nullptr) return 4;
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   auto pool = chunk_pool::create(provider);
   growable_buffer buffer(pool, {.max_size = 2 * g, .policy = chunk_policy::fixed(g)});
   buffer.resize(2 * g);
@@ -304,7 +304,7 @@ TYPED_TEST(chunk_views, bad_arguments_are_refused_and_leave_nothing_behind) {
   foreign.resize(2 * g);
   const growable_buffer* mixed[] = {&buffer, &foreign};
   expect_refused([&] { return concatenate(mixed); },
-                 "comes from os host but chunk 0 from " + to_string(this->provider_->where()));
+                 "comes from os host but chunk 0 from " + to_string(this->provider_->capabilities().where));
   // A grant the provider cannot give: the mappings made are undone.
   const access_grant foreign_grant[] = {{accessor::device(1 << 20), access_mode::read_write}};
   EXPECT_ANY_THROW((void)alias(buffer, 0, 2 * g, foreign_grant));

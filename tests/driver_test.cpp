@@ -46,7 +46,8 @@ TEST(driver, capabilities_describe_every_gpu) {
     ASSERT_TRUE(d.vmm_supported) << d.name;
     EXPECT_TRUE(std::has_single_bit(d.device_granularity.minimum));
     EXPECT_EQ(d.device_granularity.recommended % d.device_granularity.minimum, 0u);
-    EXPECT_EQ(provider_for(location::device(d.ordinal))->granularity(), d.device_granularity.minimum);
+    EXPECT_EQ(provider_for(location::device(d.ordinal))->capabilities().granularity,
+              d.device_granularity.minimum);
     EXPECT_TRUE(caps.peer_access[static_cast<std::size_t>(d.ordinal)][static_cast<std::size_t>(d.ordinal)]);
   }
 }
@@ -79,7 +80,8 @@ TEST(errors, os_provider_unknown_location_ids_and_bad_granularity_are_refused) {
   EXPECT_THROW((void)provider_for(location{memory_kind::os_host, 3}), invalid_argument);
   EXPECT_THROW((void)make_os_host_provider({.granularity = 3 << 20}), invalid_argument);
   EXPECT_THROW((void)make_os_host_provider({.granularity = 1024}), invalid_argument);
-  EXPECT_EQ(make_os_host_provider({.granularity = 64 << 10})->granularity(), std::size_t{64} << 10);
+  EXPECT_EQ(make_os_host_provider({.granularity = 64 << 10})->capabilities().granularity,
+            std::size_t{64} << 10);
 }
 
 // Counts cleanup failures instead of printing them.
@@ -112,7 +114,8 @@ TEST(exhaustion, creating_more_device_memory_than_exists_is_out_of_memory) {
   std::string why;
   if (!gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   auto provider = provider_for(location::device(0));
-  const std::size_t too_much = round_up(query_device(0).total_memory * 2, provider->granularity());
+  const std::size_t too_much =
+      round_up(query_device(0).total_memory * 2, provider->capabilities().granularity);
   EXPECT_THROW((void)provider->create(too_much), out_of_memory);
 }
 

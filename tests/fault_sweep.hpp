@@ -215,7 +215,7 @@ decltype(auto) without_faults(Fn&& fn) {
 struct sweep_context {
   std::shared_ptr<memory_provider> provider;
   std::shared_ptr<chunk_pool> pool;  // fresh for every run
-  [[nodiscard]] std::size_t granularity() const { return provider->granularity(); }
+  [[nodiscard]] std::size_t granularity() const { return provider->capabilities().granularity; }
 };
 
 // The base of a path: says which call of the operation is running and what its header
@@ -310,7 +310,7 @@ void run_once(const std::shared_ptr<memory_provider>& provider, std::uint32_t si
   SCOPED_TRACE(fmt::format("path {}, site {}, call {}, error {}", report.path, site_name(site), nth,
                            error_name(site, error)));
   const std::uint64_t reports_before = cleanup_reports.load();
-  const auto pool = chunk_pool::create(provider, Path::pool_options(provider->granularity()));
+  const auto pool = chunk_pool::create(provider, Path::pool_options(provider->capabilities().granularity));
   const held_resources before = resources_of(*provider);
   {
     Path path(sweep_context{provider, pool});
@@ -355,7 +355,8 @@ void run_once(const std::shared_ptr<memory_provider>& provider, std::uint32_t si
   const pool_statistics trimmed = pool->statistics();
   EXPECT_EQ(trimmed.reserved_current, 0u) << "the pool holds memory it cannot trim";
   EXPECT_EQ(trimmed.chunks_created, trimmed.chunks_released);
-  expect_same_resources(before, resources_of(*provider), provider->where().kind == memory_kind::os_host);
+  expect_same_resources(before, resources_of(*provider),
+                        provider->capabilities().where.kind == memory_kind::os_host);
   report.cleanup_reports += cleanup_reports.load() - reports_before;
 }
 
@@ -382,7 +383,8 @@ sweep_report sweep(const std::string& name, const std::shared_ptr<memory_provide
     if ((sites & site) == 0) continue;
     std::uint64_t points = 0;
     {
-      const auto pool = chunk_pool::create(provider, Path::pool_options(provider->granularity()));
+      const auto pool =
+          chunk_pool::create(provider, Path::pool_options(provider->capabilities().granularity));
       Path path(sweep_context{provider, pool});
       armed_fault counting_only(site, 0, 0);
       path();  // without a failure the operation must succeed

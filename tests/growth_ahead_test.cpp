@@ -224,7 +224,7 @@ TYPED_TEST(growth_ahead, without_it_nothing_waits_and_nothing_is_ready) {
 // are told apart by order, the buffer's own calls coming first.)
 TEST(growth_ahead_faults, every_failure_on_the_thread_leaves_the_buffer_as_it_was) {
   const auto provider = provider_for(location::os_host());
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   const auto bytes = pattern(g, 9);
   int thread_failures = 0;
   for (std::uint64_t nth = 1;; ++nth) {

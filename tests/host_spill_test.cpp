@@ -146,7 +146,7 @@ class host_spill : public ::testing::Test {
     if (!gpu_available(&why)) GTEST_SKIP() << "no GPU here: " << why;
     try {
       const auto gpu = provider_for(location::device(0));
-      g_ = gpu->granularity();
+      g_ = gpu->capabilities().granularity;
       device_ = chunk_pool::create(gpu, {.cap = 4 * g_});
       host_ = chunk_pool::create(provider_for(location::pinned_host(0)));
     } catch (const std::exception& error) {

@@ -617,7 +617,7 @@ TYPED_TEST(ipc_sharing, an_importer_that_dies_leaves_nothing_behind) {
 
 TYPED_TEST(ipc_sharing, a_manifest_of_more_fds_than_one_message_carries_arrives_whole) {
   // Small chunks on the OS provider keep this cheap; GPUs have 2 MiB at the least.
-  const bool os = this->provider_->where().kind == memory_kind::os_host;
+  const bool os = this->provider_->capabilities().where.kind == memory_kind::os_host;
   const std::size_t g = os ? 4096 : this->granularity_;
   auto provider = os ? make_os_host_provider({.granularity = g}) : this->provider_;
   const std::size_t chunks = ipc::max_fds_per_message + 7;
@@ -748,7 +748,7 @@ TYPED_TEST(ipc_sharing_every_kind, an_interprocess_event_records_and_waits_throu
   EXPECT_FALSE(event);
   EXPECT_THROW(event.record(nullptr), invalid_argument);
   EXPECT_TRUE(moved.done());
-  if (this->provider_->where().kind == memory_kind::os_host) {
+  if (this->provider_->capabilities().where.kind == memory_kind::os_host) {
     // A host event opens anywhere and is always passed; a GPU event's handle does not open.
     interprocess_event opened = interprocess_event::open(this->provider_, moved.handle());
     EXPECT_FALSE(opened.created_here());
@@ -765,7 +765,7 @@ TYPED_TEST(ipc_sharing_every_kind, fabric_handles_are_chosen_only_where_they_wor
   this->RecordProperty("export_handle_kind", to_string(kind));
   this->RecordProperty("fabric_unavailable_reason", reason);
   EXPECT_EQ(kind == handle_kind::fabric, reason.empty()) << reason;
-  if (this->provider_->where().kind == memory_kind::device && query_device(0).fabric_supported &&
+  if (this->provider_->capabilities().where.kind == memory_kind::device && query_device(0).fabric_supported &&
       kind != handle_kind::fabric) {
     // The lent H100/H200s: the attribute says yes, creating a fabric handle says no.
     EXPECT_NE(reason.find("CU_MEM_HANDLE_TYPE_FABRIC"), std::string::npos) << reason;
@@ -815,7 +815,8 @@ TYPED_TEST(ipc_sharing, a_forged_manifest_is_refused_with_nothing_mapped_and_eve
   ipc::exporter exporter;
   const ipc::exported_manifest exported = exporter.export_buffer(buffer);
   const int fds[] = {exported.fds[0].get(), exported.fds[1].get()};
-  for (const forgery& forged : forgeries(exported.bytes, this->granularity_, this->provider_->where().kind))
+  for (const forgery& forged :
+       forgeries(exported.bytes, this->granularity_, this->provider_->capabilities().where.kind))
     this->template expect_refused<ipc::bad_manifest>(forged.bytes, fds, forged.name);
   // Valid as bytes, wrong as a start: a growth manifest cannot begin an import.
   this->template expect_refused<ipc::bad_manifest>(patched<std::uint8_t>(exported.bytes, 6, 2), fds,

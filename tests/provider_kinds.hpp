@@ -61,7 +61,7 @@ class provider_test : public ::testing::Test {
     std::string reason;
     provider_ = provider_or_skip_reason<Kind>(&reason);
     if (provider_ == nullptr) GTEST_SKIP() << "no " << Kind::name << " memory here: " << reason;
-    granularity_ = provider_->granularity();
+    granularity_ = provider_->capabilities().granularity;
   }
 
   std::shared_ptr<memory_provider> provider_;

@@ -108,11 +108,13 @@ TYPED_TEST(primitives, one_set_access_covers_many_mappings_and_not_gaps) {
     chunks.emplace_back(this->provider_, g);
     maps.emplace_back(chunks.back(), range.address() + i * g, std::span<const access_grant>{});
   }
-  this->provider_->set_access(range.address(), 3 * g, access_mode::read_write);
+  this->provider_->set_access(range.address(), 3 * g,
+                              this->provider_->capabilities().grants(access_mode::read_write));
   const auto bytes = pattern(3 * g, 3);
   write_bytes(*this->provider_, range.address(), bytes);
   EXPECT_EQ(read_bytes(*this->provider_, range.address(), bytes.size()), bytes);
-  EXPECT_THROW(this->provider_->set_access(range.address(), 4 * g, access_mode::read_write),
+  EXPECT_THROW(this->provider_->set_access(range.address(), 4 * g,
+                                           this->provider_->capabilities().grants(access_mode::read_write)),
                invalid_argument);  // the last chunk is not mapped
 }
 
@@ -151,7 +153,7 @@ int write_in_child(access_mode mode) {
   std::string reason;
   auto provider = provider_or_skip_reason<Kind>(&reason);
   if (provider == nullptr) return 4;
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   address_range range(provider, g);
   physical_allocation memory(provider, g);
   mapping mapped(memory, range.address(), access_mode::read_write);

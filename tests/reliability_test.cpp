@@ -95,7 +95,7 @@ TEST(reliability, an_os_host_provider_without_commit_on_create_keeps_its_budget_
 // seals is refused at import.
 TEST(reliability, memory_files_are_sealed_and_unsealed_ones_are_refused) {
   const auto provider = provider_for(location::os_host());
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   physical_allocation memory(provider, g);
   const unique_fd exported = memory.export_fd();
   EXPECT_NE(::ftruncate(exported.get(), 0), 0);  // a peer cannot shrink it
@@ -162,7 +162,7 @@ TEST(reliability, a_failed_unmap_keeps_the_chunk_and_a_failed_grow_over_retired_
 // a huge max_size exhausted it. Now import_options bounds it.
 TEST(reliability, an_import_may_not_reserve_more_than_its_bound) {
   const auto provider = provider_for(location::os_host());
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   ipc::manifest forged;
   forged.where = location::os_host();
   forged.granularity = g;
@@ -236,7 +236,7 @@ TEST(reliability, moved_from_buffers_overflowing_maps_and_failed_fstats_get_the_
   EXPECT_EQ(buffer.data(), nullptr);      // NOLINT(bugprone-use-after-move)
 
   const auto provider = provider_for(location::os_host());
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   physical_allocation memory(provider, g);
   const std::uintptr_t last = ~std::uintptr_t{0} - g + 1;  // aligned, but address + size wraps
   EXPECT_THROW(provider->map(last, g, memory.get()), invalid_argument);

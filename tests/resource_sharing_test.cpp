@@ -216,8 +216,9 @@ class resource_sharing : public provider_test<Kind> {
     exporter_.emplace(*resource_);
     // In this process the importer maps through a provider of its own where it can: on the
     // OS kind, an address space of its own; GPU memory has one address space per process.
-    importer_provider_ =
-        this->provider_->where().kind == memory_kind::os_host ? make_os_host_provider() : this->provider_;
+    importer_provider_ = this->provider_->capabilities().where.kind == memory_kind::os_host
+                             ? make_os_host_provider()
+                             : this->provider_;
     warm_up();
   }
 
@@ -368,7 +369,7 @@ TYPED_TEST(resource_sharing_every_kind,
     ipc::resource_exporter exporter(shareable);
     EXPECT_NE(exporter.export_resource().resource_id, 0u);
     EXPECT_EQ(exporter.export_resource().granularity, this->granularity_);
-    EXPECT_EQ(exporter.export_resource().where, this->provider_->where());
+    EXPECT_EQ(exporter.export_resource().where, this->provider_->capabilities().where);
     expect_error<invalid_argument>(
         [&] { ipc::resource_exporter bad(shareable, {.grant = access_mode::none}); }, "grant");
   }
@@ -979,7 +980,7 @@ TYPED_TEST(resource_sharing, trim_gives_back_every_cached_page_and_the_exporters
   this->resource_->trim_to(0);
   this->exporter_->purge();
   EXPECT_EQ(this->resource_->statistics().reserved_current, 0u);
-  if (this->provider_->where().kind == memory_kind::os_host) {
+  if (this->provider_->capabilities().where.kind == memory_kind::os_host) {
     EXPECT_GT(memfd_mapping_count(), mappings_before);  // the cache still maps the memory
   }
 

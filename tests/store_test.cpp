@@ -463,7 +463,7 @@ store::reply receive_reply(int socket) {
 TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_else) {
   daemon_process daemon(directory_.path() + "/socket");
   store::client store({.socket_path = daemon.socket()});
-  const std::size_t g = provider_for(location::os_host())->granularity();
+  const std::size_t g = provider_for(location::os_host())->capabilities().granularity;
   store::buffer kept = store.create("kept", g, location::os_host());
   write_bytes(*kept.provider(), reinterpret_cast<std::uintptr_t>(kept.data()), pattern(g, 13));
   store.seal("kept");

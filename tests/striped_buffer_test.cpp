@@ -94,7 +94,7 @@ TEST(striped_buffer_arguments, arguments_that_need_the_driver_are_refused_by_it)
   const int count = device_count();
   const std::string unknown = message_of<invalid_argument>([&] { striped_buffer({0, count}, 8 * mib); });
   EXPECT_NE(unknown.find(std::to_string(count)), std::string::npos) << unknown;
-  const std::size_t g = provider_for(location::device(0))->granularity();
+  const std::size_t g = provider_for(location::device(0))->capabilities().granularity;
   const std::string stripe =
       message_of<invalid_argument>([&] { striped_buffer({0}, 8 * g, {.stripe_size = g + g / 2}); });
   EXPECT_NE(stripe.find("not a multiple of gpu 0's allocation granularity"), std::string::npos) << stripe;
@@ -163,7 +163,7 @@ class one_gpu_striped : public ::testing::Test {
     std::string why;
     if (!gpu_available(&why)) GTEST_SKIP() << "no GPU here: " << why;
     provider_ = provider_for(location::device(0));
-    granularity_ = provider_->granularity();
+    granularity_ = provider_->capabilities().granularity;
   }
   std::shared_ptr<memory_provider> provider_;
   std::size_t granularity_ = 0;
@@ -222,7 +222,7 @@ class multi_gpu_striped : public ::testing::Test {
     for (int d = 0; d < count; ++d) {
       devices_.push_back(d);
       providers_.push_back(provider_for(location::device(d)));
-      granularity_ = std::max(granularity_, providers_.back()->granularity());
+      granularity_ = std::max(granularity_, providers_.back()->capabilities().granularity);
     }
     for (int a = 0; a < count; ++a)
       for (int b = 0; b < count; ++b)
@@ -239,7 +239,8 @@ class multi_gpu_striped : public ::testing::Test {
   std::vector<std::uint8_t> read_on_its_own_device(const pooled_chunk& chunk) const {
     const std::shared_ptr<memory_provider>& owner = chunk.memory().provider();
     address_range range(owner, chunk.size());
-    const access_grant only_owner[] = {{accessor::device(owner->where().id), access_mode::read_only}};
+    const access_grant only_owner[] = {
+        {accessor::device(owner->capabilities().where.id), access_mode::read_only}};
     mapping second(chunk.memory(), range.address(), only_owner);
     return read_bytes(*owner, second.address(), chunk.size());
   }
@@ -279,7 +280,8 @@ TEST_F(multi_gpu_striped, ownership_agrees_with_where_the_bytes_live) {
       const stripe_position stripe = layout.locate(offset);
       EXPECT_EQ(stripe.extent.offset, offset);
       EXPECT_EQ(stripe.extent.length, chunk->size());
-      EXPECT_EQ(chunk->memory().provider()->where(), location::device(owner)) << "stripe at " << offset;
+      EXPECT_EQ(chunk->memory().provider()->capabilities().where, location::device(owner))
+          << "stripe at " << offset;
       EXPECT_EQ(buffer.device_of(offset + chunk->size() - 1), owner);
       EXPECT_EQ(
           read_on_its_own_device(*chunk),
@@ -328,7 +330,7 @@ TEST_F(multi_gpu_striped, a_gpu_holding_no_stripes_can_be_given_access) {
 // child). Reads by GPU 1 must work in both modes.
 int remote_write_in_child(access_mode mode) {
   try {
-    const std::size_t g = provider_for(location::device(0))->granularity();
+    const std::size_t g = provider_for(location::device(0))->capabilities().granularity;
     const auto gpu0_provider = provider_for(location::device(0));
     const auto gpu1_provider = provider_for(location::device(1));
     memory_provider& gpu0 = *gpu0_provider;
@@ -386,7 +388,8 @@ TEST_F(multi_gpu_striped, a_growable_buffer_spills_from_a_full_gpu_onto_the_next
   const std::vector<shared_chunk> chunks = buffer.chunks(0, 10 * g);
   ASSERT_EQ(chunks.size(), 10u);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
-    EXPECT_EQ(chunks[i]->memory().provider()->where(), location::device(i < 4 ? 0 : 1)) << "chunk " << i;
+    EXPECT_EQ(chunks[i]->memory().provider()->capabilities().where, location::device(i < 4 ? 0 : 1))
+        << "chunk " << i;
     EXPECT_EQ(read_on_its_own_device(*chunks[i]),
               std::vector<std::uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(i * g),
                                         bytes.begin() + static_cast<std::ptrdiff_t>((i + 1) * g)))

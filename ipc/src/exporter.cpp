@@ -59,9 +59,9 @@ manifest describe(const memory_provider& provider, std::uint64_t id, std::uint64
                   const export_options& options) {
   manifest description;
   description.grant = options.grant;
-  description.where = provider.where();
+  description.where = provider.capabilities().where;
   description.buffer_id = id;
-  description.granularity = provider.granularity();
+  description.granularity = provider.capabilities().granularity;
   description.max_size = max_size;
   return description;
 }
@@ -84,16 +84,16 @@ exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, ma
     if (chunk == nullptr || !*chunk)
       throw invalid_argument(fmt::format("exporter: chunk {} of {} is empty", i, chunks.size()));
     const std::shared_ptr<memory_provider>& provider = chunk->memory().provider();
-    if (provider->where().kind != description.where.kind)
+    if (provider->capabilities().where.kind != description.where.kind)
       throw invalid_argument(fmt::format("exporter: chunk {} of {} is {} memory, but the buffer is {} memory",
-                                         i, chunks.size(), to_string(provider->where()),
+                                         i, chunks.size(), to_string(provider->capabilities().where),
                                          to_string(description.where)));
     const handle_kind kind = options.handle.value_or(provider->capabilities().export_kind);
     if (kind == handle_kind::none)
       throw invalid_argument(
           fmt::format("exporter: chunk {} of {} ({} memory) cannot be exported: "
                       "it has no shareable handle",
-                      i, chunks.size(), to_string(provider->where())));
+                      i, chunks.size(), to_string(provider->capabilities().where)));
     const auto found = cache_.find(chunk);
     cache_entry* entry = found == cache_.end() ? nullptr : &found->second;
     // An entry is made only once an export succeeded.
@@ -102,7 +102,7 @@ exported_manifest exporter::export_list(std::span<const shared_chunk> chunks, ma
       ++statistics_.handles_exported;
       return *entry;
     };
-    manifest_chunk described{position, chunk->size(), provider->where(), kind, {}};
+    manifest_chunk described{position, chunk->size(), provider->capabilities().where, kind, {}};
     if (kind == handle_kind::posix_fd) {
       if (entry == nullptr || !entry->fd) {
         unique_fd exported = chunk->memory().export_fd();

@@ -170,17 +170,17 @@ std::shared_ptr<memory_provider> imported_buffer::provider_of(const location& wh
   std::shared_ptr<memory_provider> provider = chosen_provider_;
   if (provider == nullptr) {
     provider = provider_for(where);
-  } else if (provider->where() != where) {
+  } else if (provider->capabilities().where != where) {
     throw invalid_argument(
         fmt::format("imported_buffer: the manifest names {} memory, the provider given "
                     "serves {} memory",
-                    to_string(where), to_string(provider->where())));
+                    to_string(where), to_string(provider->capabilities().where)));
   }
-  if (provider->granularity() != granularity_)
+  if (provider->capabilities().granularity != granularity_)
     throw invalid_argument(
         fmt::format("imported_buffer: the exporter's granularity is {}, but {} memory "
                     "here has {}",
-                    granularity_, to_string(where), provider->granularity()));
+                    granularity_, to_string(where), provider->capabilities().granularity));
   return provider;
 }
 
@@ -216,7 +216,7 @@ void imported_buffer::map_chunks(const manifest& description, fd_source& fds) {
     // up to the granularity (a GPU's memory size need not be a multiple of it).
     const std::size_t limit = max_size_limit_ != 0 ? max_size_limit_
                                                    : round_up(provider->capabilities().physical_memory_size,
-                                                              provider->granularity());
+                                                              provider->capabilities().granularity);
     if (description.max_size > limit)
       throw invalid_argument(fmt::format(
           "imported_buffer: the manifest asks to reserve {} bytes of addresses, more than the limit of "

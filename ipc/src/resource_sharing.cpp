@@ -335,7 +335,7 @@ resource_exporter::resource_exporter(memory_resource& resource, resource_export_
         to_string(offered.where), to_string(offered.export_kind)));
   description_.resource_id = fresh_resource_id();
   description_.where = offered.where;
-  description_.granularity = resource.provider()->granularity();
+  description_.granularity = resource.provider()->capabilities().granularity;
   description_.grant = options.grant;
   (void)grant_code(options.grant);  // read-only or read-write
 }
@@ -476,16 +476,16 @@ imported_resource_state::imported_resource_state(const resource_description& d,
       limit_(options.max_size_limit != 0 ? options.max_size_limit
                                          : 4 * provider->capabilities().physical_memory_size),
       keep_bytes_(options.keep_mapped_bytes) {
-  if (provider->where() != d.where)
+  if (provider->capabilities().where != d.where)
     throw invalid_argument(
         fmt::format("imported_resource: the resource is {} memory, the provider given serves "
                     "{} memory",
-                    to_string(d.where), to_string(provider->where())));
-  if (provider->granularity() != d.granularity)
+                    to_string(d.where), to_string(provider->capabilities().where)));
+  if (provider->capabilities().granularity != d.granularity)
     throw invalid_argument(
         fmt::format("imported_resource: the exporter's granularity is {}, but {} memory here "
                     "has {}",
-                    d.granularity, to_string(d.where), provider->granularity()));
+                    d.granularity, to_string(d.where), provider->capabilities().granularity));
   if (access != access_mode::read_only && access != access_mode::read_write)
     throw invalid_argument(fmt::format(
         "imported_resource: access {} asked for; import read-only or read-write", to_string(access)));
@@ -493,7 +493,7 @@ imported_resource_state::imported_resource_state(const resource_description& d,
     throw invalid_argument(
         "imported_resource: read-write access asked for, but the exporter granted read-only "
         "access");
-  for (const accessor& who : provider->capabilities().default_accessors) grants_.push_back({who, access});
+  grants_ = provider->capabilities().grants(access);
 }
 
 void imported_resource_state::wait_for_retired(mirror& m, const std::map<std::size_t, page_slot>& wanted) {

@@ -26,7 +26,8 @@ const std::shared_ptr<memory_provider>& require_provider(const std::shared_ptr<m
 int context_device(const memory_provider& provider) {
   for (const accessor& who : provider.capabilities().default_accessors)
     if (who.kind == accessor::kind_type::device) return who.device_ordinal;
-  throw invalid_argument(fmt::format("{} memory is accessed by no GPU", to_string(provider.where())));
+  throw invalid_argument(
+      fmt::format("{} memory is accessed by no GPU", to_string(provider.capabilities().where)));
 }
 
 // What a host-memory event handle holds: no process can mistake it for a GPU event's
@@ -88,7 +89,7 @@ interprocess_event interprocess_event::open(const std::shared_ptr<memory_provide
     throw invalid_argument(
         fmt::format("interprocess_event::open: the handle is a host event's token, but {} memory needs a GPU "
                     "event",
-                    to_string(provider->where())));
+                    to_string(provider->capabilities().where)));
   const int device = context_device(*provider);
   CUipcEventHandle opened{};
   std::memcpy(&opened, handle.bytes.data(), sizeof opened);
@@ -161,7 +162,7 @@ fabric_handle export_fabric(const physical_allocation& memory) {
   const memory_provider& provider = *memory.provider();
   if (provider.capabilities().export_kind != handle_kind::fabric)
     throw invalid_argument(fmt::format("export_fabric: {} memory has no fabric handles: {}",
-                                       to_string(provider.where()),
+                                       to_string(provider.capabilities().where),
                                        provider.capabilities().fabric_unavailable_reason));
   const int device = context_device(provider);
   driver::primary_context context(device);
@@ -183,14 +184,14 @@ fabric_handle export_fabric(const physical_allocation& memory) {
 physical_allocation import_fabric(const std::shared_ptr<memory_provider>& provider,
                                   const fabric_handle& handle, std::size_t size) {
   require_provider(provider, "import_fabric");
-  if (size == 0 || size % provider->granularity() != 0)
+  if (size == 0 || size % provider->capabilities().granularity != 0)
     throw invalid_argument(
         fmt::format("import_fabric: size {} is not a non-zero multiple of the "
                     "granularity {}",
-                    size, provider->granularity()));
+                    size, provider->capabilities().granularity));
   if (provider->capabilities().export_kind != handle_kind::fabric)
     throw invalid_argument(fmt::format("import_fabric: {} memory cannot take fabric handles here: {}",
-                                       to_string(provider->where()),
+                                       to_string(provider->capabilities().where),
                                        provider->capabilities().fabric_unavailable_reason));
   const int device = context_device(*provider);
   CUmemFabricHandle imported_from{};

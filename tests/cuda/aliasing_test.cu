@@ -120,7 +120,7 @@ int kernel_write_in_child(access_mode mode) {
   std::string reason;
   auto provider = provider_or_skip_reason<Kind>(&reason);
   if (provider == nullptr) return 4;
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   auto pool = chunk_pool::create(provider);
   growable_buffer buffer(pool, {.max_size = g, .policy = chunk_policy::fixed(g)});
   buffer.resize(g);

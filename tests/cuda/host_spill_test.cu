@@ -25,7 +25,7 @@ __global__ void add_index(std::uint32_t* data, std::size_t count, std::uint32_t*
 class host_spill_kernels : public gpu_test {};
 
 TEST_F(host_spill_kernels, a_kernel_reads_and_writes_across_the_gpu_and_host_parts) {
-  const std::size_t g = provider_for(location::device(0))->granularity();
+  const std::size_t g = provider_for(location::device(0))->capabilities().granularity;
   std::shared_ptr<chunk_pool> device;
   std::shared_ptr<chunk_pool> host;
   try {

@@ -35,7 +35,7 @@ class ipc_events : public gpu_test {
 };
 
 TEST_F(ipc_events, a_kernel_in_another_process_reads_what_a_kernel_here_wrote_in_stream_order) {
-  const std::size_t g = provider_->granularity();
+  const std::size_t g = provider_->capabilities().granularity;
   cuda_stream stream;
   growable_buffer buffer(chunk_pool::create(provider_, {.release_threshold = 0}),
                          {.max_size = 8 * g, .policy = chunk_policy::fixed(g), .stream = stream.get()});

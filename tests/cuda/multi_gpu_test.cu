@@ -172,7 +172,7 @@ class multi_gpu_kernels : public ::testing::Test {
       on_device selected(d);
       VMM_CUDA_CHECK(cudaFree(nullptr));  // the primary context, which vmm's driver layer uses too
       devices_.push_back(d);
-      granularity_ = std::max(granularity_, provider_for(location::device(d))->granularity());
+      granularity_ = std::max(granularity_, provider_for(location::device(d))->capabilities().granularity);
     }
   }
   void synchronize_all() const {
@@ -319,7 +319,7 @@ TEST_F(multi_gpu_kernels, one_copy_spans_every_gpu) {
 int remote_kernel_write_in_child(access_mode mode) {
   try {
     if (cudaSetDevice(0) != cudaSuccess) return 7;
-    const std::size_t g = provider_for(location::device(0))->granularity();
+    const std::size_t g = provider_for(location::device(0))->capabilities().granularity;
     striped_buffer buffer(
         {0, 1}, 4 * g,
         {.stripe_size = g,

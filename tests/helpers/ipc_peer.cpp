@@ -100,7 +100,7 @@ bool write_faults(vmm::memory_provider& provider, void* data, std::size_t n) {
 
 int run_export(const std::shared_ptr<vmm::memory_provider>& provider, int socket, std::uint32_t seed,
                std::size_t chunks, const std::string& corruption) {
-  const std::size_t g = provider->granularity();
+  const std::size_t g = provider->capabilities().granularity;
   vmm::growable_buffer buffer(vmm::chunk_pool::create(provider),
                               {.max_size = 16 * g, .policy = vmm::chunk_policy::fixed(g)});
   buffer.resize(chunks * g);
@@ -148,7 +148,7 @@ int run_cycles(const std::shared_ptr<vmm::memory_provider>& provider, int socket
           socket, {.access = vmm::access_mode::read_only, .provider = provider});
       report.checksum = vmm::testing::sampled_checksum(
           *provider, reinterpret_cast<std::uintptr_t>(imported.data()), imported.size(),
-          provider->granularity(), vmm::testing::cycle_sample_bytes);
+          provider->capabilities().granularity, vmm::testing::cycle_sample_bytes);
       report.size = imported.size();
       report.capacity = imported.capacity();
       report.address = reinterpret_cast<std::uintptr_t>(imported.data());

@@ -18,7 +18,7 @@ std::shared_ptr<memory_provider> require(std::shared_ptr<memory_provider> provid
 address_range::address_range(std::shared_ptr<memory_provider> provider, std::size_t size,
                              std::size_t alignment) {
   provider = require(std::move(provider));
-  size = size == 0 ? 0 : round_up(size, provider->granularity());
+  size = size == 0 ? 0 : round_up(size, provider->capabilities().granularity);
   const std::uintptr_t address = provider->allocate_range(size, alignment);
   held_ = {std::move(provider), address, size};
 }

@@ -84,7 +84,7 @@ system_capabilities query_capabilities() {
   system_capabilities result;
   result.os_page_size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const auto os = provider_for(location::os_host());
-  result.os_host_granularity = {os->granularity(), os->capabilities().recommended_granularity};
+  result.os_host_granularity = {os->capabilities().granularity, os->capabilities().recommended_granularity};
   result.os_host_commit_budget = os->capabilities().physical_memory_size;
   if (!gpu_available(&result.driver_problem)) {
     if (driver::available()) result.driver_version = driver_version();

@@ -107,7 +107,7 @@ pooled_chunk chunk_pool::acquire_for(std::size_t size, std::optional<stream_ref>
           throw out_of_memory(fmt::format(
               "chunk_pool on {}: a chunk of {} bytes would pass the cap of {} bytes ({} reserved, {} "
               "in use)",
-              to_string(provider_->where()), size, options_.cap, statistics_.reserved_current,
+              to_string(provider_->capabilities().where), size, options_.cap, statistics_.reserved_current,
               statistics_.used_current));
       }
       // Counted now, so that concurrent requests cannot pass the cap together.

@@ -21,7 +21,7 @@ std::vector<shared_chunk> checked(std::vector<shared_chunk> chunks) {
       throw invalid_argument(
           fmt::format("chunk_view: chunk {} comes from {} but chunk 0 from {}: a view maps the memory of "
                       "one provider",
-                      i, to_string(provider->where()), to_string(first->where())));
+                      i, to_string(provider->capabilities().where), to_string(first->capabilities().where)));
   }
   return chunks;
 }

@@ -43,13 +43,13 @@ bool is_host_grant(const access_grant& grant) noexcept {
 
 growable_buffer_options checked(growable_buffer_options options, const memory_provider& provider) {
   options.policy.check();
-  const memory_kind first = provider.where().kind;
+  const memory_kind first = provider.capabilities().where.kind;
   if (options.spill_to_host) {
     if (first != memory_kind::device)
       throw invalid_argument(
           fmt::format("growable_buffer: spill_to_host continues GPU memory in pinned host memory, but the "
                       "buffer's memory is {} (a buffer of host memory has nowhere further to spill)",
-                      to_string(provider.where())));
+                      to_string(provider.capabilities().where)));
     options.spill_to.push_back(default_pool(location::pinned_host(0)));
     options.spill_to_host = false;
   }
@@ -58,7 +58,7 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
   for (const auto& spill : options.spill_to) {
     if (spill == nullptr) throw invalid_argument("growable_buffer: a spill pool is null");
     const memory_provider& other = *spill->provider();
-    const memory_kind kind = other.where().kind;
+    const memory_kind kind = other.capabilities().where.kind;
     // GPU onto GPU (peer memory), or GPU onto pinned host memory, which then comes last.
     if (first == memory_kind::device && kind == memory_kind::pinned_host) {
       host_part = true;
@@ -67,13 +67,13 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
           fmt::format("growable_buffer: cannot spill from {} memory to {} memory (a buffer continues on "
                       "memory of its first pool's kind, or from GPU memory onto pinned host memory, which "
                       "then comes last)",
-                      to_string(provider.where()), to_string(other.where())));
+                      to_string(provider.capabilities().where), to_string(other.capabilities().where)));
     }
     if (&other.address_space() != &provider.address_space())
       throw invalid_argument(
           fmt::format("growable_buffer: the spill pool's {} memory lives in another address space than the "
                       "buffer's (each OS host provider has its own: spill onto a pool of the same provider)",
-                      to_string(other.where())));
+                      to_string(other.capabilities().where)));
     all_memory += other.capabilities().physical_memory_size;
   }
   if (host_part && !options.access.empty() &&
@@ -82,7 +82,7 @@ growable_buffer_options checked(growable_buffer_options options, const memory_pr
         "growable_buffer: the access list names only the host, but the buffer starts in GPU "
         "memory, which the host cannot be given: name the GPUs that use it");
   if (options.max_size == 0) options.max_size = all_memory;
-  options.max_size = round_up(options.max_size, provider.granularity());
+  options.max_size = round_up(options.max_size, provider.capabilities().granularity);
   return options;
 }
 
@@ -92,8 +92,9 @@ growable_buffer::growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buff
     : pool_(require(std::move(pool))),
       options_(checked(std::move(options), *pool_->provider())),
       run_(pool_->provider(), options_.max_size),
-      host_part_(pool_->provider()->where().kind == memory_kind::device && !options_.spill_to.empty() &&
-                 options_.spill_to.back()->provider()->where().kind == memory_kind::pinned_host) {
+      host_part_(
+          pool_->provider()->capabilities().where.kind == memory_kind::device && !options_.spill_to.empty() &&
+          options_.spill_to.back()->provider()->capabilities().where.kind == memory_kind::pinned_host) {
   if (options_.growth_ahead.bytes > 0 || options_.growth_ahead.learn) {
     ahead_ = std::make_shared<detail::growth_slot>();
     worker_ = detail::growth_worker::shared();
@@ -163,7 +164,7 @@ std::size_t growable_buffer::pool_index_of(const shared_chunk& chunk) const noex
 }
 
 std::vector<access_grant> growable_buffer::grants(memory_kind kind) const {
-  const bool gpu_buffer = pool_->provider()->where().kind == memory_kind::device;
+  const bool gpu_buffer = pool_->provider()->capabilities().where.kind == memory_kind::device;
   std::vector<access_grant> result = options_.access;
   if (result.empty()) {
     for (std::size_t i = 0; i <= options_.spill_to.size(); ++i) {
@@ -171,7 +172,8 @@ std::vector<access_grant> growable_buffer::grants(memory_kind kind) const {
       for (const accessor& who : provider.capabilities().default_accessors) {
         // A host part of a GPU buffer adds the host, not every GPU its provider serves: the
         // GPUs are those of the GPU part.
-        if (gpu_buffer && provider.where().kind == memory_kind::pinned_host && who != accessor::host())
+        if (gpu_buffer && provider.capabilities().where.kind == memory_kind::pinned_host &&
+            who != accessor::host())
           continue;
         if (std::none_of(result.begin(), result.end(), [&](const access_grant& g) { return g.who == who; }))
           result.push_back({who, access_mode::read_write});
@@ -256,7 +258,7 @@ void growable_buffer::request_ahead() noexcept {
     const std::uint64_t generation = ahead_->open_request(bytes);
     if (generation == 0) return;  // one in flight already, or the last one failed
     request.pool = pool.shared_from_this();
-    request.grants = grants(pool.provider()->where().kind);
+    request.grants = grants(pool.provider()->capabilities().where.kind);
     try {
       worker_->submit(ahead_, generation, std::move(request));
     } catch (...) {
@@ -374,12 +376,12 @@ void growable_buffer::set_access_from(std::size_t first_chunk) {
   for (std::size_t i = 0; i < first_chunk; ++i) offset += chunks[i]->size();
   for (std::size_t i = first_chunk; i < chunks.size();) {
     const std::shared_ptr<memory_provider>& provider = chunks[i]->memory().provider();
-    const memory_kind kind = provider->where().kind;
+    const memory_kind kind = provider->capabilities().where.kind;
     std::size_t length = 0;
     std::size_t end = i;
-    for (; end < chunks.size() && chunks[end]->memory().provider()->where().kind == kind; ++end)
+    for (; end < chunks.size() && chunks[end]->memory().provider()->capabilities().where.kind == kind; ++end)
       length += chunks[end]->size();
-    if (kind == run_.provider()->where().kind) {
+    if (kind == run_.provider()->capabilities().where.kind) {
       run_.set_access(offset, length, grants(kind));
     } else {
       provider->set_access(run_.address() + offset, length, grants(kind));

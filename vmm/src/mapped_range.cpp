@@ -77,10 +77,11 @@ void mapped_range::push_back(shared_chunk chunk) {
   if (chunk == nullptr || !*chunk) throw invalid_argument("mapped_range: the chunk is empty");
   const std::shared_ptr<memory_provider>& memory = chunk->memory().provider();
   if (&memory->address_space() != &provider()->address_space())
-    throw invalid_argument(fmt::format(
-        "mapped_range: {} memory lives in {}, but the range is in {}: memory of two address "
-        "spaces never shares a range",
-        to_string(memory->where()), memory->address_space().name(), provider()->address_space().name()));
+    throw invalid_argument(
+        fmt::format("mapped_range: {} memory lives in {}, but the range is in {}: memory of two address "
+                    "spaces never shares a range",
+                    to_string(memory->capabilities().where), memory->address_space().name(),
+                    provider()->address_space().name()));
   if (chunk->size() > size() - mapped_)
     throw invalid_argument(
         fmt::format("mapped_range: a chunk of {} bytes does not fit: {} of {} bytes "
@@ -121,9 +122,7 @@ void mapped_range::set_access(std::size_t offset, std::size_t length, std::span<
 }
 
 void mapped_range::set_access(std::size_t offset, std::size_t length, access_mode mode) {
-  std::vector<access_grant> grants;
-  for (const accessor& who : provider()->capabilities().default_accessors) grants.push_back({who, mode});
-  set_access(offset, length, grants);
+  set_access(offset, length, provider()->capabilities().grants(mode));
 }
 
 std::size_t mapped_range::unmap_from(std::size_t first) noexcept {

@@ -28,7 +28,7 @@ mapping::mapping(const physical_allocation& memory, std::uintptr_t address, acce
 
 void mapping::set_access(access_mode mode) {
   if (provider() == nullptr) throw invalid_argument("mapping: set_access on an empty mapping");
-  provider()->set_access(address(), size(), mode);
+  provider()->set_access(address(), size(), provider()->capabilities().grants(mode));
 }
 
 bool mapping::unmap(const std::shared_ptr<memory_provider>& provider, std::uintptr_t address,

@@ -39,7 +39,7 @@ std::shared_ptr<memory_provider> require(std::shared_ptr<memory_provider> provid
 
 physical_allocation::physical_allocation(std::shared_ptr<memory_provider> provider, std::size_t size) {
   provider = require(std::move(provider));
-  size = size == 0 ? 0 : round_up(size, provider->granularity());
+  size = size == 0 ? 0 : round_up(size, provider->capabilities().granularity);
   const physical_handle handle = provider->create(size);
   held_ = {std::move(provider), handle, size};
 }

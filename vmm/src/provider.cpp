@@ -84,10 +84,10 @@ void memory_provider::set_access(std::uintptr_t address, std::size_t size,
   do_set_access(address, size, grants);
 }
 
-void memory_provider::set_access(std::uintptr_t address, std::size_t size, access_mode mode) {
-  std::vector<access_grant> grants;
-  for (const accessor& who : capabilities_.default_accessors) grants.push_back({who, mode});
-  set_access(address, size, grants);
+std::vector<access_grant> provider_capabilities::grants(access_mode mode) const {
+  std::vector<access_grant> result;
+  for (const accessor& who : default_accessors) result.push_back({who, mode});
+  return result;
 }
 
 unique_fd memory_provider::export_fd(physical_handle handle) {

@@ -55,7 +55,7 @@ void check_arguments(const std::vector<int>& devices, std::size_t size,
     for (std::size_t i = 0; i < devices.size(); ++i) {
       if (options.pools[i] == nullptr)
         throw invalid_argument(fmt::format("striped_buffer: the pool for gpu {} is null", devices[i]));
-      const location where = options.pools[i]->provider()->where();
+      const location where = options.pools[i]->provider()->capabilities().where;
       if (where != location::device(devices[i]))
         throw invalid_argument(
             fmt::format("striped_buffer: the pool for gpu {} holds {} memory", devices[i], to_string(where)));

@@ -212,7 +212,8 @@ const std::string& buffer::name() const noexcept {
   return import_ ? import_->name : none;
 }
 location buffer::where() const noexcept {
-  return import_ && import_->mapped.provider() ? import_->mapped.provider()->where() : location{};
+  return import_ && import_->mapped.provider() ? import_->mapped.provider()->capabilities().where
+                                               : location{};
 }
 std::uint64_t buffer::entry() const noexcept {
   return import_ ? import_->entry : 0;

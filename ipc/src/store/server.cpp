@@ -123,8 +123,14 @@ struct server::entry {
   explicit entry(growable_buffer b) : buffer(std::move(b)) {}
   [[nodiscard]] bool may_write(pid_t pid) const { return pid == creator_pid || writers.contains(pid); }
   [[nodiscard]] buffer_info info() const {
-    return {name,    id,    buffer.provider()->where(), buffer.size(), buffer.capacity(), buffer.max_size(),
-            holders, sealed};
+    return {name,
+            id,
+            buffer.provider()->capabilities().where,
+            buffer.size(),
+            buffer.capacity(),
+            buffer.max_size(),
+            holders,
+            sealed};
   }
 };
 
@@ -472,7 +478,7 @@ class server::dispatch {
       throw refusal{status::unavailable,
                     fmt::format("vmm-store: no {} here: {}", to_string(r.where), error.what())};
     }
-    const std::size_t g = pool->provider()->granularity();
+    const std::size_t g = pool->provider()->capabilities().granularity;
     const std::size_t largest = pool->provider()->capabilities().physical_memory_size / g * g;
     // By default a buffer may grow to half its location's memory, or to a cap if lower:
     // every holder reserves that much address space, and an importer refuses more than
@@ -557,7 +563,7 @@ class server::dispatch {
     if (r.size > e.buffer.max_size())
       throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" grows to {} bytes at most, not {}",
                                                  e.name, e.buffer.max_size(), r.size)};
-    const std::size_t g = e.buffer.provider()->granularity();
+    const std::size_t g = e.buffer.provider()->capabilities().granularity;
     const std::size_t capacity = predicted_capacity(e.buffer.capacity(), r.size, g, e.buffer.max_size());
     check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
     e.buffer.resize(r.size);

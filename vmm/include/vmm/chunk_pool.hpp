@@ -149,7 +149,7 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   [[nodiscard]] chunk_pool_options options() const;
 
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
-  [[nodiscard]] std::size_t granularity() const noexcept { return provider_->granularity(); }
+  [[nodiscard]] std::size_t granularity() const noexcept { return provider_->capabilities().granularity; }
 
  private:
   friend class pooled_chunk;

@@ -2,12 +2,13 @@
 /// @file
 /// Physical memory mapped at an address, with its access set.
 ///
-///     const std::size_t g = provider->granularity();
+///     const std::size_t g = provider->capabilities().granularity;
 ///     vmm::address_range range(provider, 2 * g);
 ///     vmm::physical_allocation a(provider, g), b(provider, g);
 ///     const std::span<const vmm::access_grant> none;     // map now, set access later
 ///     vmm::mapping first(a, range.address(), none), second(b, range.address() + g, none);
-///     provider->set_access(range.address(), 2 * g, vmm::access_mode::read_write);  // one call
+///     provider->set_access(range.address(), 2 * g,
+///     provider->capabilities().grants(vmm::access_mode::read_write));
 
 #include <cstddef>
 #include <cstdint>

@@ -10,7 +10,7 @@
 ///     std::uintptr_t at = gpu->allocate_range(4 * g);          // addresses, no memory
 ///     vmm::physical_handle memory = gpu->create(g);             // memory, no address
 ///     gpu->map(at, g, memory);
-///     gpu->set_access(at, g, vmm::access_mode::read_write);    // now usable
+///     gpu->set_access(at, g, gpu->capabilities().grants(vmm::access_mode::read_write));
 ///
 /// Most code uses the RAII primitives over these calls (address_range, physical_allocation,
 /// mapping) or the containers above them.
@@ -69,8 +69,8 @@ struct provider_capabilities {
   /// Bytes of physical memory at this location (the GPU's total memory; for host memory,
   /// the provider's commit budget): the basis for default reservation sizes.
   std::size_t physical_memory_size = 0;
-  /// Who set_access(address, size, mode) grants to: the owning GPU for GPU memory; the host
-  /// and the GPUs given for pinned host memory; the host for OS memory.
+  /// Who uses the memory unless told otherwise (grants()): the owning GPU for GPU memory;
+  /// the host and the GPUs given for pinned host memory; the host for OS memory.
   std::vector<accessor> default_accessors;
   /// How the memory is shared with other processes, best first: fabric where the device
   /// and an IMEX channel allow it (probed: the attribute alone is not enough), else
@@ -83,6 +83,9 @@ struct provider_capabilities {
   bool host_accessible = false;
   /// Whether executor() completes all work before returning (host memory).
   bool synchronous = false;
+
+  /// `mode` for each of default_accessors: what set_access() is given by default.
+  [[nodiscard]] std::vector<access_grant> grants(access_mode mode) const;
 };
 
 /// See the file comment. Non-virtual public functions check the contract and keep the
@@ -93,12 +96,9 @@ class memory_provider {
   memory_provider(const memory_provider&) = delete;
   memory_provider& operator=(const memory_provider&) = delete;
 
-  /// What this provider offers (see provider_capabilities).
+  /// What this provider offers, where its memory lives and its granularity among them
+  /// (see provider_capabilities).
   [[nodiscard]] const provider_capabilities& capabilities() const noexcept { return capabilities_; }
-  /// Where this provider's memory lives (capabilities().where).
-  [[nodiscard]] location where() const noexcept { return capabilities_.where; }
-  /// capabilities().granularity.
-  [[nodiscard]] std::size_t granularity() const noexcept { return capabilities_.granularity; }
   /// The address space the memory is mapped in, with its stated sharing rule.
   [[nodiscard]] vmm::address_space& address_space() const noexcept { return *space_; }
   /// Copies, fills and events for this memory.
@@ -136,8 +136,6 @@ class memory_provider {
   /// @throws vmm::invalid_argument the range is not whole mappings, `grants` is empty, or
   ///         it names an accessor that cannot be given this memory.
   void set_access(std::uintptr_t address, std::size_t size, std::span<const access_grant> grants);
-  /// Grants `mode` to capabilities().default_accessors.
-  void set_access(std::uintptr_t address, std::size_t size, access_mode mode);
 
   /// Exports a handle as a new file descriptor, owned by the caller.
   /// @throws vmm::invalid_argument the memory cannot be exported (export_kind none), or
@@ -150,10 +148,6 @@ class memory_provider {
   ///         the driver cannot tell the size at import, the first map() says so instead).
   /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the import failed.
   [[nodiscard]] physical_handle import_fd(int fd, std::size_t size);
-  /// Takes into the book a handle of `size` bytes obtained outside this class (vmm::ipc
-  /// imports fabric handles through the driver), so that it can be mapped and destroyed.
-  /// @throws vmm::invalid_argument size is not a multiple of the granularity.
-  void adopt(physical_handle handle, std::size_t size);
 
  protected:
   /// `space` is shared by every provider whose memory may share a range (see
@@ -162,6 +156,13 @@ class memory_provider {
                   stream_executor& executor);
 
  private:
+  // Takes into the book a handle of `size` bytes obtained outside this class (vmm::ipc
+  // imports fabric handles through the driver), so that it can be mapped and destroyed;
+  // only through physical_allocation::adopt, which owns it from then on.
+  // @throws vmm::invalid_argument size is not a multiple of the granularity.
+  friend class physical_allocation;
+  void adopt(physical_handle handle, std::size_t size);
+
   // The work itself, called with the address space's lock held and the arguments checked.
   virtual std::uintptr_t do_allocate_range(std::size_t size, std::size_t alignment) = 0;
   virtual void do_free_range(std::uintptr_t address, std::size_t size) = 0;

@@ -288,7 +288,7 @@ driver_provider::driver_provider(provider_capabilities capabilities, int context
           driver_executor_for(context_device, properties.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)),
       context_(context_device),
       properties_(properties),
-      name_(to_string(where())) {}
+      name_(to_string(memory_provider::capabilities().where)) {}
 
 std::uintptr_t driver_provider::do_allocate_range(std::size_t size, std::size_t alignment) {
   driver::scoped_context current(context_.get());
@@ -359,9 +359,9 @@ void driver_provider::do_set_access(std::uintptr_t address, std::size_t size,
       (void)driver::device_at(grant.who.device_ordinal);
       who.type = CU_MEM_LOCATION_TYPE_DEVICE;
       who.id = grant.who.device_ordinal;
-    } else if (where().kind == memory_kind::pinned_host) {
+    } else if (capabilities().where.kind == memory_kind::pinned_host) {
       who.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-      who.id = where().id;
+      who.id = capabilities().where.id;
     } else {
       throw invalid_argument(fmt::format("{}: the host cannot be given access to GPU memory", name_));
     }

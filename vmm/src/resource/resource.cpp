@@ -209,7 +209,7 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
                     to_string(offered.where)));
   if (properties_.max_size == 0) properties_.max_size = offered.physical_memory_size;
   properties_.max_size = round_up(properties_.max_size, page_);
-  for (const accessor& who : offered.default_accessors) grants_.push_back({who, access_mode::read_write});
+  grants_ = offered.grants(access_mode::read_write);
   const std::size_t initial = round_up(properties_.initial_size, page_) / page_;
   for (std::size_t i = 0; i < initial; ++i) {
     spare_.push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
@@ -686,8 +686,8 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
   throw out_of_memory(fmt::format(
       "memory_resource on {}: {} bytes requested ({} with rounding), {} reserved, {} in use, the largest "
       "free run of addresses is {} bytes{}{}",
-      to_string(provider()->where()), requested, size, (mapped_pages_ + spare_.size()) * page_, used_.load(),
-      largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
+      to_string(provider()->capabilities().where), requested, size, (mapped_pages_ + spare_.size()) * page_,
+      used_.load(), largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
 }
 
 // ---- deallocation -------------------------------------------------------------------------
@@ -837,8 +837,9 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   // The host copies first: if they cannot be had, nothing has changed.
   std::unique_ptr<growable_buffer> saved;
   if (total != 0) {
-    const location host =
-        provider()->where().kind == memory_kind::os_host ? location::os_host() : location::pinned_host(0);
+    const location host = provider()->capabilities().where.kind == memory_kind::os_host
+                              ? location::os_host()
+                              : location::pinned_host(0);
     saved = std::make_unique<growable_buffer>(host, growable_buffer_options{.max_size = total});
     saved->resize(total);
     for (const saved_run& run : runs)
@@ -937,8 +938,9 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   if (asleep_tags_.empty()) {
     saved_.reset();  // the host copies go back to their pool, and from it to the system
     saved_runs_.clear();
-    const location host =
-        provider()->where().kind == memory_kind::os_host ? location::os_host() : location::pinned_host(0);
+    const location host = provider()->capabilities().where.kind == memory_kind::os_host
+                              ? location::os_host()
+                              : location::pinned_host(0);
     default_pool(host)->trim_to(0);
     asleep_.store(false);
   }
