@@ -14,10 +14,9 @@
 // memory the resource held: mapped or spare), their ratio, the largest single allocation
 // still possible at the end (with the trace's last live set still allocated), and the host
 // time of each allocate and deallocate (median and 99th percentile) and of an
-// allocate + deallocate pair (the sum of the two, so twice the cost of reading an interval;
-// the median of an empty interval is printed beside them; intervals are read from the CPU's
-// time-stamp counter where it is invariant, see interval_clock). --repeat replays the trace N times in one
-// resource (the steady state of a training loop); the figures cover every pass.
+// allocate + deallocate pair (the sum of the two, so two clock readings' cost; the median of
+// an empty reading is printed beside them). --repeat replays the trace N times in one resource (the
+// steady state of a training loop); the figures cover every pass.
 //
 // --simulate BYTES (OS host only; a number with an optional KiB/MiB/GiB suffix): the OS
 // provider's commit budget is BYTES and its pages come at first touch, so that a trace
@@ -30,10 +29,6 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <zlib.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#include <x86intrin.h>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -141,68 +136,17 @@ std::vector<event> parse(const std::string& path, std::uint32_t& streams) {
   return events;
 }
 
-// Per-call timings. Where the CPU has an invariant time-stamp counter (x86-64 with the
-// CPUID bit), an interval is two fenced counter readings: they cost a fraction of what two
-// steady_clock readings cost (~45 ns on the lent H100 machine's CPU, whose clock went through
-// the vDSO), so the figures carry less of the clock's own cost. The counter's rate is
-// measured against steady_clock over the whole replay. Elsewhere it is steady_clock.
-class interval_clock {
- public:
-  interval_clock() : counter_(invariant_counter()) {}
-  [[nodiscard]] bool counter() const noexcept { return counter_; }
-  [[nodiscard]] std::uint64_t now() const noexcept {
-#if defined(__x86_64__)
-    if (counter_) {
-      _mm_lfence();  // the reading waits for what came before, and what follows waits for it
-      const std::uint64_t ticks = __rdtsc();
-      _mm_lfence();
-      return ticks;
-    }
-#endif
-    return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  }
-  // Calibration: call begin() before the first interval and end() after the last.
-  void begin() noexcept {
-    calibration_ = {now(), std::chrono::steady_clock::now()};
-  }
-  void end() noexcept {
-    const auto elapsed = std::chrono::steady_clock::now() - calibration_.second;
-    const double ns = std::chrono::duration<double, std::nano>(elapsed).count();
-    const auto ticks = static_cast<double>(now() - calibration_.first);
-    ns_per_tick_ =
-        counter_ ? (ticks > 0 ? ns / ticks : 0)
-                 : std::chrono::duration<double, std::nano>(std::chrono::steady_clock::duration(1)).count();
-  }
-  [[nodiscard]] double ns(std::uint64_t ticks) const noexcept {
-    return static_cast<double>(ticks) * ns_per_tick_;
-  }
-
- private:
-  static bool invariant_counter() noexcept {
-#if defined(__x86_64__)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(0x80000007, &a, &b, &c, &d) != 0 && (d & (1u << 8)) != 0;
-#else
-    return false;
-#endif
-  }
-  bool counter_;
-  std::pair<std::uint64_t, std::chrono::steady_clock::time_point> calibration_{};
-  double ns_per_tick_ = 0;
-};
-
 struct percentiles {
   double median = 0;
   double p99 = 0;
 };
 
-// Median and 99th percentile of intervals read from `timer`, in nanoseconds.
-percentiles of(std::vector<std::uint64_t>& samples, const interval_clock& timer) {
+percentiles of(std::vector<double>& samples) {
   if (samples.empty()) return {};
   const auto at = [&](double q) {
     const auto k = static_cast<std::ptrdiff_t>(q * static_cast<double>(samples.size() - 1));
     std::nth_element(samples.begin(), samples.begin() + k, samples.end());
-    return timer.ns(samples[static_cast<std::size_t>(k)]);
+    return samples[static_cast<std::size_t>(k)];
   };
   return {at(0.5), at(0.99)};
 }
@@ -338,7 +282,7 @@ int main(int argc, char** argv) try {
     void* pointer = nullptr;
     std::uint64_t bytes = 0;
     std::uint32_t stream = 0;
-    std::uint64_t allocate_ticks = 0;
+    double allocate_ns = 0;
   };
   std::vector<live_allocation> live(events.size());
   const auto free_live = [&] {
@@ -353,35 +297,34 @@ int main(int argc, char** argv) try {
     const decltype(free_live)& run;
     ~on_exit() { run(); }
   } release_live{free_live};
-  std::vector<std::uint64_t> allocate_ticks;
-  std::vector<std::uint64_t> deallocate_ticks;
-  std::vector<std::uint64_t> pair_ticks;
+  std::vector<double> allocate_ns;
+  std::vector<double> deallocate_ns;
+  std::vector<double> pair_ns;
   std::uint64_t live_bytes = 0;
   std::uint64_t peak_live = 0;
   using clock = std::chrono::steady_clock;
-  interval_clock timer;
-  timer.begin();
   const auto started = clock::now();
   for (int pass = 0; pass < repeat; ++pass) {
     const bool last_pass = pass + 1 == repeat;
     for (const event& e : events) {
       live_allocation& slot = live[e.id];
       if (e.allocate) {
-        const std::uint64_t t0 = timer.now();
+        const auto t0 = clock::now();
         slot.pointer = resource.allocate(streams[e.stream], e.bytes);
-        const std::uint64_t t1 = timer.now();
+        const auto t1 = clock::now();
         slot.bytes = e.bytes;
         slot.stream = e.stream;
-        slot.allocate_ticks = t1 - t0;
-        allocate_ticks.push_back(slot.allocate_ticks);
+        slot.allocate_ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+        allocate_ns.push_back(slot.allocate_ns);
         live_bytes += e.bytes;
         peak_live = std::max(peak_live, live_bytes);
       } else {
-        const std::uint64_t t0 = timer.now();
+        const auto t0 = clock::now();
         resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
-        const std::uint64_t t1 = timer.now();
-        deallocate_ticks.push_back(t1 - t0);
-        pair_ticks.push_back(slot.allocate_ticks + (t1 - t0));
+        const auto t1 = clock::now();
+        const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+        deallocate_ns.push_back(ns);
+        pair_ns.push_back(slot.allocate_ns + ns);
         live_bytes -= slot.bytes;
         slot.pointer = nullptr;
       }
@@ -392,13 +335,6 @@ int main(int argc, char** argv) try {
     }
   }
   const double seconds = std::chrono::duration<double>(clock::now() - started).count();
-  // What one interval costs by itself: every sample includes it (the pair twice).
-  std::vector<std::uint64_t> empty_ticks(4096);
-  for (std::uint64_t& ticks : empty_ticks) {
-    const std::uint64_t t0 = timer.now();
-    ticks = timer.now() - t0;
-  }
-  timer.end();
   const vmm::memory_resource_statistics after = resource.statistics();
 
   // The largest single allocation still possible, the trace's last live set allocated.
@@ -418,10 +354,18 @@ int main(int argc, char** argv) try {
   const std::uint64_t largest_after = low * granularity;
   free_live();
 
-  const percentiles a = of(allocate_ticks, timer);
-  const percentiles d = of(deallocate_ticks, timer);
-  const percentiles p = of(pair_ticks, timer);
-  const double clock_ns = of(empty_ticks, timer).median;
+  const percentiles a = of(allocate_ns);
+  const percentiles d = of(deallocate_ns);
+  const percentiles p = of(pair_ns);
+  // What one timing costs by itself: every sample above includes it (the pair twice).
+  std::vector<double> empty_ns;
+  empty_ns.reserve(4096);
+  for (int i = 0; i < 4096; ++i) {
+    const auto t0 = clock::now();
+    const auto t1 = clock::now();
+    empty_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+  }
+  const double clock_ns = of(empty_ns).median;
   const double ratio = static_cast<double>(after.reserved_high) / static_cast<double>(peak_live);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   fmt::print(
@@ -439,8 +383,7 @@ int main(int argc, char** argv) try {
   fmt::print("  allocate     {:8.0f} {:8.0f}\n", a.median, a.p99);
   fmt::print("  deallocate   {:8.0f} {:8.0f}\n", d.median, d.p99);
   fmt::print("  pair         {:8.0f} {:8.0f}\n", p.median, p.p99);
-  fmt::print("  (each timing includes {:.0f} ns of {} reads, the pair twice)\n", clock_ns,
-             timer.counter() ? "time-stamp counter" : "steady_clock");
+  fmt::print("  (each timing includes {:.0f} ns of clock reads, the pair twice)\n", clock_ns);
   fmt::print("pages: {} created, {} stitched, {} released; {} address ranges; replay {:.2f} s\n",
              after.pages_created, after.pages_stitched, after.pages_released, after.segments, seconds);
   if (!json_path.empty()) {
