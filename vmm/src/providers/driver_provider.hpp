@@ -37,15 +37,18 @@ class driver_provider final : public memory_provider {
   driver_provider(provider_capabilities capabilities, int context_device, CUmemAllocationProp properties);
 
  private:
-  std::uintptr_t do_allocate_range(std::size_t size, std::size_t alignment) override;
-  void do_free_range(std::uintptr_t address, std::size_t size) override;
-  physical_handle do_create(std::size_t size) override;
-  void do_destroy(physical_handle handle) override;
-  void do_map(std::uintptr_t address, std::size_t size, physical_handle handle) override;
-  void do_unmap(std::uintptr_t address, std::size_t size) override;
+  // One driver call each, in context_'s primary context; the driver's result becomes the
+  // error vmm names it (driver/driver_api.hpp).
+  std::uintptr_t do_allocate_range(std::size_t size, std::size_t alignment) override;  // cuMemAddressReserve
+  void do_free_range(std::uintptr_t address, std::size_t size) override;               // cuMemAddressFree
+  physical_handle do_create(std::size_t size) override;                                // cuMemCreate
+  void do_destroy(physical_handle handle) override;                                    // cuMemRelease
+  void do_map(std::uintptr_t address, std::size_t size, physical_handle handle) override;  // cuMemMap
+  void do_unmap(std::uintptr_t address, std::size_t size) override;                        // cuMemUnmap
+  // cuMemSetAccess; the host of pinned memory as its HOST_NUMA node.
   void do_set_access(std::uintptr_t address, std::size_t size, std::span<const access_grant> grants) override;
-  int do_export_fd(physical_handle handle) override;
-  physical_handle do_import_fd(int fd, std::size_t size) override;
+  int do_export_fd(physical_handle handle) override;                // cuMemExportToShareableHandle
+  physical_handle do_import_fd(int fd, std::size_t size) override;  // cuMemImportFromShareableHandle
 
   driver::primary_context context_;
   CUmemAllocationProp properties_;

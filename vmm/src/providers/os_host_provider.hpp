@@ -36,15 +36,20 @@ class os_host_provider final : public memory_provider {
   [[nodiscard]] std::size_t committed() const noexcept { return committed_.load(); }
 
  private:
+  // A range is a PROT_NONE anonymous mapping (padded, then trimmed to the alignment);
+  // memory is a sealed memfd (the handle is its descriptor).
   std::uintptr_t do_allocate_range(std::size_t size, std::size_t alignment) override;
-  void do_free_range(std::uintptr_t address, std::size_t size) override;
+  void do_free_range(std::uintptr_t address, std::size_t size) override;  // munmap
+  // memfd_create, then fallocate (commit_on_create) or ftruncate, then the seals.
   physical_handle do_create(std::size_t size) override;
-  void do_destroy(physical_handle handle) override;
+  void do_destroy(physical_handle handle) override;  // close: the pages live while mapped
+  // mmap MAP_SHARED | MAP_FIXED over the range, PROT_NONE until set_access.
   void do_map(std::uintptr_t address, std::size_t size, physical_handle handle) override;
-  void do_unmap(std::uintptr_t address, std::size_t size) override;
+  void do_unmap(std::uintptr_t address, std::size_t size) override;  // PROT_NONE anonymous back
+  // mprotect with the host's grant; a grant to any other accessor is refused.
   void do_set_access(std::uintptr_t address, std::size_t size, std::span<const access_grant> grants) override;
-  int do_export_fd(physical_handle handle) override;
-  physical_handle do_import_fd(int fd, std::size_t size) override;
+  int do_export_fd(physical_handle handle) override;                // a dup of the memfd
+  physical_handle do_import_fd(int fd, std::size_t size) override;  // fstat + seals checked, a dup
 
   bool commit_on_create_ = true;
   std::atomic<std::size_t> committed_{0};
