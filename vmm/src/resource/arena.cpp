@@ -65,9 +65,10 @@ std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std:
   for (std::size_t p = first; p < known && unmapped < stop;) {
     const std::size_t bit = p % 64;
     const std::size_t n = std::min<std::size_t>(64 - bit, known - p);
-    std::uint64_t bits = mapped_bits_[p / 64] >> bit;
-    if (n < 64) bits &= (std::uint64_t{1} << n) - 1;
-    unmapped += n - static_cast<std::size_t>(std::popcount(bits));
+    const std::uint64_t span = n < 64 ? (std::uint64_t{1} << n) - 1 : ~std::uint64_t{0};
+    // Counted only where a page is missing: without -mpopcnt, std::popcount is a call.
+    if (const std::uint64_t missing = ~(mapped_bits_[p / 64] >> bit) & span; missing != 0)
+      unmapped += static_cast<std::size_t>(std::popcount(missing));
     p += n;
   }
   return std::min(unmapped, stop);
