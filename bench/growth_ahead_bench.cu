@@ -6,6 +6,11 @@
 // The rows, in the same run:
 //
 //   floor      the same kernels into memory mapped before the loop (no growth at all);
+//   fresh_floor  the same, the memory created, mapped and granted before the loop from an
+//              empty pool: no growth and no driver call in the loop, only fresh memory's
+//              first writes. What the driver defers to a fresh handle's first use (see
+//              docs/GPU-FACTS.md, "Chunk size") is here; growth ahead, which works on the
+//              host, cannot take it off the GPU, so this row bounds what ahead can reach;
 //   warm       growth from a warm pool (the chunks of an earlier buffer, idle in the pool):
 //              what a steady-state application pays;
 //   cold       growth from an empty pool: every chunk a fresh cuMemCreate, and the driver's
@@ -60,12 +65,14 @@ __global__ void write_slice(std::uint32_t* slice, std::size_t count, int passes,
       slice[i] = static_cast<std::uint32_t>(i) * 2654435761u + seed + static_cast<std::uint32_t>(pass);
 }
 
-enum class contender { floor, warm, cold, ahead, ahead_learn };
+enum class contender { floor, fresh_floor, warm, cold, ahead, ahead_learn };
 
 const char* name_of(contender c) {
   switch (c) {
     case contender::floor:
       return "floor";
+    case contender::fresh_floor:
+      return "fresh_floor";
     case contender::warm:
       return "warm";
     case contender::cold:
@@ -102,11 +109,12 @@ void append_loop(benchmark::State& state, contender which) {
   double total_seconds = 0;
   std::size_t created = 0;
   for (auto _ : state) {
-    if (which == contender::cold || which == contender::ahead || which == contender::ahead_learn)
+    if (which == contender::cold || which == contender::ahead || which == contender::ahead_learn ||
+        which == contender::fresh_floor)
       pool->trim_to(0);
     const std::size_t created_before = pool->statistics().chunks_created;
     vmm::growable_buffer buffer(pool, options);
-    if (which == contender::floor) buffer.reserve(total_bytes);
+    if (which == contender::floor || which == contender::fresh_floor) buffer.reserve(total_bytes);
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < appends; ++i) {
@@ -161,8 +169,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!vmm::gpu_available(&no_gpu_reason) && no_gpu_reason.empty()) no_gpu_reason = "no GPU";
-  for (contender which :
-       {contender::floor, contender::warm, contender::cold, contender::ahead, contender::ahead_learn})
+  for (contender which : {contender::floor, contender::warm, contender::fresh_floor, contender::cold,
+                          contender::ahead, contender::ahead_learn})
     benchmark::RegisterBenchmark((std::string("append_loop/") + name_of(which)).c_str(),
                                  [which](benchmark::State& state) { append_loop(state, which); })
         ->UseManualTime()
