@@ -47,7 +47,10 @@
 /// from the pool (creating them there) and touches each once, mapping it in a scratch range
 /// with the buffer's access, then unmapping it. The next grow maps these chunks first, so
 /// it costs what a grow from a warm pool costs (a cuMemMap and one access call) and creates
-/// nothing itself. The decisions, and why:
+/// nothing itself. What it cannot take away: the driver defers part of fresh memory's cost to
+/// its first use on the GPU (on an H100 about one write pass over the fresh bytes, see
+/// docs/GPU-FACTS.md), so a loop bound by GPU work still runs slower into fresh memory than
+/// into recycled chunks, ahead or not. The decisions, and why:
 ///  - One thread for the process, not one per buffer: growth_worker is shared by every
 ///    buffer that grows ahead, and ends (joined) when the last of them is destroyed, so its
 ///    lifetime is that of the buffers that use it and no thread outlives them.
