@@ -89,13 +89,22 @@ shared_chunk arena::unmap_page(std::size_t p) noexcept {
   return std::move(target.chunk);
 }
 
-void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
+void arena::cover_pages(std::uint64_t offset, std::uint64_t size) {
   const auto [first, count] = page_span(offset, size);
-  if (first + count > held_.size()) {  // only ever when adding
-    held_.resize(first + count);
-    mapped_bits_.resize((first + count + 63) / 64);
-    pages_.resize(first + count);
-  }
+  if (first + count <= held_.size()) return;
+  held_.reserve(first + count);  // each may throw: then nothing has grown but capacity
+  mapped_bits_.reserve((first + count + 63) / 64);
+  pages_.reserve(first + count);
+  held_.resize(first + count);
+  mapped_bits_.resize((first + count + 63) / 64);
+  pages_.resize(first + count);
+}
+
+void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
+  // carve() covered its pages before changing anything; a pending block that takes in a
+  // released neighbour (coalesce) may reach pages never held, covered here.
+  if (add) cover_pages(offset, size);
+  const auto [first, count] = page_span(offset, size);
   // The first and the last page may be held in part, every page between them whole.
   const std::uint64_t end = offset + size;
   const auto change = [&](std::size_t p, std::uint64_t bytes) {
@@ -204,6 +213,7 @@ block* arena::carve(block* b, std::uint64_t start, std::uint64_t size) {
   block* head = start > b->offset ? new_block() : nullptr;
   block* tail = start + size < b->end() ? new_block() : nullptr;
   allocated_.reserve_one();
+  cover_pages(start, size);
   free_index& index = index_of(b);
   index.remove(b);
   const auto split_off = [&](block* piece, std::uint64_t offset, std::uint64_t bytes) {
