@@ -101,9 +101,8 @@ void arena::cover_pages(std::uint64_t offset, std::uint64_t size) {
 }
 
 void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
-  // carve() covered its pages before changing anything; a pending block that takes in a
-  // released neighbour (coalesce) may reach pages never held, covered here.
-  if (add) cover_pages(offset, size);
+  // Every page was covered before: by carve() for an allocation, by coalesce() for the
+  // released bytes a pending block takes in, and a release only removes what was added.
   const auto [first, count] = page_span(offset, size);
   // The first and the last page may be held in part, every page between them whole.
   const std::uint64_t end = offset + size;
@@ -178,7 +177,17 @@ block* arena::coalesce(block* b) noexcept {
   // owners (others get the whole run once the stream's point passes). The bytes taken in
   // count as held from then on, as pending bytes do.
   const auto mergeable = [&](const block* n) {
-    return n != nullptr && n->free && (n->owner == b->owner || (b->owner != 0 && n->owner == 0));
+    if (n == nullptr || !n->free) return false;
+    if (n->owner == b->owner) return true;
+    if (b->owner == 0 || n->owner != 0) return false;
+    // The released bytes become held: their page state must exist first. Growing it may
+    // fail for want of memory; then the two blocks stay apart.
+    try {
+      cover_pages(n->offset, n->size);
+    } catch (...) {
+      return false;
+    }
+    return true;
   };
   const auto take_out = [&](block* n) {
     index_of(n).remove(n);

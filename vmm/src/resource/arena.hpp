@@ -125,7 +125,8 @@ class arena {
  private:
   block* new_block();
   void delete_block(block* b) noexcept;
-  // Page state for every page [offset, offset + size) touches (may allocate).
+  // Page state for every page [offset, offset + size) touches (may allocate; nothing
+  // changes when it throws). hold() needs it done first.
   void cover_pages(std::uint64_t offset, std::uint64_t size);
   void hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept;
   void unlink_pending(stream_slot& slot, block* b) noexcept;
