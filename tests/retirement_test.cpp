@@ -62,6 +62,28 @@ std::vector<stream_event> one_point(stream_executor& executor) {
   return points;
 }
 
+// One point shared by two retirements (the importer records one per release for all its
+// pages): each stays until the point passes, and neither takes it from the other.
+TEST(retirement, a_shared_point_holds_every_retirement_that_waits_for_it) {
+  manual_executor executor;
+  const auto point = std::make_shared<const stream_event>(executor, stream_ref());
+  auto first = std::make_shared<int>(1);
+  auto second = std::make_shared<int>(2);
+  const std::weak_ptr<void> first_held = first;
+  const std::weak_ptr<void> second_held = second;
+  detail::retire(std::vector<std::shared_ptr<const stream_event>>{point}, std::move(first));
+  detail::retire(std::vector<std::shared_ptr<const stream_event>>{point}, std::move(second));
+  collect_retired(false);
+  EXPECT_FALSE(first_held.expired());
+  EXPECT_FALSE(second_held.expired());
+  EXPECT_FALSE(point->done());
+  executor.pass_all();
+  collect_retired(false);
+  EXPECT_TRUE(first_held.expired());
+  EXPECT_TRUE(second_held.expired());
+  EXPECT_TRUE(point->done());  // still the caller's, and still valid
+}
+
 TEST(retirement, collect_retirement_waits_for_and_destroys_only_the_retirement_asked_for) {
   manual_executor executor;
   const std::size_t before = retired_count();

@@ -426,7 +426,8 @@ class imported_resource_state : public std::enable_shared_from_this<imported_res
     mapping mapped;  // declared after the memory: unmapped first
     // Points on the streams of pointers that let go of the page while others kept it, or
     // while the cache kept it.
-    std::vector<stream_event> released_on;
+    // One point per release, shared by the pages of that release.
+    std::vector<std::shared_ptr<const stream_event>> released_on;
     cache_list::iterator cached_at;
   };
   // Pages no pointer uses any more, waiting for their streams in the retirement list.
@@ -453,7 +454,7 @@ class imported_resource_state : public std::enable_shared_from_this<imported_res
   // points each slot kept have passed. Leaves the mirror in place, empty or not. Never
   // throws: without room for the retirement it waits for the points here and unmaps at once.
   void retire_pages_locked(mirror_map::iterator found, std::span<const std::size_t> pages,
-                           stream_event point) noexcept;
+                           std::shared_ptr<const stream_event> point) noexcept;
   // Retires the least recently let-go cached pages until at most `bytes` are cached.
   void trim_cache_locked(std::size_t bytes) noexcept;
 
@@ -568,7 +569,7 @@ imported_pointer imported_resource_state::import(received_pointer received, stre
   if (!stale.empty()) {
     // Its mapping goes once the streams that used it pass: wait_for_retired() below waits
     // for that before the new page is mapped at its address.
-    retire_pages_locked(found, stale, stream_event());
+    retire_pages_locked(found, stale, nullptr);
     if (m->pages.empty()) {
       mirrors_.erase(found);  // the range goes with the retirement
       m = nullptr;
@@ -649,27 +650,27 @@ void imported_resource_state::release(const imported_pointer& pointer) noexcept 
   const auto slot_of = [&](std::size_t page) -> page_slot& { return m.pages.find(page)->second; };
   const bool caching = keep_bytes_ >= g;
 
-  // Everything that can fail comes first: the points on the pointer's stream, room for
-  // them, and the cache entries of the pages that become cached.
-  std::vector<std::size_t> going;                                 // pages retired now
-  stream_event going_point;                                       // for them
-  std::vector<std::pair<std::size_t, stream_event>> kept_points;  // for pages that stay
+  // Everything that can fail comes first: the one point on the pointer's stream that every
+  // page of this release waits for (kept pages share it: one event per release, not per
+  // page), room for it on the kept pages, and the cache entries of the pages that become
+  // cached.
+  std::vector<std::size_t> going;  // pages retired now
+  std::shared_ptr<const stream_event> point;
   cache_list newly_cached;
   bool prepared = false;
   vmm::detail::cleanup("imported_resource: letting go of a pointer", [&] {
     for (std::size_t page = first; page < first + count; ++page) {
       page_slot& slot = slot_of(page);
       if (slot.users > 1 || caching) {
-        std::erase_if(slot.released_on, [](const stream_event& e) { return e.done(); });
+        std::erase_if(slot.released_on, [](const auto& e) { return e->done(); });
         slot.released_on.reserve(slot.released_on.size() + 1);
-        kept_points.emplace_back(page, stream_event(executor, pointer.stream_));
         if (slot.users == 1) newly_cached.push_back({pointer.segment_, page});
       } else {
         if (going.empty()) going.reserve(count);
         going.push_back(page);
       }
     }
-    if (!going.empty()) going_point = stream_event(executor, pointer.stream_);
+    point = std::make_shared<const stream_event>(executor, pointer.stream_);
     prepared = true;
   });
   if (!prepared) {
@@ -677,15 +678,12 @@ void imported_resource_state::release(const imported_pointer& pointer) noexcept 
     vmm::detail::cleanup("imported_resource: waiting for a stream",
                          [&] { executor.synchronize(pointer.stream_); });
     going.clear();
-    going_point.reset();
-    kept_points.clear();
   }
 
-  std::size_t kept = 0;
   for (std::size_t page = first; page < first + count; ++page) {
     page_slot& slot = slot_of(page);
     if (prepared && (slot.users > 1 || caching)) {
-      slot.released_on.push_back(std::move(kept_points[kept++].second));
+      slot.released_on.push_back(point);
       if (--slot.users == 0) {
         cached_.splice(cached_.end(), newly_cached, newly_cached.begin());
         slot.cached_at = std::prev(cached_.end());
@@ -697,21 +695,21 @@ void imported_resource_state::release(const imported_pointer& pointer) noexcept 
       // One at a time: no room to list them. The mirror keeps the rest of the pointer's
       // pages, so it stays until the loop ends.
       const std::size_t one = page;
-      retire_pages_locked(found, std::span(&one, 1), stream_event());
+      retire_pages_locked(found, std::span(&one, 1), nullptr);
     }
   }
   --statistics_.pointers;
-  if (!going.empty()) retire_pages_locked(found, going, std::move(going_point));
+  if (!going.empty()) retire_pages_locked(found, going, std::move(point));
   if (m.pages.empty()) mirrors_.erase(found);  // the range goes with its last retirement
   trim_cache_locked(keep_bytes_);
 }
 
 void imported_resource_state::retire_pages_locked(mirror_map::iterator found,
                                                   std::span<const std::size_t> pages,
-                                                  stream_event point) noexcept {
+                                                  std::shared_ptr<const stream_event> point) noexcept {
   mirror& m = found->second;
   std::shared_ptr<retired_pages> retired;
-  std::vector<stream_event> points;
+  std::vector<std::shared_ptr<const stream_event>> points;
   vmm::detail::cleanup("imported_resource: retiring pages", [&] {
     std::size_t waits = 1;
     for (const std::size_t page : pages) waits += m.pages.find(page)->second.released_on.size();
@@ -723,10 +721,12 @@ void imported_resource_state::retire_pages_locked(mirror_map::iterator found,
     m.retiring.reserve(m.retiring.size() + 1);
     retired = std::move(made);
   });
-  if (retired != nullptr)
-    points.push_back(std::move(point));
-  else
-    vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { point.synchronize(); });
+  if (point != nullptr) {
+    if (retired != nullptr)
+      points.push_back(std::move(point));
+    else
+      vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { point->synchronize(); });
+  }
 
   for (const std::size_t page : pages) {
     const auto slot = m.pages.find(page);
@@ -738,15 +738,18 @@ void imported_resource_state::retire_pages_locked(mirror_map::iterator found,
       retired->pages.push_back(page);
       retired->memory.push_back(std::move(slot->second.memory));
       retired->mappings.push_back(std::move(slot->second.mapped));
-      for (stream_event& kept : slot->second.released_on) points.push_back(std::move(kept));
+      for (auto& kept : slot->second.released_on) points.push_back(std::move(kept));
     } else {
-      for (const stream_event& kept : slot->second.released_on)
-        vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { kept.synchronize(); });
+      for (const auto& kept : slot->second.released_on)
+        vmm::detail::cleanup("imported_resource: waiting for a stream", [&] { kept->synchronize(); });
     }
     m.pages.erase(slot);  // unmaps now what did not move to `retired`
     ++statistics_.pages_released;
   }
   if (retired != nullptr) {
+    // Pages let go of together share their point: each point once.
+    std::sort(points.begin(), points.end());
+    points.erase(std::unique(points.begin(), points.end()), points.end());
     retired->range = m.range;
     m.retiring.push_back(retired);
     vmm::detail::retire(std::move(points), std::move(retired));
@@ -769,7 +772,7 @@ void imported_resource_state::trim_cache_locked(std::size_t bytes) noexcept {
     const std::size_t one = cached_.front().page;
     const auto found = mirrors_.find(segment);
     retire_pages_locked(found, victims.empty() ? std::span(&one, 1) : std::span<const std::size_t>(victims),
-                        stream_event());
+                        nullptr);
     if (found->second.pages.empty()) mirrors_.erase(found);  // the range goes with its last retirement
   }
 }

@@ -12,12 +12,15 @@ struct retired {
   std::vector<stream_event> passed;
   std::shared_ptr<void> held;
   detail::retirable* releasable = nullptr;  // `held` as a retirable, or null: destroying it is the release
+  std::vector<std::shared_ptr<const stream_event>> shared;  // points other owners wait for too
 
   [[nodiscard]] bool done() const {
-    return std::all_of(passed.begin(), passed.end(), [](const stream_event& e) { return e.done(); });
+    return std::all_of(passed.begin(), passed.end(), [](const stream_event& e) { return e.done(); }) &&
+           std::all_of(shared.begin(), shared.end(), [](const auto& e) { return e->done(); });
   }
   void synchronize() const {
     for (const stream_event& e : passed) e.synchronize();
+    for (const auto& e : shared) e->synchronize();
   }
 };
 
@@ -118,6 +121,10 @@ void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexce
 void retire(std::vector<stream_event> passed, std::shared_ptr<retirable> held) noexcept {
   retirable* const releasable = held.get();
   retire_entry(retired{std::move(passed), std::move(held), releasable});
+}
+
+void retire(std::vector<std::shared_ptr<const stream_event>> passed, std::shared_ptr<void> held) noexcept {
+  retire_entry(retired{{}, std::move(held), nullptr, std::move(passed)});
 }
 
 void retry_later(std::shared_ptr<retirable> held) noexcept {

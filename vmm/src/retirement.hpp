@@ -32,6 +32,10 @@ void retire(std::vector<stream_event> passed, std::shared_ptr<void> held) noexce
 // shared_ptr of a type derived from retirable converts to both forms: pass it as this one.
 void retire(std::vector<stream_event> passed, std::shared_ptr<retirable> held) noexcept;
 
+// As the first form, with points shared with other owners (one point recorded for many
+// pieces of memory that may be retired at different times). Every point must be non-null.
+void retire(std::vector<std::shared_ptr<const stream_event>> passed, std::shared_ptr<void> held) noexcept;
+
 // Keeps `held`, whose release() just failed, for the next collection to try again.
 void retry_later(std::shared_ptr<retirable> held) noexcept;
 
