@@ -10,6 +10,9 @@ Allocators, each in a process of its own (this script runs itself with --child):
   expandable       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   cudaMallocAsync  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
   vmm              vmm_torch.use() (python/vmm_torch; build libvmm_torch_allocator.so first)
+  pluggable_floor  torch.empty + del only: CUDAPluggableAllocator over a C allocator that
+                   does nothing (built here with cc; it hands out one address that nothing
+                   touches), so the cost of torch's pluggable interface by itself
 
 Workloads (random weights, fixed seeds: every allocator runs the same sequence):
   gpt2   GPT-2 small (GPT2Config in code), bf16, AdamW, 60 steps whose sequence lengths vary
@@ -47,7 +50,7 @@ import time
 import traceback
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "vmm")
+ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "vmm", "pluggable_floor")
 TORCH_ALLOCATORS = ("native", "expandable", "cudaMallocAsync")
 WORKLOADS = ("gpt2", "llama", "vit", "grow")
 OOM_EXIT = 3
@@ -93,12 +96,52 @@ def environment_for(allocator):
 # ---- the child: one allocator, in its own process ------------------------------------------
 
 
+FLOOR_SOURCE = r"""
+#include <stddef.h>
+#include <stdint.h>
+/* An allocator that does nothing: one address (never dereferenced: torch.empty + del do
+   not touch memory), the same for every request, and a free that forgets it. */
+void* floor_alloc(size_t size, int device, void* stream) {
+  (void)size; (void)device; (void)stream;
+  return (void*)(uintptr_t)(UINT64_C(1) << 46);
+}
+void floor_free(void* ptr, size_t size, int device, void* stream) {
+  (void)ptr; (void)size; (void)device; (void)stream;
+}
+"""
+
+
+def build_floor_allocator():
+    """Compiles FLOOR_SOURCE into a shared library in a temporary folder; returns its path."""
+    import shutil
+    import tempfile
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("pluggable_floor needs a C compiler (cc or gcc) on PATH")
+    folder = tempfile.mkdtemp(prefix="vmm-floor-")
+    source, library = os.path.join(folder, "floor.c"), os.path.join(folder, "libfloor.so")
+    with open(source, "w") as file:
+        file.write(FLOOR_SOURCE)
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", library, source], check=True)
+    return library
+
+
 class Child:
     """Sets up one allocator before CUDA starts, and measures with its statistics."""
 
     def __init__(self, allocator):
         self.allocator = allocator
         self.vmm = None
+        if allocator == "pluggable_floor":
+            import torch
+
+            self.torch = torch
+            self.device = torch.device("cuda", 0)
+            library = build_floor_allocator()
+            torch.cuda.memory.change_current_allocator(
+                torch.cuda.memory.CUDAPluggableAllocator(library, "floor_alloc", "floor_free"))
+            return  # no memory is ever touched: nothing may run a kernel here
         if allocator == "vmm":
             sys.path.insert(0, os.path.join(REPOSITORY, "python"))
             import vmm_torch
@@ -411,7 +454,9 @@ def run_child(arguments):
     except ImportError:
         out["transformers"] = None
     functions = {"gpt2": workload_gpt2, "llama": workload_llama, "vit": workload_vit, "grow": workload_grow}
-    for name in arguments.workloads.split(","):
+    # The floor allocator has no memory behind its address: only torch.empty + del run on it.
+    names = [] if arguments.allocator == "pluggable_floor" else arguments.workloads.split(",")
+    for name in names:
         child.clean()
         try:
             result = functions[name](child, s[name])
@@ -422,7 +467,8 @@ def run_child(arguments):
                 result["traceback"] = traceback.format_exc()[-4000:]
         out["workloads"][name] = result
         print(f"[{arguments.allocator}] {name}: {summary(result)}", file=sys.stderr, flush=True)
-    child.clean()
+    if arguments.allocator != "pluggable_floor":
+        child.clean()
     out["empty_del_us"] = empty_del(child, s["empty_del"])
     if child.vmm is not None and not arguments.no_sleep_wake:
         child.clean()
@@ -593,10 +639,12 @@ def check_targets(results, arguments):
             lines.append(f"FAIL {name}: vmm {w['error'][:200]}")
     native = results.get("native", {}).get("empty_del_us", {})
     ours = vmm.get("empty_del_us", {})
+    floor = results.get("pluggable_floor", {}).get("empty_del_us", {})
     for size in native:
         if size in ours:
             r = ours[size] / native[size]
-            lines.append(f"{'PASS' if r <= 1.0 else 'FAIL'} torch.empty+del {size} B: vmm {ours[size]:.2f} us, native {native[size]:.2f} us ({r:.2f}x, target <= 1)")
+            beside = f"; torch's pluggable interface over an allocator that does nothing {floor[size]:.2f} us" if size in floor else ""
+            lines.append(f"{'PASS' if r <= 1.0 else 'FAIL'} torch.empty+del {size} B: vmm {ours[size]:.2f} us, native {native[size]:.2f} us ({r:.2f}x, target <= 1){beside}")
     sleep = vmm.get("sleep_wake")
     if sleep and "error" not in sleep:
         ok = sleep["bit_identical"] and sleep["pointers_unchanged"]
@@ -651,6 +699,8 @@ def main():
     if search:
         guess = first_guess(results, arguments.sequence)
         for allocator in allocators:
+            if allocator == "pluggable_floor":
+                continue  # no memory to train in
             try:
                 results[allocator]["max_batch"] = largest_batch(allocator, arguments, guess)
             except Exception as error:

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <set>
 
-#include "providers/os_host_provider.hpp"
 #include "vmm/error.hpp"
 #include "vmm/memory_resource.hpp"
 
@@ -129,8 +128,8 @@ class stream_order : public ::testing::Test {
     return x < y + b_bytes && y < x + a_bytes;
   }
   scripted_executor executor_;
-  std::shared_ptr<memory_provider> provider_ = std::make_shared<detail::os_host_provider>(
-      os_host_options{.granularity = 2 * mib, .commit_budget = 256 * mib}, executor_);
+  std::shared_ptr<memory_provider> provider_ = make_os_host_provider(
+      {.granularity = 2 * mib, .commit_budget = 256 * mib, .executor = &executor_});
   stream_ref a_ = executor_.create_stream();
   stream_ref b_ = executor_.create_stream();
 };

@@ -1,8 +1,8 @@
 // vmm-replay: replays an allocation trace through vmm::memory_resource and reports what
 // the resource reserved against what was in use, and what each call cost the host.
 //
-//   vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--json FILE] [--repeat N]
-//              [--max-ratio R]
+//   vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--json FILE]
+//              [--repeat N] [--max-ratio R]
 //
 // TRACE is a text file, gzip-compressed or not, one event a line ('#' starts a comment):
 //   a <id> <bytes> <stream>   allocate <bytes> on stream number <stream> (0, 1, ...)
@@ -24,6 +24,12 @@
 // figures are the resource's bookkeeping, the same as with every page committed). The
 // provider holds a descriptor per 2 MiB page: a budget needing more than `ulimit -n`
 // allows is refused with exit status 4.
+// --lag EVENTS (OS host only): the memory's stream work runs on a simulated device that is
+// EVENTS trace events behind the host, as a GPU is behind a program that queues kernels
+// ahead of it: a free's point passes only once the host has replayed EVENTS more events,
+// unless the resource waits for it (counted and printed). Without --lag, OS host memory is
+// synchronous (every free passes at once) and a GPU's idle streams pass within
+// microseconds: neither shows what frees still queued behind running work cost.
 // --max-ratio R: exit status 3 when peak reserved / peak live passes R (a check for CI).
 
 #include <fmt/format.h>
@@ -35,6 +41,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -151,6 +158,86 @@ percentiles of(std::vector<double>& samples) {
   return {at(0.5), at(0.99)};
 }
 
+// The device of --lag: one timeline for every stream (a trace's streams share a GPU). Work
+// recorded while the host is at event t is done once the host has reached t + lag; a host
+// wait for it brings the device there at once.
+class lagging_device final : public vmm::stream_executor {
+ public:
+  explicit lagging_device(std::uint64_t lag) : lag_(lag) {}
+
+  // The host has replayed one more trace event.
+  void tick() {
+    std::lock_guard lock(mutex_);
+    ++host_;
+  }
+  [[nodiscard]] std::uint64_t lag() const noexcept { return lag_; }
+  // Host waits for device work, and the trace events of device work they waited for.
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> waits() const {
+    std::lock_guard lock(mutex_);
+    return {waits_, waited_};
+  }
+
+  void copy(void* destination, const void* source, std::size_t n, vmm::stream_ref) override {
+    std::memmove(destination, source, n);
+  }
+  void fill(void* destination, std::uint8_t value, std::size_t n, vmm::stream_ref) override {
+    std::memset(destination, value, n);
+  }
+  void synchronize(vmm::stream_ref) override { synchronize_device(); }
+  void synchronize_device() override {
+    std::lock_guard lock(mutex_);
+    catch_up(host_);
+  }
+  vmm::event_handle create_event() override {
+    std::lock_guard lock(mutex_);
+    recorded_.emplace(++next_event_, 0);
+    return next_event_;
+  }
+  void destroy_event(vmm::event_handle event) noexcept override {
+    std::lock_guard lock(mutex_);
+    recorded_.erase(event);
+  }
+  void record(vmm::event_handle event, vmm::stream_ref) override {
+    std::lock_guard lock(mutex_);
+    recorded_.at(event) = host_;
+  }
+  bool done(vmm::event_handle event) override {
+    std::lock_guard lock(mutex_);
+    return recorded_.at(event) <= device();
+  }
+  void synchronize_event(vmm::event_handle event) override {
+    std::lock_guard lock(mutex_);
+    catch_up(recorded_.at(event));
+  }
+  void enqueue_wait(vmm::stream_ref, vmm::event_handle) override {}  // one timeline
+  vmm::stream_ref create_stream() override {
+    std::lock_guard lock(mutex_);
+    return vmm::stream_ref(reinterpret_cast<CUstream_st*>(next_stream_ += 64));
+  }
+  void destroy_stream(vmm::stream_ref) noexcept override {}
+
+ private:
+  [[nodiscard]] std::uint64_t device() const noexcept {
+    return std::max(caught_up_, host_ > lag_ ? host_ - lag_ : 0);
+  }
+  void catch_up(std::uint64_t position) noexcept {
+    if (position <= device()) return;
+    ++waits_;
+    waited_ += position - device();
+    caught_up_ = position;
+  }
+
+  const std::uint64_t lag_;
+  mutable std::mutex mutex_;
+  std::uint64_t host_ = 0;
+  std::uint64_t caught_up_ = 0;
+  std::uint64_t waits_ = 0;
+  std::uint64_t waited_ = 0;
+  vmm::event_handle next_event_ = 0;
+  std::uintptr_t next_stream_ = 0;
+  std::unordered_map<vmm::event_handle, std::uint64_t> recorded_;
+};
+
 vmm::location parse_location(const std::string& text) {
   if (text == "os_host") return vmm::location::os_host();
   if (text.rfind("gpu", 0) == 0) {
@@ -212,8 +299,8 @@ bool descriptors_suffice(std::size_t pages) {
 int usage() {
   std::fprintf(
       stderr,
-      "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--json FILE] [--repeat N] "
-      "[--max-ratio R]\n");
+      "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--json FILE] "
+      "[--repeat N] [--max-ratio R]\n");
   return 2;
 }
 
@@ -226,6 +313,7 @@ int main(int argc, char** argv) try {
   int repeat = 1;
   std::size_t simulate_bytes = 0;
   double max_ratio = 0;
+  std::optional<std::uint64_t> lag;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto value = [&]() -> std::string {
@@ -240,6 +328,12 @@ int main(int argc, char** argv) try {
       simulate_bytes = parse_bytes(value());
     else if (arg == "--max-ratio")
       max_ratio = parse_ratio(value());
+    else if (arg == "--lag") {
+      const std::string n = value();
+      if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
+        throw std::invalid_argument(fmt::format("--lag {}: expected 0 to 999999999 trace events", n));
+      lag = std::stoull(n);
+    }
     else if (arg == "--repeat") {
       const std::string n = value();
       if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos ||
@@ -257,6 +351,8 @@ int main(int argc, char** argv) try {
   if (!where) where = vmm::gpu_available() ? vmm::location::device(0) : vmm::location::os_host();
   if (simulate_bytes != 0 && where->kind != vmm::memory_kind::os_host)
     throw std::invalid_argument("--simulate is for --location os_host only");
+  if (lag && where->kind != vmm::memory_kind::os_host)
+    throw std::invalid_argument("--lag is for --location os_host only (a GPU has its own timeline)");
 
   const std::size_t simulated_granularity = vmm::os_host_options{}.granularity;
   if (simulate_bytes != 0 && !descriptors_suffice(simulate_bytes / simulated_granularity)) return 4;
@@ -265,9 +361,13 @@ int main(int argc, char** argv) try {
   const std::vector<event> events = parse(trace_path, stream_count);
 
   // A pool of the resource's own, so that its figures are the resource's alone.
+  std::optional<lagging_device> device;
+  if (lag) device.emplace(*lag);
   auto pool = vmm::chunk_pool::create(
-      simulate_bytes != 0
-          ? vmm::make_os_host_provider({.commit_budget = simulate_bytes, .commit_on_create = false})
+      simulate_bytes != 0 || device
+          ? vmm::make_os_host_provider({.commit_budget = simulate_bytes,
+                                        .commit_on_create = simulate_bytes == 0,
+                                        .executor = device ? &*device : nullptr})
           : vmm::provider_for(*where));
   vmm::memory_resource resource(pool);
   vmm::stream_executor& executor = pool->provider()->executor();
@@ -307,6 +407,7 @@ int main(int argc, char** argv) try {
   for (int pass = 0; pass < repeat; ++pass) {
     const bool last_pass = pass + 1 == repeat;
     for (const event& e : events) {
+      if (device) device->tick();
       live_allocation& slot = live[e.id];
       if (e.allocate) {
         const auto t0 = clock::now();
@@ -386,6 +487,10 @@ int main(int argc, char** argv) try {
   fmt::print("  (each timing includes {:.0f} ns of clock reads, the pair twice)\n", clock_ns);
   fmt::print("pages: {} created, {} stitched, {} released; {} address ranges; replay {:.2f} s\n",
              after.pages_created, after.pages_stitched, after.pages_released, after.segments, seconds);
+  const auto [waits, waited] = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
+  if (device)
+    fmt::print("device {} events behind the host: the host waited for it {} times, {} events of work in all\n",
+               device->lag(), waits, waited);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << fmt::format(
@@ -395,10 +500,12 @@ int main(int argc, char** argv) try {
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
         "\"pages_created\": {}, "
-        "\"pages_stitched\": {}, \"segments\": {}}}\n",
+        "\"pages_stitched\": {}, \"segments\": {}, \"lag_events\": {}, \"device_waits\": {}, "
+        "\"events_waited\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
         after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
-        clock_ns, after.pages_created, after.pages_stitched, after.segments);
+        clock_ns, after.pages_created, after.pages_stitched, after.segments, device ? device->lag() : 0,
+        waits, waited);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }
   if (max_ratio != 0 && ratio > max_ratio) {

@@ -204,6 +204,12 @@ struct os_host_options {
   /// simulations that touch little of what they create, such as vmm-replay measuring an
   /// allocator's footprint on a trace larger than this machine's memory.
   bool commit_on_create = true;
+  /// The executor of the memory's stream work. nullptr: host_executor(), synchronous.
+  /// Another one (it must outlive the provider) makes the provider asynchronous, so that
+  /// stream-ordered code runs on host memory with events that pass when that executor
+  /// says: white-box tests script them, and vmm-replay --lag simulates a device that runs
+  /// behind the host.
+  stream_executor* executor = nullptr;
 };
 
 /// A new OS host-memory provider with an address space of its own.

@@ -114,7 +114,7 @@ provider_capabilities os_capabilities(const os_host_options& options) {
   result.export_kind = handle_kind::posix_fd;
   result.fabric_unavailable_reason = "os host memory has no fabric handles (only GPU memory does)";
   result.host_accessible = true;
-  result.synchronous = true;
+  result.synchronous = options.executor == nullptr;
   return result;
 }
 
@@ -122,21 +122,7 @@ provider_capabilities os_capabilities(const os_host_options& options) {
 
 os_host_provider::os_host_provider(os_host_options options)
     : memory_provider(os_capabilities(options), std::make_shared<vmm::address_space>(provider_name),
-                      host_executor()),
-      commit_on_create_(options.commit_on_create) {}
-
-namespace {
-
-provider_capabilities asynchronous(provider_capabilities capabilities) {
-  capabilities.synchronous = false;
-  return capabilities;
-}
-
-}  // namespace
-
-os_host_provider::os_host_provider(os_host_options options, stream_executor& executor)
-    : memory_provider(asynchronous(os_capabilities(options)),
-                      std::make_shared<vmm::address_space>(provider_name), executor),
+                      options.executor != nullptr ? *options.executor : host_executor()),
       commit_on_create_(options.commit_on_create) {}
 
 std::uintptr_t os_host_provider::do_allocate_range(std::size_t size, std::size_t alignment) {

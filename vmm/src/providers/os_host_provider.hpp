@@ -27,10 +27,6 @@ namespace vmm::detail {
 class os_host_provider final : public memory_provider {
  public:
   explicit os_host_provider(os_host_options options);
-  // With another executor than the synchronous host one: white-box tests drive the
-  // stream-ordered code paths on host memory with an executor whose events pass when the
-  // test says so.
-  os_host_provider(os_host_options options, stream_executor& executor);
 
   // The committed bytes now (memory created here and not yet destroyed).
   [[nodiscard]] std::size_t committed() const noexcept { return committed_.load(); }
