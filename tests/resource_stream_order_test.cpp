@@ -128,8 +128,8 @@ class stream_order : public ::testing::Test {
     return x < y + b_bytes && y < x + a_bytes;
   }
   scripted_executor executor_;
-  std::shared_ptr<memory_provider> provider_ = make_os_host_provider(
-      {.granularity = 2 * mib, .commit_budget = 256 * mib, .executor = &executor_});
+  std::shared_ptr<memory_provider> provider_ =
+      make_os_host_provider({.granularity = 2 * mib, .commit_budget = 256 * mib, .executor = &executor_});
   stream_ref a_ = executor_.create_stream();
   stream_ref b_ = executor_.create_stream();
 };

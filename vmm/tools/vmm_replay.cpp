@@ -333,8 +333,7 @@ int main(int argc, char** argv) try {
       if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
         throw std::invalid_argument(fmt::format("--lag {}: expected 0 to 999999999 trace events", n));
       lag = std::stoull(n);
-    }
-    else if (arg == "--repeat") {
+    } else if (arg == "--repeat") {
       const std::string n = value();
       if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos ||
           std::stoi(n) < 1)
@@ -364,11 +363,10 @@ int main(int argc, char** argv) try {
   std::optional<lagging_device> device;
   if (lag) device.emplace(*lag);
   auto pool = vmm::chunk_pool::create(
-      simulate_bytes != 0 || device
-          ? vmm::make_os_host_provider({.commit_budget = simulate_bytes,
-                                        .commit_on_create = simulate_bytes == 0,
-                                        .executor = device ? &*device : nullptr})
-          : vmm::provider_for(*where));
+      simulate_bytes != 0 || device ? vmm::make_os_host_provider({.commit_budget = simulate_bytes,
+                                                                  .commit_on_create = simulate_bytes == 0,
+                                                                  .executor = device ? &*device : nullptr})
+                                    : vmm::provider_for(*where));
   vmm::memory_resource resource(pool);
   vmm::stream_executor& executor = pool->provider()->executor();
   std::vector<vmm::owned_stream> owned;
@@ -489,8 +487,9 @@ int main(int argc, char** argv) try {
              after.pages_created, after.pages_stitched, after.pages_released, after.segments, seconds);
   const auto [waits, waited] = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
   if (device)
-    fmt::print("device {} events behind the host: the host waited for it {} times, {} events of work in all\n",
-               device->lag(), waits, waited);
+    fmt::print(
+        "device {} events behind the host: the host waited for it {} times, {} events of work in all\n",
+        device->lag(), waits, waited);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << fmt::format(
