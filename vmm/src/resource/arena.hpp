@@ -110,9 +110,6 @@ class arena {
   void free_pending(block* b, stream_slot& slot, std::uint64_t epoch) noexcept;
   // Moves the blocks of `slot` freed up to `epoch` to the released blocks. Returns how many.
   std::size_t release_pending(stream_slot& slot, std::uint64_t epoch) noexcept;
-  // Moves one pending block of `slot` to the released blocks (it is about to be taken by
-  // another stream that has been ordered after it).
-  block* release_one(stream_slot& slot, block* b) noexcept;
 
   // Allocated blocks by their offset.
   [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept;
@@ -129,6 +126,8 @@ class arena {
   // changes when it throws). hold() needs it done first.
   void cover_pages(std::uint64_t offset, std::uint64_t size);
   void hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept;
+  // Moves one pending block of `slot` (its free has passed) to the released blocks.
+  block* release_one(stream_slot& slot, block* b) noexcept;
   void unlink_pending(stream_slot& slot, block* b) noexcept;
   void replace_pending(stream_slot& slot, block* old, block* first, block* second) noexcept;
   void append_pending(stream_slot& slot, block* b) noexcept;

@@ -512,12 +512,19 @@ resource_state::choice resource_state::choose(arena& a, free_index& index, std::
 
 void* resource_state::take(const choice& chosen, std::uint64_t size) {
   arena& a = *chosen.where;
+  const std::uint32_t owner = chosen.b->owner;
+  const std::uint64_t epoch = chosen.b->epoch;
   block* b = a.carve(chosen.b, chosen.start, size);
   if (chosen.unmapped != 0) {
     try {
       map_pages(a, b->offset, size);
     } catch (...) {
-      a.free_released(b);  // only released blocks lack pages: back where it was
+      // Back where it was. A pending block lacks pages where it took in released
+      // neighbours; it stays pending on its stream, whose free has not passed.
+      if (owner == 0)
+        a.free_released(b);
+      else
+        a.free_pending(b, *a.slots()[owner - 1], epoch);
       throw;
     }
   }
@@ -609,9 +616,12 @@ void* resource_state::place_with_dependency(stream_entry& entry, std::size_t kin
           if (point == record.points.end()) continue;
           point->second.enqueue_wait(me.stream);
         }
-        block* released = a->release_one(*slot, chosen);
-        if (void* p = place(*a, a->released(), size, alignment)) return p;
-        (void)released;
+        // Carved from that block itself: the bytes around the request stay pending on the
+        // freeing stream, since only this stream has been ordered after the free.
+        const std::uint64_t start = arena::fit(chosen, size, alignment);
+        return take(
+            choice{a, chosen, start, a->unmapped_pages(start, size, std::numeric_limits<std::size_t>::max())},
+            size);
       }
     }
   }
