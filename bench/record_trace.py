@@ -18,7 +18,9 @@ Workloads (random weights, configs built here: nothing is downloaded):
          dynamic_img_size when timm is installed, else transformers' ViTForImageClassification
          with interpolate_pos_encoding (torchvision's ViT has a fixed resolution).
 The first step runs before recording (so that the optimizer state exists, as in a long
-run); --steps counts it.
+run); --steps counts it. --from-start records from before the model is built instead: the
+weights, and the optimizer state the first step creates among that step's activations,
+land where a live run puts them (the layout a long run inherits).
 
 How: torch.cuda.memory._record_memory_history(context=None) keeps a history of every call to
 the CUDA caching allocator; a snapshot taken when recording starts gives the allocations
@@ -379,16 +381,25 @@ def record(args) -> int:
     torch = _import_torch()
     torch.manual_seed(args.seed)
     device = torch.cuda.current_device()
-    workload = WORKLOADS[args.workload](torch, args)
-
-    workload.step(0)  # unrecorded: builds the optimizer state, warms cuBLAS and the kernels
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     memory = torch.cuda.memory
-    memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=args.max_entries)
+
+    def begin():
+        memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=args.max_entries)
+        return memory._snapshot()
+
+    if args.from_start:  # the model's creation and the first step recorded too
+        start = begin()
+        first = 0
+    else:
+        first = 1
     try:
-        start = memory._snapshot()
-        for index in range(1, args.steps):
+        workload = WORKLOADS[args.workload](torch, args)
+        if not args.from_start:
+            workload.step(0)  # unrecorded: builds the optimizer state, warms cuBLAS and the kernels
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = begin()
+        for index in range(first, args.steps):
             workload.step(index)
         workload.finish()
         torch.cuda.synchronize()
@@ -408,7 +419,10 @@ def record(args) -> int:
     header = [
         f"{args.workload} allocation trace, torch {torch.__version__}, recorded under {allocator}; "
         f"the first {trace.live_at_start} allocations were live before recording began",
-        f"workload: {workload.description}; {args.steps - 1} recorded steps after 1 unrecorded, seed {args.seed}",
+        f"workload: {workload.description}; "
+        + (f"{args.steps} steps, all recorded from the model's creation on" if args.from_start
+           else f"{args.steps - 1} recorded steps after 1 unrecorded")
+        + f", seed {args.seed}",
         f"device: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}; recorded "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} by bench/record_trace.py",
         f"{trace.allocations} allocations, {trace.frees} frees, {len(trace.streams)} stream(s), "
@@ -540,6 +554,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, help="steps in all, the first unrecorded (default: gpt2 60, llama 30, vit 60)")
     parser.add_argument("--new-tokens", type=int, default=256, help="llama: tokens generate() makes (default 256)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--from-start", action="store_true", help="record from before the model is built: its weights, the first step and the optimizer state it creates (where a long run's layout comes from)")
     parser.add_argument("--out", help="the trace file (default: WORKLOAD.trace.gz)")
     parser.add_argument("--max-entries", type=int, default=20_000_000, help="history entries kept (default 20M)")
     parser.add_argument("--self-test", action="store_true", help="check the conversion on made-up snapshots; no torch needed")

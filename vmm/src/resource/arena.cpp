@@ -74,6 +74,22 @@ std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std:
   return std::min(unmapped, stop);
 }
 
+std::size_t arena::idle_page_below(std::size_t end) const noexcept {
+  for (std::size_t p = std::min(end, held_.size()); p > 0;) {
+    const std::size_t word = (p - 1) / 64;
+    const unsigned last = static_cast<unsigned>((p - 1) % 64);
+    std::uint64_t bits =
+        mapped_bits_[word] & (last == 63 ? ~std::uint64_t{0} : (std::uint64_t{2} << last) - 1);
+    while (bits != 0) {
+      const unsigned bit = 63u - static_cast<unsigned>(std::countl_zero(bits));
+      if (held_[word * 64 + bit] == 0) return word * 64 + bit;
+      bits &= ~(std::uint64_t{1} << bit);
+    }
+    p = word * 64;
+  }
+  return held_.size();
+}
+
 void arena::map_page(std::size_t p, shared_chunk chunk) {
   page& target = pages_[p];
   target.mapped =

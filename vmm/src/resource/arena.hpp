@@ -92,6 +92,9 @@ class arena {
   [[nodiscard]] std::uint64_t held(std::size_t p) const noexcept { return p < held_.size() ? held_[p] : 0; }
   // The chunk mapped at page p (< page_count()), or null.
   [[nodiscard]] const shared_chunk& chunk(std::size_t p) const noexcept { return pages_[p].chunk; }
+  // The highest page below `end` that is mapped and idle (no block holds a byte of it),
+  // or page_count() when there is none.
+  [[nodiscard]] std::size_t idle_page_below(std::size_t end) const noexcept;
   // Maps `chunk` at page p (< page_count(), not mapped), with no access yet.
   void map_page(std::size_t p, shared_chunk chunk);
   // Unmaps page p (mapped) and gives its chunk back; null when the driver refused the unmap
