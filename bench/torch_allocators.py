@@ -459,7 +459,10 @@ def run_child(arguments):
     for name in names:
         child.clean()
         try:
-            result = functions[name](child, s[name])
+            if arguments.record:
+                result = recorded(child, name, lambda: functions[name](child, s[name]), arguments.record)
+            else:
+                result = functions[name](child, s[name])
             result.update(child.peaks())
         except Exception as error:  # an out of memory is a result; anything else too, with its trace
             result = {"error": f"{type(error).__name__}: {error}"[:2000], "oom": child.is_oom(error)}
@@ -478,6 +481,32 @@ def run_child(arguments):
             out["sleep_wake"] = {"error": f"{type(error).__name__}: {error}"[:2000], "traceback": traceback.format_exc()[-4000:]}
     with open(arguments.child_out, "w") as file:
         json.dump(out, file)
+
+
+def recorded(child, name, run, folder):
+    """Runs one workload under torch's allocation history; writes folder/NAME.trace.gz for
+    vmm-replay (bench/record_trace.py's format), from before the workload built its model."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import record_trace
+
+    memory = child.torch.cuda.memory
+    memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=20_000_000)
+    try:
+        start = memory._snapshot()
+        result = run()
+        child.torch.cuda.synchronize()
+        end = memory._snapshot()
+    finally:
+        memory._record_memory_history(enabled=None)
+    trace = record_trace.convert(start, end, child.torch.cuda.current_device())
+    os.makedirs(folder, exist_ok=True)
+    header = [
+        f"{name} of bench/torch_allocators.py, torch {child.torch.__version__}, recorded under the native "
+        "allocator from before the model was built",
+        f"{trace.allocations} allocations, {trace.frees} frees, {len(trace.streams)} stream(s), peak live {trace.peak_live} bytes",
+    ]
+    record_trace.write_trace(os.path.join(folder, f"{name}.trace.gz"), header, trace)
+    return result
 
 
 def run_probe(arguments):
@@ -517,6 +546,8 @@ def measure(allocator, arguments, folder):
         extra.append("--quick")
     if arguments.no_sleep_wake:
         extra.append("--no-sleep-wake")
+    if arguments.record and allocator == "native":
+        extra += ["--record", os.path.abspath(arguments.record)]
     started = time.time()
     done = spawn(allocator, extra, arguments.timeout)
     sys.stderr.write(done.stderr[-6000:] if done.returncode else "".join(l + "\n" for l in done.stderr.splitlines() if l.startswith("[")))
@@ -668,6 +699,7 @@ def main():
     parser.add_argument("--max-batch", choices=("on", "off", "auto"), default="auto", help="the largest-batch search (auto: off with --quick)")
     parser.add_argument("--sequence", type=int, default=2048, help="sequence length of the largest-batch search")
     parser.add_argument("--no-sleep-wake", action="store_true")
+    parser.add_argument("--record", metavar="DIR", help="native allocator only: also write each workload's allocation trace (from before its model is built) to DIR/NAME.trace.gz, for vmm-replay")
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
     # the children
     parser.add_argument("--allocator", choices=ALLOCATORS)

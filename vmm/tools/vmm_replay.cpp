@@ -1,8 +1,8 @@
 // vmm-replay: replays an allocation trace through vmm::memory_resource and reports what
 // the resource reserved against what was in use, and what each call cost the host.
 //
-//   vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--json FILE]
-//              [--repeat N] [--max-ratio R]
+//   vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--after FIRST]
+//              [--json FILE] [--repeat N] [--max-ratio R]
 //
 // TRACE is a text file, gzip-compressed or not, one event a line ('#' starts a comment):
 //   a <id> <bytes> <stream>   allocate <bytes> on stream number <stream> (0, 1, ...)
@@ -30,6 +30,10 @@
 // unless the resource waits for it (counted and printed). Without --lag, OS host memory is
 // synchronous (every free passes at once) and a GPU's idle streams pass within
 // microseconds: neither shows what frees still queued behind running work cost.
+// --after FIRST: replays the trace FIRST before TRACE in the same resource, frees what it
+// left live, synchronizes and trims the resource to nothing and resets its peaks (what
+// bench/torch_allocators.py does between workloads, through vmm_torch.trim()): the figures
+// are TRACE's alone, on the layout FIRST left behind.
 // --max-ratio R: exit status 3 when peak reserved / peak live passes R (a check for CI).
 
 #include <fmt/format.h>
@@ -299,8 +303,8 @@ bool descriptors_suffice(std::size_t pages) {
 int usage() {
   std::fprintf(
       stderr,
-      "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--json FILE] "
-      "[--repeat N] [--max-ratio R]\n");
+      "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--after FIRST] "
+      "[--json FILE] [--repeat N] [--max-ratio R]\n");
   return 2;
 }
 
@@ -309,6 +313,7 @@ int usage() {
 int main(int argc, char** argv) try {
   std::string trace_path;
   std::string json_path;
+  std::string first_path;
   std::optional<vmm::location> where;
   int repeat = 1;
   std::size_t simulate_bytes = 0;
@@ -324,6 +329,8 @@ int main(int argc, char** argv) try {
       where = parse_location(value());
     else if (arg == "--json")
       json_path = value();
+    else if (arg == "--after")
+      first_path = value();
     else if (arg == "--simulate")
       simulate_bytes = parse_bytes(value());
     else if (arg == "--max-ratio")
@@ -358,6 +365,10 @@ int main(int argc, char** argv) try {
 
   std::uint32_t stream_count = 0;
   const std::vector<event> events = parse(trace_path, stream_count);
+  std::uint32_t first_streams = 0;
+  const std::vector<event> first_events =
+      first_path.empty() ? std::vector<event>{} : parse(first_path, first_streams);
+  stream_count = std::max(stream_count, first_streams);
 
   // A pool of the resource's own, so that its figures are the resource's alone.
   std::optional<lagging_device> device;
@@ -382,6 +393,27 @@ int main(int argc, char** argv) try {
     std::uint32_t stream = 0;
     double allocate_ns = 0;
   };
+  if (!first_events.empty()) {
+    struct held {
+      void* pointer = nullptr;
+      std::uint64_t bytes = 0;
+      std::uint32_t stream = 0;
+    };
+    std::vector<held> first_live(first_events.size());  // by dense id
+    for (const event& e : first_events) {
+      if (device) device->tick();
+      held& slot = first_live[e.id];
+      if (e.allocate)
+        slot = {resource.allocate(streams[e.stream], e.bytes), e.bytes, e.stream};
+      else
+        resource.deallocate(streams[slot.stream], std::exchange(slot.pointer, nullptr), slot.bytes);
+    }
+    for (held& slot : first_live)
+      if (slot.pointer != nullptr) resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+    resource.synchronize();  // as vmm_torch.trim(): the device idle, every free passed
+    resource.trim_to(0);
+    resource.reset_high_water_marks();
+  }
   std::vector<live_allocation> live(events.size());
   const auto free_live = [&] {
     for (live_allocation& slot : live)
