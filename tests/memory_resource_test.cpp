@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <chrono>
 #include <random>
 #include <thread>
 
@@ -370,8 +371,15 @@ TYPED_TEST(sleeping_resources, sleep_gives_every_page_back_and_wake_restores_the
   this->write(small, small_bytes);
   this->write(c, pattern(2 * g, 13));
 
+  // The host copies live in the default pool of host memory: OS memory here, pinned
+  // memory for a GPU.
+  const auto host_pool = default_pool(this->provider_->capabilities().where.kind == memory_kind::os_host
+                                          ? location::os_host()
+                                          : location::pinned_host(0));
+  const std::size_t host_before = host_pool->statistics().reserved_current;
   const allocation_tag offload[] = {weights};
   resource->sleep(offload);
+  EXPECT_GE(host_pool->statistics().reserved_current, host_before + 3 * g + 1000 + 5000);
   EXPECT_TRUE(resource->asleep());
   EXPECT_EQ(resource->statistics().reserved_current, 0u);
   EXPECT_EQ(this->pool_->statistics().reserved_current, 0u);  // back to the device
@@ -390,6 +398,10 @@ TYPED_TEST(sleeping_resources, sleep_gives_every_page_back_and_wake_restores_the
   EXPECT_EQ(this->read(small, small_bytes.size()), small_bytes);
   resource->wake();
   EXPECT_FALSE(resource->asleep());
+  // The host copies go back on a thread of their own once wake() has restored everything.
+  for (int i = 0; i < 10000 && host_pool->statistics().reserved_current > host_before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_LE(host_pool->statistics().reserved_current, host_before) << "the host copies were not given back";
   this->write(c, pattern(2 * g, 14));  // mapped again (its old bytes are gone)
   EXPECT_EQ(this->read(c, 2 * g), pattern(2 * g, 14));
   EXPECT_THROW(resource->wake(), invalid_argument);

@@ -621,7 +621,8 @@ def wake(tags=None, device=None):
     """Wakes the given tags (None: all): fresh memory at the same addresses, saved bytes back.
 
     Once every tag of a device is awake it allocates again, and the frees that arrived
-    during the sleep are done.
+    during the sleep are done. The pinned host copies are given back on a thread of their
+    own right after (the next sleep waits for it).
 
     Raises:
         VmmError: no device (or not ``device``) is asleep: wake without sleep.

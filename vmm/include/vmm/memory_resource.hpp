@@ -268,7 +268,9 @@ class memory_resource {
   void sleep(std::span<const allocation_tag> offload, stream_ref stream = {});
   /// Maps fresh physical memory under the allocations tagged with one of `tags` (empty: all)
   /// at their addresses and restores their saved bytes, in order on `stream`, which it then
-  /// waits for. Once every tag is awake the resource allocates again.
+  /// waits for. Once every tag is awake the resource allocates again, and the host copies
+  /// go back to the system on a thread of their own (unpinning them costs about as much as
+  /// the rest of the wake); the next sleep() and the destructor wait for that.
   /// @throws vmm::invalid_argument the resource is not asleep.
   /// @throws vmm::out_of_memory not enough memory: what was mapped is given back, and the
   ///         message says how many bytes were missing; the tags stay asleep.

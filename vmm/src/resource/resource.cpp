@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <future>
+#include <system_error>
 #include <limits>
 #include <mutex>
 
@@ -182,6 +184,9 @@ class resource_state {
   std::vector<std::uint32_t> asleep_tags_;
   std::unique_ptr<growable_buffer> saved_;
   std::vector<saved_run> saved_runs_;
+  // The host copies of the last wake, given back on a thread of their own.
+  std::future<void> host_release_;
+  void wait_for_host_release() noexcept;
 };
 
 resource_state::all_locked::all_locked(const resource_state& state) : resource_(state.mutex_) {
@@ -219,6 +224,7 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
 }
 
 resource_state::~resource_state() {
+  wait_for_host_release();
   std::size_t live = 0;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) live += arenas_[i].load()->allocated_count();
   if (live != 0)
@@ -810,6 +816,7 @@ void resource_state::set_release_threshold(std::size_t bytes) {
 void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref stream) {
   all_locked locked(*this);
   if (asleep_.load()) throw invalid_argument("memory_resource: sleep while asleep already");
+  wait_for_host_release();  // the last wake's host memory is back before more is taken
   // Stream order, not a device-wide synchronize: the copies are queued on `stream` after
   // the work queued there, and the pages go once `stream` has passed them.
   refresh_points(nullptr, false);
@@ -943,14 +950,32 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   std::erase_if(saved_runs_, [&](const saved_run& run) { return waking(run.tag); });
   reserved_high_ = std::max(reserved_high_, (mapped_pages_ + spare_.size()) * page_);
   if (asleep_tags_.empty()) {
-    saved_.reset();  // the host copies go back to their pool, and from it to the system
+    // The host copies go back to their pool, and from it to the system, on a thread of
+    // their own: unmapping and unpinning them costs as much as the rest of the wake (56 +
+    // 64 ms for 2 GiB of pinned memory on an H100, against 125 ms for everything else), and
+    // nothing waits for it. The next sleep() and the destructor wait for it.
     saved_runs_.clear();
     const location host = provider()->capabilities().where.kind == memory_kind::os_host
                               ? location::os_host()
                               : location::pinned_host(0);
-    default_pool(host)->trim_to(0);
+    auto give_back = [saved = std::move(saved_), host]() mutable noexcept {
+      cleanup("memory_resource: giving back the host copies after wake", [&] {
+        saved.reset();
+        default_pool(host)->trim_to(0);
+      });
+    };
+    wait_for_host_release();
+    try {
+      host_release_ = std::async(std::launch::async, std::move(give_back));
+    } catch (const std::system_error&) {
+      give_back();  // no thread to be had: here, then
+    }
     asleep_.store(false);
   }
+}
+
+void resource_state::wait_for_host_release() noexcept {
+  if (host_release_.valid()) host_release_.wait();
 }
 
 // ---- access, dependencies, statistics -----------------------------------------------------
