@@ -189,6 +189,16 @@ class stream_order : public ::testing::Test {
       }
       std::erase_if(history,
                     [&](const freed& f) { return executor_.completed(streams[f.stream]) >= f.position; });
+      // What is live, and what was freed while its stream's work may still use it, stays
+      // mapped: touching the first and the last byte would fault on a page taken away.
+      const auto touch = [](std::uintptr_t address, std::size_t bytes) {
+        for (const std::uintptr_t at : {address, address + bytes - 1}) {
+          auto* byte = reinterpret_cast<volatile unsigned char*>(at);
+          *byte = static_cast<unsigned char>(*byte + 1);
+        }
+      };
+      for (const auto& [address, entry] : model) touch(address, entry.bytes);
+      for (const freed& f : history) touch(f.address, f.bytes);
     }
     for (auto& [address, entry] : model)
       resource->deallocate(streams[entry.stream], reinterpret_cast<void*>(address), entry.bytes);

@@ -105,24 +105,31 @@ shared_chunk arena::unmap_page(std::size_t p) noexcept {
   return std::move(target.chunk);
 }
 
-void arena::cover_pages(std::uint64_t offset, std::uint64_t size) {
+void arena::cover_pages(std::uint64_t offset, std::uint64_t size, bool in_pending) {
   const auto [first, count] = page_span(offset, size);
   if (first + count <= held_.size()) return;
+  const std::size_t known = held_.size();
   held_.reserve(first + count);  // each may throw: then nothing has grown but capacity
   mapped_bits_.reserve((first + count + 63) / 64);
   pages_.reserve(first + count);
   held_.resize(first + count);
   mapped_bits_.resize((first + count + 63) / 64);
   pages_.resize(first + count);
+  // Every page past the known ones lies whole in the arena's last block (every other block
+  // ends below them): held by it whole when it is pending.
+  if (in_pending) std::fill(held_.begin() + static_cast<std::ptrdiff_t>(known), held_.end(), page_size_);
 }
 
 void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
-  // Every page was covered before: by carve() for an allocation, by coalesce() for the
-  // released bytes a pending block takes in, and a release only removes what was added.
+  // Pages past page_count() have no state: they lie whole in the arena's last block, held
+  // by it exactly when it is pending, and cover_pages() writes that when it reaches them.
+  // So a pending block that takes in the arena's released tail (most of its addresses)
+  // costs a step per page it has used, not per page of the arena.
   const auto [first, count] = page_span(offset, size);
   // The first and the last page may be held in part, every page between them whole.
   const std::uint64_t end = offset + size;
   const auto change = [&](std::size_t p, std::uint64_t bytes) {
+    if (p >= held_.size()) return;
     if (add)
       held_[p] += bytes;
     else
@@ -131,7 +138,7 @@ void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
   const std::uint64_t first_end = (std::uint64_t{first} + 1) << page_shift_;
   if (count == 1) return change(first, size);
   change(first, first_end - offset);
-  for (std::size_t p = first + 1; p + 1 < first + count; ++p) change(p, page_size_);
+  for (std::size_t p = first + 1; p + 1 < first + count && p < held_.size(); ++p) change(p, page_size_);
   change(first + count - 1, end - (std::uint64_t{first + count - 1} << page_shift_));
 }
 
@@ -191,19 +198,10 @@ block* arena::coalesce(block* b) noexcept {
   // A block pending on a stream also takes in released neighbours: that stream may use
   // them at once, and one run serves a later request better than two pieces of different
   // owners (others get the whole run once the stream's point passes). The bytes taken in
-  // count as held from then on, as pending bytes do.
+  // count as held from then on, as pending bytes do (hold(): on the pages that have state).
   const auto mergeable = [&](const block* n) {
     if (n == nullptr || !n->free) return false;
-    if (n->owner == b->owner) return true;
-    if (b->owner == 0 || n->owner != 0) return false;
-    // The released bytes become held: their page state must exist first. Growing it may
-    // fail for want of memory; then the two blocks stay apart.
-    try {
-      cover_pages(n->offset, n->size);
-    } catch (...) {
-      return false;
-    }
-    return true;
+    return n->owner == b->owner || (b->owner != 0 && n->owner == 0);
   };
   const auto take_out = [&](block* n) {
     index_of(n).remove(n);
@@ -238,7 +236,7 @@ block* arena::carve(block* b, std::uint64_t start, std::uint64_t size) {
   block* head = start > b->offset ? new_block() : nullptr;
   block* tail = start + size < b->end() ? new_block() : nullptr;
   allocated_.reserve_one();
-  cover_pages(start, size);
+  cover_pages(start, size, b->owner != 0);
   free_index& index = index_of(b);
   index.remove(b);
   const auto split_off = [&](block* piece, std::uint64_t offset, std::uint64_t bytes) {

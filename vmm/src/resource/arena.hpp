@@ -82,13 +82,14 @@ class arena {
   // Pages of [offset, offset + size) not mapped, counting no further than `stop`.
   [[nodiscard]] std::size_t unmapped_pages(std::uint64_t offset, std::uint64_t size,
                                            std::size_t stop) const noexcept;
-  // Pages [0, page_count()) have been held at some time; every later one is neither held
-  // nor mapped.
+  // Pages [0, page_count()) have state: they have been held by an allocation at some time.
+  // Every later one is not mapped and lies whole in the arena's last block (every other
+  // block ends below it), held exactly when that block is pending.
   [[nodiscard]] std::size_t page_count() const noexcept { return held_.size(); }
   [[nodiscard]] bool mapped(std::size_t p) const noexcept {
     return p < held_.size() && (mapped_bits_[p / 64] >> (p % 64) & 1) != 0;
   }
-  // Bytes of allocated or pending blocks on page p.
+  // Bytes of allocated or pending blocks on page p (< page_count()).
   [[nodiscard]] std::uint64_t held(std::size_t p) const noexcept { return p < held_.size() ? held_[p] : 0; }
   // The chunk mapped at page p (< page_count()), or null.
   [[nodiscard]] const shared_chunk& chunk(std::size_t p) const noexcept { return pages_[p].chunk; }
@@ -126,8 +127,9 @@ class arena {
   block* new_block();
   void delete_block(block* b) noexcept;
   // Page state for every page [offset, offset + size) touches (may allocate; nothing
-  // changes when it throws). hold() needs it done first.
-  void cover_pages(std::uint64_t offset, std::uint64_t size);
+  // changes when it throws), those of an allocation about to be carved from a block that
+  // is pending (`in_pending`) or released. hold() changes only pages that have state.
+  void cover_pages(std::uint64_t offset, std::uint64_t size, bool in_pending);
   void hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept;
   // Moves one pending block of `slot` (its free has passed) to the released blocks.
   block* release_one(stream_slot& slot, block* b) noexcept;
