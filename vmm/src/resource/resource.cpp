@@ -14,10 +14,11 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <future>
-#include <system_error>
+#include <condition_variable>
 #include <limits>
 #include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "cleanup.hpp"
 #include "resource/arena.hpp"
@@ -184,8 +185,15 @@ class resource_state {
   std::vector<std::uint32_t> asleep_tags_;
   std::unique_ptr<growable_buffer> saved_;
   std::vector<saved_run> saved_runs_;
-  // The host copies of the last wake, given back on a thread of their own.
-  std::future<void> host_release_;
+  // The host copies of the last wake, given back on a detached thread of their own (a
+  // resource may live until the process exits, so nothing may have to join it): `done`
+  // says when it has finished.
+  struct host_release {
+    std::mutex mutex;
+    std::condition_variable finished;
+    bool done = false;
+  };
+  std::shared_ptr<host_release> host_release_;
   void wait_for_host_release() noexcept;
 };
 
@@ -958,24 +966,39 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     const location host = provider()->capabilities().where.kind == memory_kind::os_host
                               ? location::os_host()
                               : location::pinned_host(0);
-    auto give_back = [saved = std::move(saved_), host]() mutable noexcept {
+    // The thread holds what it uses (the copies hold their pool): it may outlive the
+    // resource and the process's own references.
+    auto give_back = [saved = std::move(saved_), pool = default_pool(host)]() mutable noexcept {
       cleanup("memory_resource: giving back the host copies after wake", [&] {
         saved.reset();
-        default_pool(host)->trim_to(0);
+        pool->trim_to(0);
       });
     };
     wait_for_host_release();
+    auto release = std::make_shared<host_release>();
     try {
-      host_release_ = std::async(std::launch::async, std::move(give_back));
+      std::thread([release, give_back = std::move(give_back)]() mutable noexcept {
+        give_back();
+        std::lock_guard lock(release->mutex);
+        release->done = true;
+        release->finished.notify_all();
+      }).detach();
+      host_release_ = std::move(release);
     } catch (const std::system_error&) {
-      give_back();  // no thread to be had: here, then
+      // No thread to be had: the copies went with the closure that could not start.
+      cleanup("memory_resource: giving back the host copies after wake",
+              [&] { default_pool(host)->trim_to(0); });
     }
     asleep_.store(false);
   }
 }
 
 void resource_state::wait_for_host_release() noexcept {
-  if (host_release_.valid()) host_release_.wait();
+  if (host_release_ == nullptr) return;
+  std::unique_lock lock(host_release_->mutex);
+  host_release_->finished.wait(lock, [&] { return host_release_->done; });
+  lock.unlock();
+  host_release_.reset();
 }
 
 // ---- access, dependencies, statistics -----------------------------------------------------
