@@ -722,6 +722,8 @@ def main():
     for w in arguments.workloads.split(","):
         if w not in WORKLOADS:
             parser.error(f"unknown workload {w}")
+    if arguments.record and "native" not in allocators:
+        parser.error("--record records under the native allocator: add native to --allocators")
     started = time.time()
     results = {}
     with tempfile.TemporaryDirectory() as folder:

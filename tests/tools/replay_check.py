@@ -87,6 +87,10 @@ BAD_ARGUMENTS = [
     (["--location", "gpu-1"], "--location gpu-1"),
     (["--location", "tpu0"], "--location tpu0"),
     (["--json"], "--json needs a value"),
+    (["--lag", "x"], "--lag x"),
+    (["--lag", "-1"], "--lag -1"),
+    (["--after"], "--after needs a value"),
+    (["--after", "/nonexistent/first.trace"], "cannot open"),
 ]
 
 
@@ -122,6 +126,13 @@ def bad_input(replay):
         result = run(replay, good, "--location", "gpu0", "--simulate", "1GiB")
         if result.returncode != 1 or "--simulate is for --location os_host only" not in result.stderr:
             failures.append(f"--simulate on a GPU: exit {result.returncode}, stderr {result.stderr!r}")
+        result = run(replay, good, "--location", "gpu0", "--lag", "10")
+        if result.returncode != 1 or "--lag is for --location os_host only" not in result.stderr:
+            failures.append(f"--lag on a GPU: exit {result.returncode}, stderr {result.stderr!r}")
+        # A device behind the host, and another trace replayed first: both run.
+        result = run(replay, good, "--location", "os_host", "--simulate", "1GiB", "--lag", "1", "--after", good)
+        if result.returncode != 0 or "device 1 events behind the host" not in result.stdout:
+            failures.append(f"--lag --after: exit {result.returncode}, stdout {result.stdout!r}, stderr {result.stderr!r}")
         # The good trace replays (simulated: the search for the largest allocation at the end
         # would commit the whole budget); a page held for 4096 bytes is far past a ratio of 1.5.
         result = run(replay, good, "--location", "os_host", "--simulate", "1GiB")
@@ -132,7 +143,7 @@ def bad_input(replay):
             failures.append(f"--max-ratio: exit {result.returncode}, stderr {result.stderr!r}")
     for failure in failures:
         print("FAILED:", failure)
-    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 1} bad arguments, 2 good runs checked")
+    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 2} bad arguments, 3 good runs checked")
     return 1 if failures else 0
 
 

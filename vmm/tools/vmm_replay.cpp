@@ -393,28 +393,7 @@ int main(int argc, char** argv) try {
     std::uint32_t stream = 0;
     double allocate_ns = 0;
   };
-  if (!first_events.empty()) {
-    struct held {
-      void* pointer = nullptr;
-      std::uint64_t bytes = 0;
-      std::uint32_t stream = 0;
-    };
-    std::vector<held> first_live(first_events.size());  // by dense id
-    for (const event& e : first_events) {
-      if (device) device->tick();
-      held& slot = first_live[e.id];
-      if (e.allocate)
-        slot = {resource.allocate(streams[e.stream], e.bytes), e.bytes, e.stream};
-      else
-        resource.deallocate(streams[slot.stream], std::exchange(slot.pointer, nullptr), slot.bytes);
-    }
-    for (held& slot : first_live)
-      if (slot.pointer != nullptr) resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
-    resource.synchronize();  // as vmm_torch.trim(): the device idle, every free passed
-    resource.trim_to(0);
-    resource.reset_high_water_marks();
-  }
-  std::vector<live_allocation> live(events.size());
+  std::vector<live_allocation> live(std::max(events.size(), first_events.size()));  // by dense id
   const auto free_live = [&] {
     for (live_allocation& slot : live)
       if (slot.pointer != nullptr) {
@@ -427,6 +406,20 @@ int main(int argc, char** argv) try {
     const decltype(free_live)& run;
     ~on_exit() { run(); }
   } release_live{free_live};
+  if (!first_events.empty()) {
+    for (const event& e : first_events) {
+      if (device) device->tick();
+      live_allocation& slot = live[e.id];
+      if (e.allocate)
+        slot = {resource.allocate(streams[e.stream], e.bytes), e.bytes, e.stream};
+      else
+        resource.deallocate(streams[slot.stream], std::exchange(slot.pointer, nullptr), slot.bytes);
+    }
+    free_live();
+    resource.synchronize();  // as vmm_torch.trim(): the device idle, every free passed
+    resource.trim_to(0);
+    resource.reset_high_water_marks();
+  }
   std::vector<double> allocate_ns;
   std::vector<double> deallocate_ns;
   std::vector<double> pair_ns;

@@ -200,8 +200,7 @@ block* arena::coalesce(block* b) noexcept {
   // owners (others get the whole run once the stream's point passes). The bytes taken in
   // count as held from then on, as pending bytes do (hold(): on the pages that have state).
   const auto mergeable = [&](const block* n) {
-    if (n == nullptr || !n->free) return false;
-    return n->owner == b->owner || (b->owner != 0 && n->owner == 0);
+    return n != nullptr && n->free && (n->owner == b->owner || (b->owner != 0 && n->owner == 0));
   };
   const auto take_out = [&](block* n) {
     index_of(n).remove(n);
