@@ -6,6 +6,8 @@
 //    reservation; vmm's growable_buffer the same way, with the reservation it makes;
 //  - fresh memory: cuMemCreate + cuMemMap + cuMemSetAccess of 16 GiB in handles of several
 //    sizes, each call timed on its own (counters), raw, against vmm's geometric growth;
+//  - 3 GiB mapped at once in handles of 2 MiB, 64 MiB or one, each phase's calls spread
+//    over 1 to 8 host threads (what a wake pays, and whether threads help);
 //  - import on the importer's side: cuMemImportFromShareableHandle + map + access of one
 //    handle, raw, against vmm::physical_allocation::import_fd + mapping.
 // Each row reports microseconds per operation as counters (median of the iterations'
@@ -18,7 +20,9 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "raw_driver.hpp"
@@ -219,6 +223,87 @@ BENCHMARK(raw_cold_growth)
     ->Arg(1024)
     ->Arg(2048)
     ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+
+// Mapping 3 GiB at once (what a memory resource's wake maps): handles of range(0) MiB, the
+// driver calls of each phase spread over range(1) host threads (contiguous shares), each
+// phase timed as a whole; create, map, access, unmap and release as counters (ms). Shows
+// what the per-handle cost depends on: the handle count (2 MiB against 64 MiB handles),
+// and whether host threads overlap the driver's work (they do not: it serializes them).
+void raw_map_many(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const std::size_t handle_bytes = static_cast<std::size_t>(state.range(0)) * mib;
+  const int threads = static_cast<int>(state.range(1));
+  const std::size_t total = 3 * gib;
+  const std::size_t count = total / handle_bytes;
+  const CUmemAllocationProp properties = device_properties();
+  const CUmemAccessDesc access = read_write();
+  CUdeviceptr base = 0;
+  check(driver().address_reserve(&base, total, 0, 0, 0), "cuMemAddressReserve");
+  std::vector<CUmemGenericAllocationHandle> handles(count);
+  // Runs body(first, end) over contiguous shares of the handles, one host thread each.
+  const auto spread = [&](auto&& body) {
+    std::vector<std::thread> workers;
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+    for (int t = 0; t < threads; ++t)
+      workers.emplace_back([&, t] {
+        try {
+          if (cudaSetDevice(0) != cudaSuccess) throw failure("cudaSetDevice(0) failed on a worker thread");
+          body(count * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads),
+               count * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads));
+        } catch (...) {
+          errors[static_cast<std::size_t>(t)] = std::current_exception();
+        }
+      });
+    for (auto& worker : workers) worker.join();
+    for (const auto& error : errors)
+      if (error) std::rethrow_exception(error);
+  };
+  const auto timed = [&](auto&& body) {
+    const auto t0 = clock_type::now();
+    spread(body);
+    return microseconds(clock_type::now() - t0) / 1000;
+  };
+  double create_ms = 0, map_ms = 0, access_ms = 0, unmap_ms = 0, release_ms = 0;
+  for (auto _ : state) {
+    create_ms += timed([&](std::size_t first, std::size_t end) {
+      for (std::size_t i = first; i < end; ++i)
+        check(driver().create(&handles[i], handle_bytes, &properties, 0), "cuMemCreate");
+    });
+    map_ms += timed([&](std::size_t first, std::size_t end) {
+      for (std::size_t i = first; i < end; ++i)
+        check(driver().map(base + i * handle_bytes, handle_bytes, 0, handles[i], 0), "cuMemMap");
+    });
+    access_ms += timed([&](std::size_t first, std::size_t end) {
+      if (end > first)
+        check(driver().set_access(base + first * handle_bytes, (end - first) * handle_bytes, &access, 1),
+              "cuMemSetAccess");
+    });
+    unmap_ms += timed([&](std::size_t first, std::size_t end) {
+      for (std::size_t i = first; i < end; ++i)
+        check(driver().unmap(base + i * handle_bytes, handle_bytes), "cuMemUnmap");
+    });
+    release_ms += timed([&](std::size_t first, std::size_t end) {
+      for (std::size_t i = first; i < end; ++i) check(driver().release(handles[i]), "cuMemRelease");
+    });
+  }
+  check(driver().address_free(base, total), "cuMemAddressFree");
+  const double n = static_cast<double>(state.iterations());
+  state.counters["create_ms"] = create_ms / n;
+  state.counters["map_ms"] = map_ms / n;
+  state.counters["access_ms"] = access_ms / n;
+  state.counters["unmap_ms"] = unmap_ms / n;
+  state.counters["release_ms"] = release_ms / n;
+  state.counters["handles"] = static_cast<double>(count);
+}
+BENCHMARK(raw_map_many)
+    ->ArgNames({"handle_mib", "threads"})
+    ->Args({2, 1})
+    ->Args({2, 4})
+    ->Args({2, 8})
+    ->Args({64, 1})
+    ->Args({3072, 1})
+    ->Iterations(2)
     ->Unit(benchmark::kMillisecond);
 
 // The importer's side of sharing one handle of range(0) MiB: import, reserve, map, access,

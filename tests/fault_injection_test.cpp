@@ -34,6 +34,7 @@
 #include "vmm/ipc/handoff.hpp"
 #include "vmm/ipc/importer.hpp"
 #include "vmm/mapped_range.hpp"
+#include "vmm/memory_resource.hpp"
 #include "vmm/retirement.hpp"
 #include "vmm/ring_buffer.hpp"
 #include "vmm/striped_buffer.hpp"
@@ -671,6 +672,67 @@ class handoff_producer_path : public sweep_path {
   std::optional<ipc::handoff_producer> producer_;
 };
 
+// ---- wake: a memory resource's pages mapped again, a run at a time, the copies as it goes ------
+//
+// A failed wake gives back every page it mapped (the copies queued into them finish first)
+// and its tags stay asleep; the wake after it restores every byte. The swept call wakes one
+// tag of two, so that no host copy is given back (on a thread of its own) while the failure
+// is armed.
+
+class wake_path : public sweep_path {
+ public:
+  explicit wake_path(const sweep_context& context)
+      : provider_(context.provider), g_(context.granularity()), resource_(context.pool) {
+    // More pages than one step of wake() grants, runs of one tag that cross its steps, and
+    // pages shared by the two tags.
+    for (const auto& [bytes, tag] : {std::pair{12 * g_ + g_ / 2, woken}, std::pair{g_, later},
+                                     std::pair{20 * g_ + g_ / 4, woken}, std::pair{6 * g_ + 4096, woken}}) {
+      allocations_.push_back({resource_.allocate({}, bytes, 256, tag), bytes, tag,
+                              pattern(bytes, static_cast<std::uint32_t>(allocations_.size() + 60))});
+      write_through(*provider_, allocations_.back().data, allocations_.back().bytes);
+    }
+    const allocation_tag offload[] = {woken, later};
+    resource_.sleep(offload);
+  }
+  wake_path(const wake_path&) = delete;
+  wake_path& operator=(const wake_path&) = delete;
+  ~wake_path() {
+    for (const allocation& a : allocations_) resource_.deallocate({}, a.data, a.size);
+  }
+
+  void operator()() {
+    during("memory_resource::wake", fails_out_of_memory | fails_os_error | fails_driver_error);
+    const allocation_tag tags[] = {woken};
+    resource_.wake(tags);
+  }
+
+  void check(const outcome& result) {
+    EXPECT_TRUE(resource_.asleep());
+    const allocation_tag tags[] = {woken};
+    if (!result.succeeded()) {
+      EXPECT_EQ(resource_.statistics().reserved_current, 0u) << "the failed wake kept pages";
+      resource_.wake(tags);
+    }
+    resource_.wake();
+    for (const allocation& a : allocations_)
+      EXPECT_EQ(read_through(*provider_, a.data, a.size), a.bytes) << "tag " << a.tag.value;
+  }
+
+ private:
+  static constexpr allocation_tag woken{1};
+  static constexpr allocation_tag later{2};
+  struct allocation {
+    void* data;
+    std::size_t size;
+    allocation_tag tag;
+    std::vector<std::uint8_t> bytes;
+  };
+  std::shared_ptr<memory_provider> provider_;
+  std::size_t g_;
+  memory_resource resource_;
+  std::vector<allocation> allocations_;
+};
+
 // ---- the OS provider: every OS site, ENOMEM / EINVAL / EINTR -----------------------------------
 
 class os_fault_sweep : public ::testing::Test {
@@ -688,6 +750,18 @@ class os_fault_sweep : public ::testing::Test {
 
 TEST_F(os_fault_sweep, grow_with_fixed_chunks) {
   EXPECT_GT(run<grow_path<true>>("grow fixed").total_points(), 0u);
+}
+
+TEST_F(os_fault_sweep, wake_of_a_memory_resource) {
+  // Once first used, the host copies' default pool and the C library's arena for the thread
+  // that gives them back stay for the rest of the process: one wake before the sweep, so
+  // that every run's baseline holds them already.
+  {
+    wake_path warm_up(sweep_context{provider_, chunk_pool::create(provider_)});
+    warm_up();
+    warm_up.check({});
+  }
+  EXPECT_GT(run<wake_path>("wake").total_points(), 0u);
 }
 
 TEST_F(os_fault_sweep, grow_with_geometric_chunks) {

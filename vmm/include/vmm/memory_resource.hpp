@@ -268,12 +268,17 @@ class memory_resource {
   void sleep(std::span<const allocation_tag> offload, stream_ref stream = {});
   /// Maps fresh physical memory under the allocations tagged with one of `tags` (empty: all)
   /// at their addresses and restores their saved bytes, in order on `stream`, which it then
-  /// waits for. Once every tag is awake the resource allocates again, and the host copies
-  /// go back to the system on a thread of their own (unpinning them costs about as much as
-  /// the rest of the wake); the next sleep() and the destructor wait for that.
+  /// waits for. The pages are mapped and granted a few dozen at a time, and each saved run
+  /// is copied as soon as its pages are granted, so that the copies overlap the driver's
+  /// work on the pages after them. Once every tag is awake the resource allocates again,
+  /// and the host copies go back to the system on a thread of their own (unpinning them
+  /// costs about as much as the rest of the wake); the next sleep() and the destructor wait
+  /// for that. A resource destroyed asleep gives its host copies back at once.
   /// @throws vmm::invalid_argument the resource is not asleep.
   /// @throws vmm::out_of_memory not enough memory: what was mapped is given back, and the
   ///         message says how many bytes were missing; the tags stay asleep.
+  /// @throws vmm::os_error, vmm::driver_error a map or grant refused: what was mapped is
+  ///         given back (after the copies queued into it) and the tags stay asleep.
   void wake(std::span<const allocation_tag> tags = {}, stream_ref stream = {});
   /// Whether the resource is asleep (some tag not woken yet).
   [[nodiscard]] bool asleep() const noexcept;

@@ -35,6 +35,7 @@ constexpr std::size_t small_limit = std::size_t{1} << 20;  // smaller requests: 
 constexpr std::uint32_t frees_per_point = 32;              // frees on a stream between points
 constexpr std::size_t max_points = 64;                     // outstanding points per stream
 constexpr int candidates_weighed = 16;                     // free blocks compared per index
+constexpr std::size_t wake_run_pages = 32;                 // pages granted per call in wake()
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
@@ -195,6 +196,10 @@ class resource_state {
   };
   std::shared_ptr<host_release> host_release_;
   void wait_for_host_release() noexcept;
+  // Where the host copies of sleep() live: pinned host memory, plain host memory on the OS
+  // provider.
+  location host_location() const;
+  static void give_back_host_copies(std::unique_ptr<growable_buffer> saved, chunk_pool& pool) noexcept;
 };
 
 resource_state::all_locked::all_locked(const resource_state& state) : resource_(state.mutex_) {
@@ -233,6 +238,10 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
 
 resource_state::~resource_state() {
   wait_for_host_release();
+  // Destroyed asleep: the host copies go back to the system now, as a wake would.
+  if (saved_ != nullptr)
+    cleanup("memory_resource: giving back the host copies",
+            [&] { give_back_host_copies(std::move(saved_), *default_pool(host_location())); });
   std::size_t live = 0;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) live += arenas_[i].load()->allocated_count();
   if (live != 0)
@@ -859,10 +868,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   // The host copies first: if they cannot be had, nothing has changed.
   std::unique_ptr<growable_buffer> saved;
   if (total != 0) {
-    const location host = provider()->capabilities().where.kind == memory_kind::os_host
-                              ? location::os_host()
-                              : location::pinned_host(0);
-    saved = std::make_unique<growable_buffer>(host, growable_buffer_options{.max_size = total});
+    saved = std::make_unique<growable_buffer>(host_location(), growable_buffer_options{.max_size = total});
     saved->resize(total);
     for (const saved_run& run : runs)
       executor_.copy(static_cast<std::byte*>(saved->data()) + run.offset,
@@ -896,8 +902,13 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     return tags.empty() ||
            std::any_of(tags.begin(), tags.end(), [&](allocation_tag t) { return t.value == tag; });
   };
-  // The pages under the allocations of the waking tags.
-  std::vector<std::pair<arena*, std::size_t>> needed;
+  // The pages under the allocations of the waking tags, in order of arena and page.
+  struct needed_page {
+    arena* where;
+    std::size_t arena_index;
+    std::size_t page;
+  };
+  std::vector<needed_page> needed;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
     arena& a = *arenas_[i].load();
     std::vector<bool> wanted;
@@ -908,7 +919,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
       for (std::size_t p = first; p < first + count; ++p) wanted[p] = true;
     });
     for (std::size_t p = 0; p < wanted.size(); ++p)
-      if (wanted[p] && !a.mapped(p)) needed.emplace_back(&a, p);
+      if (wanted[p] && !a.mapped(p)) needed.push_back({&a, i, p});
   }
   // Take every page first: a wake that cannot have them all gives them back.
   std::vector<shared_chunk> taken;
@@ -927,30 +938,60 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
         fmt::format("memory_resource: wake needs {} bytes ({} pages); {} bytes were missing: {}",
                     needed.size() * page_, needed.size(), missing, error.what()));
   }
+  // A pipeline: the pages are mapped and granted a run at a time (the driver's cost is per
+  // handle, 20-40 us each), and the copy of a saved run is queued as soon as every page it
+  // touches is granted, so that the copies of the first runs overlap the driver's work on
+  // the later ones. `copies`: each waking saved run, after how many of `needed` must be
+  // granted before it is copied (0: every page it touches stayed mapped).
+  std::vector<std::pair<std::size_t, const saved_run*>> copies;
+  for (const saved_run& run : saved_runs_) {
+    if (!waking(run.tag)) continue;
+    std::size_t index = 0;
+    while (!arenas_[index].load()->contains(run.address)) ++index;
+    const arena& a = *arenas_[index].load();
+    const auto [first, count] = a.page_span(run.address - a.base(), run.bytes);
+    // The last needed page at or below the run's last page, if it is one of the run's.
+    const auto after =
+        std::upper_bound(needed.begin(), needed.end(), std::pair{index, first + count - 1},
+                         [](const std::pair<std::size_t, std::size_t>& key, const needed_page& n) {
+                           return key < std::pair{n.arena_index, n.page};
+                         });
+    const bool touches =
+        after != needed.begin() && std::prev(after)->arena_index == index && std::prev(after)->page >= first;
+    copies.emplace_back(touches ? static_cast<std::size_t>(after - needed.begin()) : 0, &run);
+  }
+  std::sort(copies.begin(), copies.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::size_t copied = 0;
+  const auto copy_ready = [&](std::size_t granted) {
+    for (; copied < copies.size() && copies[copied].first <= granted; ++copied) {
+      const saved_run& run = *copies[copied].second;
+      executor_.copy(reinterpret_cast<void*>(run.address),
+                     static_cast<std::byte*>(saved_->data()) + run.offset, run.bytes, stream);
+    }
+  };
   std::size_t mapped_now = 0;
   try {
-    for (std::size_t i = 0; i < needed.size(); ++i) {
-      auto [a, p] = needed[i];
-      a->map_page(p, std::move(taken[i]));
-      ++mapped_pages_;
-      ++mapped_now;
-    }
+    copy_ready(0);
     for (std::size_t i = 0; i < needed.size();) {
       std::size_t j = i + 1;
-      while (j < needed.size() && needed[j].first == needed[i].first &&
-             needed[j].second == needed[j - 1].second + 1)
+      while (j < needed.size() && j - i < wake_run_pages && needed[j].where == needed[i].where &&
+             needed[j].page == needed[j - 1].page + 1)
         ++j;
-      provider()->set_access(needed[i].first->base() + needed[i].second * page_, (j - i) * page_, grants_);
+      for (std::size_t k = i; k < j; ++k) {
+        needed[k].where->map_page(needed[k].page, std::move(taken[k]));
+        ++mapped_pages_;
+        ++mapped_now;
+      }
+      provider()->set_access(needed[i].where->base() + needed[i].page * page_, (j - i) * page_, grants_);
+      copy_ready(j);
       i = j;
     }
-    for (const saved_run& run : saved_runs_)
-      if (waking(run.tag))
-        executor_.copy(reinterpret_cast<void*>(run.address),
-                       static_cast<std::byte*>(saved_->data()) + run.offset, run.bytes, stream);
     executor_.synchronize(stream);
   } catch (...) {
+    // Copies queued into the pages may still run: they finish before the pages go.
+    if (copied != 0) cleanup("memory_resource: wake", [&] { executor_.synchronize(stream); });
     for (std::size_t i = 0; i < mapped_now; ++i)
-      if (needed[i].first->unmap_page(needed[i].second) != nullptr) --mapped_pages_;
+      if (needed[i].where->unmap_page(needed[i].page) != nullptr) --mapped_pages_;
     throw;
   }
   pages_created_ += needed.size();
@@ -963,16 +1004,10 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     // 64 ms for 2 GiB of pinned memory on an H100, against 125 ms for everything else), and
     // nothing waits for it. The next sleep() and the destructor wait for it.
     saved_runs_.clear();
-    const location host = provider()->capabilities().where.kind == memory_kind::os_host
-                              ? location::os_host()
-                              : location::pinned_host(0);
     // The thread holds what it uses (the copies hold their pool): it may outlive the
     // resource and the process's own references.
-    auto give_back = [saved = std::move(saved_), pool = default_pool(host)]() mutable noexcept {
-      cleanup("memory_resource: giving back the host copies after wake", [&] {
-        saved.reset();
-        pool->trim_to(0);
-      });
+    auto give_back = [saved = std::move(saved_), pool = default_pool(host_location())]() mutable noexcept {
+      give_back_host_copies(std::move(saved), *pool);
     };
     wait_for_host_release();
     auto release = std::make_shared<host_release>();
@@ -986,11 +1021,24 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
       host_release_ = std::move(release);
     } catch (const std::system_error&) {
       // No thread to be had: the copies went with the closure that could not start.
-      cleanup("memory_resource: giving back the host copies after wake",
-              [&] { default_pool(host)->trim_to(0); });
+      cleanup("memory_resource: giving back the host copies",
+              [&] { default_pool(host_location())->trim_to(0); });
     }
     asleep_.store(false);
   }
+}
+
+location resource_state::host_location() const {
+  return provider()->capabilities().where.kind == memory_kind::os_host ? location::os_host()
+                                                                       : location::pinned_host(0);
+}
+
+void resource_state::give_back_host_copies(std::unique_ptr<growable_buffer> saved,
+                                           chunk_pool& pool) noexcept {
+  cleanup("memory_resource: giving back the host copies", [&] {
+    saved.reset();
+    pool.trim_to(0);
+  });
 }
 
 void resource_state::wait_for_host_release() noexcept {
