@@ -39,6 +39,41 @@ constexpr std::size_t wake_run_pages = 32;                 // pages granted per 
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
+// The threads that give host copies back after a wake (memory_resource::wake), counted, so
+// that the process waits for them when it exits: they use the retirement list, the
+// executors and the pools, which are statics of their own, and a resource may live until
+// exit (vmm_torch's do). Made after those statics (instance() first runs after retired_count()
+// in wake), so destroyed before them: its destructor waits while they still exist.
+class host_releases_running {
+ public:
+  static host_releases_running& instance() {
+    (void)retired_count();  // the retirement list exists before this, and outlives it
+    static host_releases_running running;
+    return running;
+  }
+  host_releases_running(const host_releases_running&) = delete;
+  host_releases_running& operator=(const host_releases_running&) = delete;
+  ~host_releases_running() {
+    std::unique_lock lock(mutex_);
+    none_left_.wait(lock, [&] { return count_ == 0; });
+  }
+  void add() {
+    std::lock_guard lock(mutex_);
+    ++count_;
+  }
+  void remove() noexcept {
+    std::lock_guard lock(mutex_);
+    --count_;
+    none_left_.notify_all();
+  }
+
+ private:
+  host_releases_running() = default;
+  std::mutex mutex_;
+  std::condition_variable none_left_;
+  std::size_t count_ = 0;
+};
+
 // std::has_single_bit is a popcount, a library call where the target lacks the instruction.
 constexpr bool power_of_two(std::size_t x) noexcept {
   return x != 0 && (x & (x - 1)) == 0;
@@ -1011,16 +1046,25 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     };
     wait_for_host_release();
     auto release = std::make_shared<host_release>();
+    host_releases_running& running = host_releases_running::instance();
+    running.add();
     try {
       std::thread([release, give_back = std::move(give_back)]() mutable noexcept {
-        give_back();
-        std::lock_guard lock(release->mutex);
-        release->done = true;
-        release->finished.notify_all();
+        {
+          auto work = std::move(give_back);  // what it holds goes at the end of this scope
+          work();
+        }
+        {
+          std::lock_guard lock(release->mutex);
+          release->done = true;
+          release->finished.notify_all();
+        }
+        host_releases_running::instance().remove();
       }).detach();
       host_release_ = std::move(release);
     } catch (const std::system_error&) {
       // No thread to be had: the copies went with the closure that could not start.
+      running.remove();
       cleanup("memory_resource: giving back the host copies",
               [&] { default_pool(host_location())->trim_to(0); });
     }
