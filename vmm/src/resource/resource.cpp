@@ -1049,7 +1049,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     host_releases_running& running = host_releases_running::instance();
     running.add();
     try {
-      std::thread([release, give_back = std::move(give_back)]() mutable noexcept {
+      std::thread([release, &running, give_back = std::move(give_back)]() mutable noexcept {
         {
           auto work = std::move(give_back);  // what it holds goes at the end of this scope
           work();
@@ -1059,7 +1059,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
           release->done = true;
           release->finished.notify_all();
         }
-        host_releases_running::instance().remove();
+        running.remove();
       }).detach();
       host_release_ = std::move(release);
     } catch (const std::system_error&) {
