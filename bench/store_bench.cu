@@ -10,6 +10,9 @@
 //                             cache emptied before each (outside the time): the daemon
 //                             sends its cached fds, the client imports, maps, sets access
 //   store_get_repeated/<MiB>  get + release with the import cached: one round trip, no fd
+//   store_get_kept/<MiB>      the same gets with every buffer kept until the row ends (its
+//                             releases are sent after the time): what the release message
+//                             that dropping a buffer sends costs the repeated get
 //   legacy_get_first/<MiB>    handle request + cudaIpcOpenMemHandle (closed outside the time)
 //   legacy_get_repeated/<MiB> handle request, the pointer opened once before (the best a
 //                             legacy client can do: a handle opens once per process)
@@ -202,6 +205,18 @@ void store_get(benchmark::State& state, bool repeated) {
   }
 }
 
+void BM_store_get_kept(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0)) * mib;
+  ensure_buffer(bytes);
+  std::vector<vmm::store::buffer> kept;
+  kept.reserve(1 << 20);
+  for (auto _ : state) {
+    kept.push_back(store->get(buffer_name(bytes)));
+    benchmark::DoNotOptimize(kept.back().data());
+  }
+  kept.clear();  // after the loop: not timed
+}
+
 void BM_store_get_first(benchmark::State& state) {
   store_get(state, false);
 }
@@ -357,6 +372,7 @@ void BM_pinned_memcpy(benchmark::State& state) {
 BENCHMARK(BM_store_get_first)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_legacy_get_first)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_store_get_repeated)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_store_get_kept)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_legacy_get_repeated)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_store_create)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_store_16_clients)->UseManualTime()->Iterations(1)->Unit(benchmark::kSecond);
