@@ -132,6 +132,8 @@ class resource_state {
 
   stream_entry& entry_of(stream_ref stream, bool sync);
   arena* arena_containing(std::uintptr_t address) const noexcept;
+  // Its index in arenas_, or max_arenas when no arena holds `address`.
+  std::size_t arena_index_containing(std::uintptr_t address) const noexcept;
   arena& add_arena(std::size_t bytes);  // under the resource's mutex
   // The fast path: a block of `size` in `home` whose pages are all mapped, from the
   // stream's own pending blocks or the released ones.
@@ -317,13 +319,16 @@ resource_state::~resource_state() {
 
 // ---- streams and arenas -------------------------------------------------------------------
 
-arena* resource_state::arena_containing(std::uintptr_t address) const noexcept {
+std::size_t resource_state::arena_index_containing(std::uintptr_t address) const noexcept {
   const std::size_t count = arena_count_.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < count; ++i) {
-    arena* a = arenas_[i].load(std::memory_order_acquire);
-    if (a->contains(address)) return a;
-  }
-  return nullptr;
+  for (std::size_t i = 0; i < count; ++i)
+    if (arenas_[i].load(std::memory_order_acquire)->contains(address)) return i;
+  return max_arenas;
+}
+
+arena* resource_state::arena_containing(std::uintptr_t address) const noexcept {
+  const std::size_t i = arena_index_containing(address);
+  return i == max_arenas ? nullptr : arenas_[i].load(std::memory_order_acquire);
 }
 
 arena& resource_state::add_arena(std::size_t bytes) {
@@ -981,8 +986,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   std::vector<std::pair<std::size_t, const saved_run*>> copies;
   for (const saved_run& run : saved_runs_) {
     if (!waking(run.tag)) continue;
-    std::size_t index = 0;
-    while (!arenas_[index].load()->contains(run.address)) ++index;
+    const std::size_t index = arena_index_containing(run.address);  // a saved run is an allocation's
     const arena& a = *arenas_[index].load();
     const auto [first, count] = a.page_span(run.address - a.base(), run.bytes);
     // The last needed page at or below the run's last page, if it is one of the run's.
