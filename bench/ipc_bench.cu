@@ -535,7 +535,8 @@ void print_summary() {
   if (results().empty()) return;
   std::printf("\nhand-off latency, mean of the iterations (ratio: to legacy cudaIpc at the same size)\n");
   for (const std::size_t size : {64 * mib, 4096 * mib}) {
-    const std::string suffix = "/" + size_name(size);
+    std::string suffix(1, '/');
+    suffix += size_name(size);
     const auto legacy = results().find("hand_off/legacy" + suffix);
     for (const auto& [name, mean] : results()) {
       if (name.size() < suffix.size() ||
