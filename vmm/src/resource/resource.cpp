@@ -39,39 +39,50 @@ constexpr std::size_t wake_run_pages = 32;                 // pages granted per 
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
-// The threads that give host copies back after a wake (memory_resource::wake), counted, so
-// that the process waits for them when it exits: they use the retirement list, the
-// executors and the pools, which are statics of their own, and a resource may live until
-// exit (vmm_torch's do). Made after those statics (instance() first runs after retired_count()
-// in wake), so destroyed before them: its destructor waits while they still exist.
+// The threads that give host copies back after a wake (memory_resource::wake), each counted
+// under the resource that started it. A resource waits for its own before it sleeps again
+// and when it is destroyed; the process waits for all of them when it exits, since they use
+// the retirement list, the executors and the pools, statics of their own, and a resource
+// may live until exit (vmm_torch's do). The exit wait is a static made after those (in
+// instance(), after retired_count()), so destroyed before them; the count itself is never
+// destroyed, so that a resource destroyed later in the exit can still ask it.
 class host_releases_running {
  public:
   static host_releases_running& instance() {
-    (void)retired_count();  // the retirement list exists before this, and outlives it
-    static host_releases_running running;
-    return running;
+    (void)retired_count();  // the retirement list exists before the exit wait, and outlives it
+    static host_releases_running* const running = new host_releases_running;
+    static const exit_wait waits_at_exit{running};
+    return *running;
   }
   host_releases_running(const host_releases_running&) = delete;
   host_releases_running& operator=(const host_releases_running&) = delete;
-  ~host_releases_running() {
+  void add(const void* owner) {
+    std::lock_guard lock(mutex_);
+    running_.push_back(owner);
+  }
+  void remove(const void* owner) noexcept {
+    std::lock_guard lock(mutex_);
+    running_.erase(std::find(running_.begin(), running_.end(), owner));
+    finished_.notify_all();
+  }
+  // Waits until no thread that `owner` started runs; with nullptr, until none at all runs.
+  void wait_for(const void* owner) noexcept {
     std::unique_lock lock(mutex_);
-    none_left_.wait(lock, [&] { return count_ == 0; });
-  }
-  void add() {
-    std::lock_guard lock(mutex_);
-    ++count_;
-  }
-  void remove() noexcept {
-    std::lock_guard lock(mutex_);
-    --count_;
-    none_left_.notify_all();
+    finished_.wait(lock, [&] {
+      return owner == nullptr ? running_.empty()
+                              : std::find(running_.begin(), running_.end(), owner) == running_.end();
+    });
   }
 
  private:
+  struct exit_wait {
+    host_releases_running* running;
+    ~exit_wait() { running->wait_for(nullptr); }
+  };
   host_releases_running() = default;
   std::mutex mutex_;
-  std::condition_variable none_left_;
-  std::size_t count_ = 0;
+  std::condition_variable finished_;
+  std::vector<const void*> running_;  // one entry per thread: the resource that started it
 };
 
 // std::has_single_bit is a popcount, a library call where the target lacks the instruction.
@@ -223,15 +234,9 @@ class resource_state {
   std::vector<std::uint32_t> asleep_tags_;
   std::unique_ptr<growable_buffer> saved_;
   std::vector<saved_run> saved_runs_;
-  // The host copies of the last wake, given back on a detached thread of their own (a
-  // resource may live until the process exits, so nothing may have to join it): `done`
-  // says when it has finished.
-  struct host_release {
-    std::mutex mutex;
-    std::condition_variable finished;
-    bool done = false;
-  };
-  std::shared_ptr<host_release> host_release_;
+  // The host copies of the last wake are given back on a detached thread of their own (a
+  // resource may live until the process exits, so nothing may have to join it), counted
+  // in host_releases_running under this resource.
   void wait_for_host_release() noexcept;
   // Where the host copies of sleep() live: pinned host memory, plain host memory on the OS
   // provider.
@@ -1049,26 +1054,19 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
       give_back_host_copies(std::move(saved), *pool);
     };
     wait_for_host_release();
-    auto release = std::make_shared<host_release>();
     host_releases_running& running = host_releases_running::instance();
-    running.add();
+    running.add(this);
     try {
-      std::thread([release, &running, give_back = std::move(give_back)]() mutable noexcept {
+      std::thread([owner = this, &running, give_back = std::move(give_back)]() mutable noexcept {
         {
           auto work = std::move(give_back);  // what it holds goes at the end of this scope
           work();
         }
-        {
-          std::lock_guard lock(release->mutex);
-          release->done = true;
-          release->finished.notify_all();
-        }
-        running.remove();
+        running.remove(owner);  // last: the resource's destructor waits for this
       }).detach();
-      host_release_ = std::move(release);
     } catch (const std::system_error&) {
       // No thread to be had: the copies went with the closure that could not start.
-      running.remove();
+      running.remove(this);
       cleanup("memory_resource: giving back the host copies",
               [&] { default_pool(host_location())->trim_to(0); });
     }
@@ -1090,11 +1088,7 @@ void resource_state::give_back_host_copies(std::unique_ptr<growable_buffer> save
 }
 
 void resource_state::wait_for_host_release() noexcept {
-  if (host_release_ == nullptr) return;
-  std::unique_lock lock(host_release_->mutex);
-  host_release_->finished.wait(lock, [&] { return host_release_->done; });
-  lock.unlock();
-  host_release_.reset();
+  host_releases_running::instance().wait_for(this);
 }
 
 // ---- access, dependencies, statistics -----------------------------------------------------
