@@ -802,7 +802,11 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
       // A point closes the epoch every few frees, and at once when none is outstanding (the
       // stream has caught up): so that what a stream frees before it falls idle becomes
       // free for others too, without an event for every free.
-      const std::uint32_t frees = record.frees.fetch_add(1) + 1;
+      // A count, not a ledger: two threads freeing on one stream into two arenas may lose
+      // an increment (that point comes a free later), and the hot path saves an atomic
+      // read-modify-write. A point is still recorded when none is outstanding.
+      const std::uint32_t frees = record.frees.load(std::memory_order_relaxed) + 1;
+      record.frees.store(frees, std::memory_order_relaxed);
       if (frees >= frees_per_point || record.outstanding.load(std::memory_order_relaxed) == 0) {
         {
           std::lock_guard record_lock(record.mutex);
