@@ -236,7 +236,9 @@ class resource_state {
   std::vector<saved_run> saved_runs_;
   // The host copies of the last wake are given back on a detached thread of their own (a
   // resource may live until the process exits, so nothing may have to join it), counted
-  // in host_releases_running under this resource.
+  // in host_releases_running under this resource. Until a wake starts one, waiting for
+  // them asks nothing (a resource destroyed at exit then touches no static).
+  bool released_on_a_thread_ = false;
   void wait_for_host_release() noexcept;
   // Where the host copies of sleep() live: pinned host memory, plain host memory on the OS
   // provider.
@@ -1060,6 +1062,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     wait_for_host_release();
     host_releases_running& running = host_releases_running::instance();
     running.add(this);
+    released_on_a_thread_ = true;
     try {
       std::thread([owner = this, &running, give_back = std::move(give_back)]() mutable noexcept {
         {
@@ -1092,7 +1095,7 @@ void resource_state::give_back_host_copies(std::unique_ptr<growable_buffer> save
 }
 
 void resource_state::wait_for_host_release() noexcept {
-  host_releases_running::instance().wait_for(this);
+  if (released_on_a_thread_) host_releases_running::instance().wait_for(this);
 }
 
 // ---- access, dependencies, statistics -----------------------------------------------------
