@@ -9,10 +9,15 @@
 //   store_get_first/<MiB>     get + release of a sealed buffer with the client's import
 //                             cache emptied before each (outside the time): the daemon
 //                             sends its cached fds, the client imports, maps, sets access
-//   store_get_repeated/<MiB>  get + release with the import cached: one round trip, no fd
+//   store_get_repeated/<MiB>  get + release with the import cached and the buffer unchanged
+//                             (the daemon's version table says so): a local get, that is
+//                             a hold message and a release message, neither with a reply
 //   store_get_kept/<MiB>      the same gets with every buffer kept until the row ends (its
 //                             releases are sent after the time): what the release message
 //                             that dropping a buffer sends costs the repeated get
+//   store_get_asked/<MiB>     get + release with the import cached, of a buffer the version
+//                             table does not vouch for (unsealed, of another client): one
+//                             round trip, no fd
 //   legacy_get_first/<MiB>    handle request + cudaIpcOpenMemHandle (closed outside the time)
 //   legacy_get_repeated/<MiB> handle request, the pointer opened once before (the best a
 //                             legacy client can do: a handle opens once per process)
@@ -176,6 +181,7 @@ struct server_process {
 
 server_process* server = nullptr;
 vmm::store::client* store = nullptr;
+vmm::store::client* other = nullptr;     // a second client: not the creator of any buffer
 std::vector<vmm::store::buffer> sealed;  // the creator's holds on the shared buffers
 
 std::string buffer_name(std::size_t bytes) {
@@ -203,6 +209,21 @@ void store_get(benchmark::State& state, bool repeated) {
     vmm::store::buffer got = store->get(buffer_name(bytes));
     benchmark::DoNotOptimize(got.data());
   }
+}
+
+// The repeated get that asks the daemon: of an unsealed buffer, by a client that did not
+// create it (its creator's exit would take the name, which no request orders).
+void BM_store_get_asked(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0)) * mib;
+  const std::string name = "open-" + std::to_string(bytes / mib);
+  sealed.push_back(store->create(name, bytes, where()));
+  { benchmark::DoNotOptimize(other->get(name).data()); }  // the first get: imports, untimed
+  for (auto _ : state) {
+    vmm::store::buffer got = other->get(name);
+    benchmark::DoNotOptimize(got.data());
+  }
+  sealed.pop_back();
+  store->remove(name);
 }
 
 void BM_store_get_kept(benchmark::State& state) {
@@ -373,6 +394,7 @@ BENCHMARK(BM_store_get_first)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_legacy_get_first)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_store_get_repeated)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_store_get_kept)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_store_get_asked)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_legacy_get_repeated)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_store_create)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_store_16_clients)->UseManualTime()->Iterations(1)->Unit(benchmark::kSecond);
@@ -397,12 +419,15 @@ int main(int argc, char** argv) try {
     server_process daemon;
     server = &daemon;
     vmm::store::client client({.socket_path = store_socket()});
+    vmm::store::client second({.socket_path = store_socket()});
     store = &client;
+    other = &second;
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     sealed.clear();
     store = nullptr;
+    other = nullptr;
   }
   std::remove(store_socket().c_str());
   std::remove(legacy_socket().c_str());

@@ -6,11 +6,16 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -223,6 +228,96 @@ TYPED_TEST(store_test, repeated_gets_reuse_the_mapping) {
   EXPECT_EQ(checksum_of(contents(store.get("hot"))), checksum_of(pattern(3 * this->granularity_, 7)));
 }
 
+// A get of a buffer this client maps already, unchanged since (the daemon's version table
+// says so), takes its hold with a message that has no reply: with the daemon stopped, it
+// still returns. A get that waited for a reply would time out instead.
+TYPED_TEST(store_test, a_get_of_an_unchanged_buffer_it_maps_waits_for_no_reply) {
+  using namespace std::chrono_literals;
+  store::client store({.socket_path = this->daemon_->socket(), .timeout = 2000ms});
+  ASSERT_NE(store.daemon().version_slots, 0u) << "the daemon offers no version table";
+  const std::size_t n = 2 * this->granularity_;
+  (void)this->create_filled(store, "local", n, 12);
+  store.seal("local");
+  std::uintptr_t address = 0;
+  {
+    const store::buffer first = store.get("local");
+    address = reinterpret_cast<std::uintptr_t>(first.data());
+  }
+  ASSERT_EQ(store.stat("local").holders, 0u);
+  const pid_t daemon = this->daemon_->process().pid();
+  struct stopped {
+    pid_t pid;
+    explicit stopped(pid_t p) : pid(p) { ::kill(pid, SIGSTOP); }
+    ~stopped() { ::kill(pid, SIGCONT); }
+  };
+  std::vector<store::buffer> got;
+  {
+    const stopped paused(daemon);
+    for (int i = 0; i < 3; ++i) ASSERT_NO_THROW(got.push_back(store.get("local"))) << "get " << i;
+  }
+  for (const store::buffer& held : got) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(held.data()), address);
+    EXPECT_EQ(held.size(), n);
+  }
+  EXPECT_EQ(checksum_of(contents(got.front())), checksum_of(pattern(n, 12)));
+  // The holds went first on the connection: the daemon counts them before it answers.
+  EXPECT_EQ(store.stat("local").holders, 3u);
+  got.clear();
+  EXPECT_EQ(store.stat("local").holders, 0u);
+}
+
+// What a local get must not miss: each change below comes from another client, and the
+// next get of this one sees it.
+TYPED_TEST(store_test, a_repeated_get_sees_removal_recreation_growth_sealing_and_a_lost_name) {
+  const std::size_t g = this->granularity_;
+  store::client reader = this->connect();
+  store::client writer = this->connect();
+  const auto refused = [&](store::client& asker, const std::string& name, access_mode access,
+                           status expected) {
+    try {
+      (void)asker.get(name, access);
+      ADD_FAILURE() << "a get of \"" << name << "\" was not refused";
+    } catch (const store::store_error& error) {
+      EXPECT_TRUE(error.is(expected)) << error.what();
+    }
+  };
+  store::buffer first = this->create_filled(writer, "x", g, 1);
+  writer.seal("x");
+  { EXPECT_EQ(reader.get("x").entry(), first.entry()); }
+  writer.remove("x");  // held by `first`: it lives on, without its name
+  refused(reader, "x", access_mode::read_only, status::not_found);
+  const std::uint64_t first_entry = first.entry();
+  first.release();  // now it ends
+
+  (void)this->create_filled(writer, "x", 2 * g, 2);
+  writer.seal("x");
+  {
+    const store::buffer again = reader.get("x");
+    EXPECT_NE(again.entry(), first_entry);
+    EXPECT_EQ(again.size(), 2 * g);
+    EXPECT_EQ(checksum_of(contents(again)), checksum_of(pattern(2 * g, 2)));
+  }
+  // The creator's own unsealed buffer, grown and sealed through the other client (one pid:
+  // both may write).
+  const store::buffer made = writer.create("g", g, TypeParam::where());
+  (void)reader.grow("g", 3 * g);
+  { EXPECT_EQ(writer.get("g", access_mode::read_write).size(), 3 * g); }
+  reader.seal("g");
+  refused(writer, "g", access_mode::read_write, status::sealed);
+  { EXPECT_EQ(writer.get("g").size(), 3 * g); }
+
+  // An uncommitted creation loses its name when its creator's connection closes.
+  {
+    store::client creator = this->connect();
+    const store::buffer doomed = creator.create("u", g, TypeParam::where());
+    { EXPECT_EQ(reader.get("u").entry(), doomed.entry()); }
+  }
+  refused(reader, "u", access_mode::read_only, status::not_found);
+  const store::daemon_statistics now = reader.statistics();
+  EXPECT_EQ(now.named_entries, 2u);  // x and g
+  EXPECT_EQ(now.holds, 1u);          // `made`
+}
+
 TYPED_TEST(store_test, client_killed_while_holding_leaves_no_leak) {
   store::client store = this->connect();
   (void)this->create_filled(store, "held", 2 * this->granularity_, 8);
@@ -421,13 +516,34 @@ TEST(store_protocol, requests_round_trip_and_forgeries_are_refused) {
     return copy;
   };
   EXPECT_THROW((void)store::decode_request(patched(0, 0)), ipc::protocol_error);  // magic
-  EXPECT_THROW((void)store::decode_request(patched(4, 2)), store::unsupported_version_error);
+  EXPECT_THROW((void)store::decode_request(patched(4, 1)), store::unsupported_version_error);
   EXPECT_THROW((void)store::decode_request(patched(6, 99)), ipc::protocol_error);  // op
   EXPECT_THROW((void)store::decode_request(patched(8, 3)), ipc::protocol_error);   // access
   EXPECT_THROW((void)store::decode_request(patched(9, 1)), ipc::protocol_error);   // reserved
   EXPECT_THROW((void)store::decode_request(std::span(bytes).first(bytes.size() - 1)), ipc::protocol_error);
   bytes.push_back(std::byte{0});
   EXPECT_THROW((void)store::decode_request(bytes), ipc::protocol_error);  // trailing byte
+}
+
+TEST(store_protocol, hold_and_its_versions_round_trip) {
+  const store::request hold{.op = store::operation::hold, .entry = 42};
+  const std::vector<std::byte> bytes = store::encode(hold);
+  EXPECT_EQ(bytes.size(), 16u);
+  EXPECT_EQ(store::decode_request(bytes), hold);
+  EXPECT_THROW((void)store::decode_request(std::span(bytes).first(15)), ipc::protocol_error);
+  const store::hold_reply reply{.entry = 3,
+                                .size = 4096,
+                                .sent = store::delivery::growth,
+                                .sealed = true,
+                                .slot = 17,
+                                .version = 0x1122334455667788};
+  EXPECT_EQ(store::decode_hold_reply(store::encode(reply)), reply);
+  EXPECT_EQ(store::hold_reply{}.slot, store::no_version_slot);
+  const store::daemon_info info{.instance = 1, .started_ns = 2, .pid = 3, .version_slots = 65536};
+  EXPECT_EQ(store::decode_daemon_info(store::encode(info)), info);
+  std::vector<std::byte> short_reply = store::encode(reply);
+  short_reply.pop_back();
+  EXPECT_THROW((void)store::decode_hold_reply(short_reply), ipc::protocol_error);
 }
 
 class store_daemon : public ::testing::Test {
@@ -456,8 +572,9 @@ void send_now(int socket, std::span<const std::byte> bytes) {
             static_cast<ssize_t>(bytes.size()));
 }
 
+// A reply, with whatever descriptors it carries (hello's: the version table) closed.
 store::reply receive_reply(int socket) {
-  return store::decode_reply(ipc::receive_message(socket, 0).payload);
+  return store::decode_reply(ipc::receive_message(socket, std::nullopt).payload);
 }
 
 TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_else) {
@@ -537,6 +654,81 @@ TEST_F(store_daemon, malformed_messages_close_one_connection_and_change_nothing_
   EXPECT_EQ(after.connections, before.connections);
   EXPECT_EQ(after.open_fds, before.open_fds);
   EXPECT_EQ(checksum_of(contents(store.get("kept"))), checksum_of(pattern(g, 13)));
+}
+
+// A local get's hold can arrive after its entry ended (the get came first): that hold, and
+// the release after it, are no error and hold nothing. A hold of an entry that never
+// existed breaks the protocol.
+TEST_F(store_daemon, a_hold_after_its_entry_ended_is_no_error_and_one_of_no_entry_is) {
+  daemon_process daemon(directory_.path() + "/socket");
+  store::client store({.socket_path = daemon.socket()});
+  std::uint64_t ended = 0;
+  {
+    const store::buffer made = store.create("ended", 4096, location::os_host());
+    ended = made.entry();
+  }
+  store.remove("ended");  // unheld and unnamed: it ends
+  const store::buffer kept = store.create("live", 4096, location::os_host());
+  const unique_fd raw = ipc::connect_unix(daemon.socket());
+  const auto tell = [&](store::operation op, std::uint64_t entry) {
+    ipc::send_message(raw.get(), store::encode(store::request{.op = op, .entry = entry}));
+  };
+  // A round trip on the raw connection: the daemon served what it sent before.
+  const auto holds = [&] {
+    ipc::send_message(raw.get(), store::encode(store::request{.op = store::operation::statistics}));
+    const store::reply answer = receive_reply(raw.get());
+    EXPECT_EQ(answer.code, status::ok) << answer.message;
+    return store::decode_daemon_statistics(answer.body).holds;
+  };
+  tell(store::operation::hold, ended);
+  tell(store::operation::release, ended);
+  tell(store::operation::hold, kept.entry());
+  EXPECT_EQ(holds(), 2u);  // `kept`, and the raw connection's hold on it
+  EXPECT_EQ(store.stat("live").holders, 2u);
+  tell(store::operation::release, kept.entry());
+  EXPECT_EQ(holds(), 1u);
+  tell(store::operation::hold, kept.entry() + 1000);
+  const store::reply refused = receive_reply(raw.get());
+  EXPECT_EQ(refused.code, status::bad_request);
+  EXPECT_NE(refused.message.find("never existed"), std::string::npos) << refused.message;
+  EXPECT_THROW((void)ipc::receive_message(raw.get(), 0), ipc::peer_closed) << "the connection stayed open";
+  EXPECT_EQ(store.statistics().holds, 1u);
+}
+
+// The version table a client maps: the daemon's words, which no client can change.
+TEST_F(store_daemon, the_version_table_is_read_only_for_clients_and_follows_changes) {
+  daemon_process daemon(directory_.path() + "/socket");
+  const unique_fd raw = ipc::connect_unix(daemon.socket());
+  ipc::send_message(raw.get(), store::encode(store::request{.op = store::operation::hello}));
+  ipc::message got = ipc::receive_message(raw.get(), 1);
+  const store::reply answer = store::decode_reply(got.payload);
+  ASSERT_EQ(answer.code, status::ok) << answer.message;
+  const store::daemon_info info = store::decode_daemon_info(answer.body);
+  ASSERT_GT(info.version_slots, 0u);
+  const int fd = got.fds.at(0).get();
+  const std::size_t bytes = std::size_t{info.version_slots} * sizeof(std::uint64_t);
+  struct stat status {};
+  ASSERT_EQ(::fstat(fd, &status), 0);
+  EXPECT_EQ(static_cast<std::size_t>(status.st_size), bytes);
+  EXPECT_EQ(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+  EXPECT_EQ(::write(fd, "x", 1), -1);
+  EXPECT_NE(::ftruncate(fd, 0), 0);
+  EXPECT_NE(::fcntl(fd, F_ADD_SEALS, 0), 0) << "the seals can still change";
+  void* mapped = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  const auto sum = [&] {
+    const auto* words = static_cast<const std::uint64_t*>(mapped);
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < info.version_slots; ++i) total += words[i];
+    return total;
+  };
+  const std::uint64_t before = sum();
+  store::client store({.socket_path = daemon.socket()});
+  (void)store.create("changing", 4096, location::os_host());
+  store.seal("changing");    // one bump
+  store.remove("changing");  // two: it loses its name, and ends
+  EXPECT_EQ(sum(), before + 3);
+  ::munmap(mapped, bytes);
 }
 
 // ---- the daemon serves everyone while one client is slow, silent or deaf ----------------------

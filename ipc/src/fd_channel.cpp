@@ -19,11 +19,13 @@
 /// Deadlines. A blocking recvmsg waits for as long as the peer keeps the connection open,
 /// and a blocking sendmsg of a large message for as long as the peer does not read: a peer
 /// that stops half-way would hang this process. So no call here ever blocks in the kernel
-/// except poll(): each recvmsg or sendmsg follows a poll() given the time left to the
-/// message's deadline, and passes MSG_DONTWAIT, which moves what can be moved now whatever
-/// the socket's O_NONBLOCK says. A poll() that a signal interrupts is called again with the
-/// time left then; an EAGAIN after a poll() that said "ready" (a spurious wake-up, or a
-/// non-blocking socket) goes back to poll() the same way. When the deadline passes, the
+/// except poll(), given the time left to the message's deadline: every recvmsg and sendmsg
+/// passes MSG_DONTWAIT, which moves what can be moved now whatever the socket's O_NONBLOCK
+/// says. A send tries first and polls when the socket is full; a receive polls before the
+/// first byte of a message (which is usually not there yet), and tries first for the rest
+/// (which usually is). A poll() that a signal interrupts is called again with the time left
+/// then; an EAGAIN (a spurious wake-up, a non-blocking socket, a rest not there yet) goes
+/// back to poll() the same way. When the deadline passes, the
 /// descriptors received so far are owned already, and close as the exception unwinds.
 
 #include <vmm/ipc/fd_channel.hpp>
@@ -132,10 +134,13 @@ bool wait_until_ready(int socket_fd, short events, const detail::deadline& until
 
 /// One recvmsg into `buffer` once the socket is readable, retried after EINTR and EAGAIN.
 /// Appends every descriptor it receives to `fds` before anything can throw, then reports
-/// truncated control data.
+/// truncated control data. `poll_first`: wait for the socket before the first recvmsg
+/// (bytes that are not there yet); otherwise try at once (the rest of a message that is
+/// arriving), and wait only when nothing is there.
 /// @returns the number of bytes read, 0 at end of stream; nullopt if `until` passed first.
 std::optional<std::size_t> receive_some(int socket_fd, std::span<std::byte> buffer,
-                                        std::vector<unique_fd>& fds, const detail::deadline& until) {
+                                        std::vector<unique_fd>& fds, const detail::deadline& until,
+                                        bool poll_first) {
   // Reserve first, so that taking ownership below cannot fail with descriptors in flight.
   fds.reserve(fds.size() + max_fds_per_receive);
 
@@ -143,8 +148,10 @@ std::optional<std::size_t> receive_some(int socket_fd, std::span<std::byte> buff
   iovec io{buffer.data(), buffer.size()};
   msghdr header{};
   ssize_t received = 0;
+  bool wait = poll_first;
   do {
-    if (!wait_until_ready(socket_fd, POLLIN, until, "receive_message")) return std::nullopt;
+    if (wait && !wait_until_ready(socket_fd, POLLIN, until, "receive_message")) return std::nullopt;
+    wait = true;
     header = msghdr{};
     header.msg_iov = &io;
     header.msg_iovlen = 1;
@@ -185,7 +192,8 @@ void receive_exact(int socket_fd, std::span<std::byte> buffer, std::vector<uniqu
   while (filled < buffer.size()) {
     bool const fds_allowed = first_of_message && filled == 0;
     std::optional<std::size_t> const received =
-        receive_some(socket_fd, buffer.subspan(filled), fds_allowed ? fds : late_fds, until);
+        receive_some(socket_fd, buffer.subspan(filled), fds_allowed ? fds : late_fds, until,
+                     first_of_message && filled == 0);
     if (!received) {
       throw timeout_error(fmt::format(
           "receive_message on socket {}: timed out with {} of {} {} bytes received, after "

@@ -4,6 +4,8 @@
 #include <vmm/ipc/fd_channel.hpp>
 #include <vmm/unique_fd.hpp>
 
+#include "version_table.hpp"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <utility>
 
@@ -21,8 +24,10 @@ struct cached_import {
   std::string name;
   std::uint64_t entry = 0;
   ipc::imported_buffer mapped;
-  std::size_t size = 0;         // as of the last reply
-  std::uint64_t last_used = 0;  // for eviction
+  std::size_t size = 0;                  // as of the last reply
+  std::uint64_t last_used = 0;           // for eviction
+  std::uint32_t slot = no_version_slot;  // the entry's word in the version table
+  std::uint64_t version = 0;             // that word as of the last reply
 };
 
 struct client_state {
@@ -30,6 +35,7 @@ struct client_state {
   std::mutex mutex;
   unique_fd socket;
   daemon_info daemon;
+  version_table versions;  // the daemon's, read-only; empty when it offers none
   std::map<std::pair<std::string, access_mode>, std::shared_ptr<cached_import>> cache;
   std::uint64_t clock = 0;
 
@@ -48,7 +54,8 @@ struct client_state {
 
   // Sends a request and returns the ok body; throws the daemon's refusal. A daemon that
   // refused the connection has closed it: its reply may still be read after a failed send.
-  std::vector<std::byte> exchange(const request& asked) {
+  // The reply's descriptors go to `fds` when given; a reply with any is refused otherwise.
+  std::vector<std::byte> exchange(const request& asked, std::vector<unique_fd>* fds = nullptr) {
     check_open();
     const std::vector<std::byte> bytes = encode(asked);
     bool sent = true;
@@ -61,7 +68,8 @@ struct client_state {
     }
     ipc::message got;
     try {
-      got = ipc::receive_message(socket.get(), 0, sent ? options.timeout : std::chrono::milliseconds(0));
+      got = ipc::receive_message(socket.get(), fds != nullptr ? std::nullopt : std::optional<std::size_t>(0),
+                                 sent ? options.timeout : std::chrono::milliseconds(0));
     } catch (const ipc::protocol_error&) {
       socket.reset();
       throw;
@@ -81,7 +89,17 @@ struct client_state {
         socket.reset();  // the daemon closes these connections
       throw store_error(static_cast<int>(answer.code), answer.message);
     }
+    if (fds != nullptr) *fds = std::move(got.fds);
     return std::move(answer.body);
+  }
+
+  // Sends a request that has no reply.
+  void tell(const request& asked) {
+    try {
+      ipc::send_message(socket.get(), encode(asked), {}, options.timeout);
+    } catch (const os_error& error) {
+      gone(error.what());
+    }
   }
 
   // Receives what a hold reply announces into the cache entry for (name, access).
@@ -110,6 +128,8 @@ struct client_state {
       throw;
     }
     cached->size = got.size;
+    cached->slot = got.slot;
+    cached->version = got.version;
     cached->last_used = ++clock;
     cache[{name, access}] = cached;
     evict();
@@ -135,10 +155,9 @@ struct client_state {
     std::lock_guard lock(mutex);
     if (!socket) return;  // the daemon is gone, and the hold with it
     try {
-      ipc::send_message(socket.get(), encode(request{.op = operation::release, .entry = entry}), {},
-                        options.timeout);
+      tell(request{.op = operation::release, .entry = entry});
     } catch (const std::exception&) {
-      socket.reset();
+      // The daemon is gone (tell() closed the socket), and the hold with it.
     }
     evict();
   }
@@ -247,7 +266,15 @@ client::client(client_options options) : state_(std::make_shared<detail::client_
     throw store_error(store_error::daemon_gone, fmt::format("vmm-store: no daemon at {}: {}",
                                                             state_->options.socket_path, error.what()));
   }
-  state_->daemon = decode_daemon_info(state_->exchange(request{.op = operation::hello}));
+  std::vector<unique_fd> fds;
+  state_->daemon = decode_daemon_info(state_->exchange(request{.op = operation::hello}, &fds));
+  if (fds.size() != (state_->daemon.version_slots != 0 ? 1u : 0u))
+    throw ipc::protocol_error(
+        fmt::format("vmm-store: hello's reply carries {} descriptors for a version table "
+                    "of {} slots",
+                    fds.size(), state_->daemon.version_slots));
+  if (!fds.empty())
+    state_->versions = detail::version_table::open(std::move(fds.front()), state_->daemon.version_slots);
 }
 
 client::~client() = default;
@@ -282,6 +309,17 @@ buffer client::get(std::string_view name, access_mode access) {
   std::shared_ptr<detail::cached_import> cached;
   if (const auto found = state_->cache.find({asked.name, access}); found != state_->cache.end()) {
     cached = found->second;
+    if (cached->slot != no_version_slot && state_->versions.read(cached->slot) == cached->version) {
+      // Unchanged since the daemon last said: the same entry under this name, the same
+      // size, still writable if it was. Take the hold without waiting for a reply.
+      state_->check_open();
+      state_->tell(request{.op = operation::hold, .entry = cached->entry});
+      cached->last_used = ++state_->clock;
+      buffer made;
+      made.import_ = std::move(cached);
+      made.state_ = state_;
+      return made;
+    }
     asked.entry = cached->entry;
     asked.generation = cached->mapped.buffer_id();
     asked.end = cached->mapped.capacity();

@@ -222,6 +222,7 @@ std::vector<std::byte> encode(const request& message) {
           .put<std::uint64_t>(message.end);
       break;
     case operation::release:
+    case operation::hold:
       out.put<std::uint64_t>(message.entry);
       break;
     case operation::grow:
@@ -250,8 +251,7 @@ request decode_request(std::span<const std::byte> bytes) {
         "vmm-store request: protocol version {}; this daemon speaks {}", version, protocol_version));
   request message;
   const auto op = in.get<std::uint16_t>();
-  if (op < static_cast<std::uint16_t>(operation::hello) ||
-      op > static_cast<std::uint16_t>(operation::statistics))
+  if (op < static_cast<std::uint16_t>(operation::hello) || op > static_cast<std::uint16_t>(operation::hold))
     throw protocol_error(fmt::format("vmm-store request: unknown operation {}", op));
   message.op = static_cast<operation>(op);
   switch (message.op) {
@@ -277,6 +277,7 @@ request decode_request(std::span<const std::byte> bytes) {
       message.end = in.get<std::uint64_t>();
       break;
     case operation::release:
+    case operation::hold:
       message.entry = in.get<std::uint64_t>();
       break;
     case operation::grow:
@@ -329,7 +330,7 @@ std::vector<std::byte> encode(const std::vector<buffer_info>& infos) {
 std::vector<std::byte> encode(const daemon_info& info) {
   writer out;
   out.put<std::uint64_t>(info.instance).put<std::uint64_t>(info.started_ns).put<std::uint32_t>(info.pid);
-  return out.put<std::uint16_t>(info.version).take();
+  return out.put<std::uint16_t>(info.version).put<std::uint32_t>(info.version_slots).take();
 }
 
 std::vector<std::byte> encode(const hold_reply& reply) {
@@ -337,6 +338,8 @@ std::vector<std::byte> encode(const hold_reply& reply) {
   out.put<std::uint64_t>(reply.entry).put<std::uint64_t>(reply.size);
   return out.put<std::uint8_t>(static_cast<std::uint8_t>(reply.sent))
       .put<std::uint8_t>(reply.sealed ? 1 : 0)
+      .put<std::uint32_t>(reply.slot)
+      .put<std::uint64_t>(reply.version)
       .take();
 }
 
@@ -415,6 +418,7 @@ daemon_info decode_daemon_info(std::span<const std::byte> body) {
   info.started_ns = in.get<std::uint64_t>();
   info.pid = in.get<std::uint32_t>();
   info.version = in.get<std::uint16_t>();
+  info.version_slots = in.get<std::uint32_t>();
   in.finish();
   return info;
 }
@@ -428,6 +432,8 @@ hold_reply decode_hold_reply(std::span<const std::byte> body) {
   if (sent > 2) throw protocol_error(fmt::format("vmm-store hold reply: unknown delivery {}", sent));
   reply.sent = static_cast<delivery>(sent);
   reply.sealed = in.get_flag("sealed");
+  reply.slot = in.get<std::uint32_t>();
+  reply.version = in.get<std::uint64_t>();
   in.finish();
   return reply;
 }

@@ -24,6 +24,7 @@
 #include "../continuation.hpp"
 #include "../deadline.hpp"
 #include "os/system.hpp"
+#include "version_table.hpp"
 
 namespace vmm::store {
 namespace {
@@ -113,7 +114,8 @@ struct server::entry {
   std::set<pid_t> writers;
   std::uint64_t charged_to = 0;  // the connection whose client cap counts it (0: none)
   std::uint32_t holders = 0;
-  std::size_t charged = 0;  // capacity counted in bytes_ (and the charged connection's)
+  std::uint32_t slot = no_version_slot;  // its word in the version table
+  std::size_t charged = 0;               // capacity counted in bytes_ (and the charged connection's)
   growable_buffer buffer;
   // The last whole export per grant, valid for the capacity it was made at.
   std::map<access_mode, std::shared_ptr<const ipc::exported_manifest>> whole;
@@ -162,11 +164,15 @@ struct server::connection {
   }
 };
 
-server::server(server_options options) : options_(std::move(options)) {
+server::server(server_options options)
+    : options_(std::move(options)),
+      versions_(
+          std::make_unique<detail::version_table>(detail::version_table::create(options_.version_slots))) {
   std::random_device random;
   info_.instance = (std::uint64_t{random()} << 32) ^ random() ^ realtime_ns();
   info_.started_ns = realtime_ns();
   info_.pid = static_cast<std::uint32_t>(::getpid());
+  info_.version_slots = static_cast<std::uint32_t>(versions_->slots());
   if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
   int pipe_ends[2];
   if (::pipe2(pipe_ends, O_CLOEXEC | O_NONBLOCK) != 0) throw os_error(errno, "vmm-store: pipe2");
@@ -298,6 +304,7 @@ void server::destroy_if_unused(std::uint64_t entry_id) noexcept {
   if (found == entries_.end()) return;
   entry& e = *found->second;
   if (e.named || e.holders != 0) return;
+  versions_->give_back(e.slot);
   bytes_ -= e.charged;
   if (e.charged_to != 0)
     if (const auto owner = connections_.find(e.charged_to); owner != connections_.end())
@@ -323,6 +330,7 @@ void server::close_connection(std::uint64_t id) noexcept {
     if (!e->sealed && e->named) {  // an uncommitted creation: its name goes with its creator
       names_.erase(e->name);
       e->named = false;
+      versions_->bump(e->slot);
       touched.push_back(entry_id);
     }
   }
@@ -337,10 +345,12 @@ class server::dispatch {
   dispatch(server& daemon, connection& client) : d_(daemon), c_(client) {}
 
   std::shared_ptr<const ipc::exported_manifest> manifest;
+  int table_fd = -1;  // hello: the version table's descriptor goes with the reply
 
   std::vector<std::byte> run(const request& r) {
     switch (r.op) {
       case operation::hello:
+        if (d_.versions_->slots() != 0) table_fd = d_.versions_->fd();
         return encode(d_.info_);
       case operation::create:
         return create(r);
@@ -365,12 +375,14 @@ class server::dispatch {
         entry& e = named(r.name);
         d_.names_.erase(e.name);
         e.named = false;
+        d_.versions_->bump(e.slot);
         d_.destroy_if_unused(e.id);
         return {};
       }
       case operation::statistics:
         return encode(d_.statistics());
       case operation::release:
+      case operation::hold:
         break;
     }
     throw refusal{status::bad_request, "vmm-store: no reply to this operation"};
@@ -425,6 +437,19 @@ class server::dispatch {
     ++e.holders;
   }
 
+  // `reply` with the version-table slot of `e` and its word now, where a client may get `e`
+  // again without asking: where every change to `e` is a request's, which the daemon
+  // answers after it bumped the word. That is true of a sealed entry, and of an unsealed one
+  // for its creator; but an unsealed entry also loses its name when its creator goes, which
+  // no request of another client is ordered after.
+  hold_reply versioned(hold_reply reply, const entry& e) const {
+    if (e.sealed || e.creator == c_.id) {
+      reply.slot = e.slot;
+      reply.version = d_.versions_->read(e.slot);
+    }
+    return reply;
+  }
+
   // The whole manifest of `e` for `grant`, made now if the cached one is stale.
   std::shared_ptr<const ipc::exported_manifest> whole(entry& e, access_mode grant) {
     auto found = e.whole.find(grant);
@@ -441,7 +466,7 @@ class server::dispatch {
   // What a client that maps [0, end) of generation `generation` gets: nothing, a growth
   // manifest, or (generation unknown: another entry, another grant) a whole one.
   hold_reply deliver(entry& e, std::uint64_t generation, std::uint64_t end, access_mode grant) {
-    hold_reply reply{e.id, e.buffer.size(), delivery::whole, e.sealed};
+    hold_reply reply = versioned(hold_reply{e.id, e.buffer.size(), delivery::whole, e.sealed}, e);
     const auto known = e.generations.find(generation);
     if (generation != 0 && known != e.generations.end() && known->second == grant &&
         end <= e.buffer.capacity()) {
@@ -510,13 +535,15 @@ class server::dispatch {
     charge(e, e.buffer.capacity());
     hold(e);
     manifest = std::move(sent);
-    return encode(hold_reply{e.id, e.buffer.size(), delivery::whole, false});
+    e.slot = d_.versions_->take();
+    return encode(versioned(hold_reply{e.id, e.buffer.size(), delivery::whole, false}, e));
   }
 
   std::vector<std::byte> seal(const request& r) {
     entry& e = named(r.name);
     check_writer(e, "seal");
     e.sealed = true;
+    d_.versions_->bump(e.slot);
     e.whole.erase(access_mode::read_write);
     return {};
   }
@@ -567,6 +594,7 @@ class server::dispatch {
     const std::size_t capacity = predicted_capacity(e.buffer.capacity(), r.size, g, e.buffer.max_size());
     check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
     e.buffer.resize(r.size);
+    d_.versions_->bump(e.slot);
     charge(e, std::max(e.charged, e.buffer.capacity()));
     return encode(e.info());
   }
@@ -625,7 +653,23 @@ void server::serve(connection& client, std::span<const std::byte> payload) {
     return refuse(client, status::bad_request, error.what());
   }
 
+  // Hold and release have no reply. An entry that existed and is gone now is no error for
+  // either: a client's local get (the version table said its entry was unchanged) can come
+  // just before the entry's end, and its hold arrive after it. Then nothing is held, and
+  // the release that follows finds nothing to drop.
+  const bool gone = asked.entry != 0 && asked.entry < next_entry_ && !entries_.contains(asked.entry);
+  if (asked.op == operation::hold) {
+    if (gone) return;
+    const auto found = entries_.find(asked.entry);
+    if (found == entries_.end())
+      return refuse(client, status::bad_request,
+                    fmt::format("vmm-store: hold of entry {}, which never existed", asked.entry));
+    ++client.holds[asked.entry];
+    ++found->second->holders;
+    return;
+  }
   if (asked.op == operation::release) {
+    if (gone && !client.holds.contains(asked.entry)) return;
     if (!client.holds.contains(asked.entry))
       return refuse(
           client, status::bad_request,
@@ -654,7 +698,9 @@ void server::serve(connection& client, std::span<const std::byte> payload) {
     reply = encode_error(status::internal, error.what());
     handler.manifest = nullptr;
   }
-  send(client, reply, std::move(handler.manifest));
+  const std::array<int, 1> table{handler.table_fd};
+  send(client, reply, std::move(handler.manifest),
+       handler.table_fd >= 0 ? std::span<const int>(table) : std::span<const int>());
 }
 
 void server::refuse(connection& client, status code, const std::string& why) {
@@ -663,8 +709,8 @@ void server::refuse(connection& client, status code, const std::string& why) {
 }
 
 void server::send(connection& client, std::span<const std::byte> reply,
-                  std::shared_ptr<const ipc::exported_manifest> manifest) {
-  client.outbox.push_back(make_frame(reply));
+                  std::shared_ptr<const ipc::exported_manifest> manifest, std::span<const int> reply_fds) {
+  client.outbox.push_back(make_frame(reply, reply_fds));
   if (manifest) {
     std::vector<int> fds;
     for (const unique_fd& fd : manifest->fds) fds.push_back(fd.get());

@@ -20,8 +20,10 @@
 /// moves (vmm::ipc's export generations, importer.hpp).
 ///
 /// Repeated gets are cheap. The client keeps each import it made (per name and access),
-/// also after its handles are gone (up to client_options::cached_imports unheld ones). A
-/// later get() tells the daemon which buffer, generation and extent it maps already; the
+/// also after its handles are gone (up to client_options::cached_imports unheld ones). When
+/// the daemon's version table (docs/store.md) shows that buffer unchanged since the daemon
+/// last answered, a later get() is local: it sends a hold with no reply and returns at once.
+/// Otherwise it tells the daemon which buffer, generation and extent it maps already; the
 /// daemon takes a hold and answers "current" (no descriptors travel, nothing is mapped), or
 /// sends only the growth since. A cached import that the daemon no longer names, or names
 /// for another buffer, is dropped.

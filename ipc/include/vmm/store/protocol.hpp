@@ -12,16 +12,23 @@
 /// can be written; docs/store.md describes it in prose.
 ///
 /// Transport. Every request and reply is one vmm::ipc message (fd_channel.hpp) with no
-/// descriptors. A reply that carries memory (create, get, refresh) is followed by a
-/// manifest sent with vmm::ipc::send_manifest (its descriptors travel there, and the
-/// importer checks every byte of it). Requests never carry descriptors: the daemon closes a
-/// connection whose request does.
+/// descriptors, but hello's reply, which carries the version table's descriptor when
+/// daemon_info::version_slots is not 0. A reply that carries memory (create, get, refresh) is
+/// followed by a manifest sent with vmm::ipc::send_manifest (its descriptors travel there,
+/// and the importer checks every byte of it). Requests never carry descriptors: the daemon
+/// closes a connection whose request does.
 ///
-/// Wire format, version 1. Little-endian, no padding.
+/// The version table. A read-only shared memory of version_slots u64 words (a sealed memfd):
+/// the daemon bumps the word of an entry's slot whenever the entry is removed, sealed,
+/// grown, loses its name or ends. Replies that hold an entry (hold_reply) give its slot and
+/// the word's value. A client that maps an entry already and reads that value still knows
+/// the entry unchanged: it takes a hold with a hold request (no reply) instead of a get.
+///
+/// Wire format, version 2. Little-endian, no padding.
 ///
 ///   request
 ///     0  4 magic    "VMMS" (0x534d4d56 read as a little-endian u32)
-///     4  2 version  1
+///     4  2 version  2
 ///     6  2 op       operation
 ///     8  .. body    by op, exactly (trailing bytes are refused):
 ///        hello       nothing
@@ -32,6 +39,7 @@
 ///                    cached generation u64, cached end u64 (all 0: nothing cached), name
 ///        refresh     entry u64, generation u64, end u64
 ///        release     entry u64                                    (no reply)
+///        hold        entry u64                                    (no reply)
 ///        grow        size u64, name
 ///        grant       pid u32, name
 ///        list, statistics   nothing
@@ -41,7 +49,7 @@
 ///
 ///   reply
 ///     0  4 magic    "VMMR" (0x524d4d56)
-///     4  2 version  1
+///     4  2 version  2
 ///     6  2 status   0 ok, else an error (status below)
 ///     8  .. body:   error: u16 length + message (UTF-8, at most 4096 bytes);
 ///                   ok: by the request's op (reply structs below, encoded field by field)
@@ -66,7 +74,7 @@ namespace vmm::store {
 inline constexpr std::uint32_t request_magic = 0x534d4d56;
 inline constexpr std::uint32_t reply_magic = 0x524d4d56;
 /// The version this library writes and the only one it reads.
-inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::uint16_t protocol_version = 2;
 /// The longest name, in bytes.
 inline constexpr std::size_t max_name_bytes = 255;
 /// The largest request payload: every request fits in far less. Larger frames are refused
@@ -89,6 +97,7 @@ enum class operation : std::uint16_t {
   stat = 10,
   remove = 11,
   statistics = 12,
+  hold = 13,
 };
 
 /// The outcome of a request, as the daemon reports it.
@@ -122,7 +131,7 @@ struct request {
   std::uint64_t size = 0;                       ///< create, grow
   std::uint64_t max_size = 0;                   ///< create
   access_mode access = access_mode::read_only;  ///< get
-  std::uint64_t entry = 0;                      ///< get (cached), refresh, release
+  std::uint64_t entry = 0;                      ///< get (cached), refresh, release, hold
   std::uint64_t generation = 0;                 ///< get (cached), refresh
   std::uint64_t end = 0;                        ///< get (cached), refresh
   std::uint32_t pid = 0;                        ///< grant
@@ -164,8 +173,12 @@ struct daemon_info {
   std::uint64_t started_ns = 0;  ///< CLOCK_REALTIME at start, in nanoseconds
   std::uint32_t pid = 0;
   std::uint16_t version = protocol_version;
+  std::uint32_t version_slots = 0;  ///< words of the version table (0: none is offered)
   friend bool operator==(const daemon_info&, const daemon_info&) = default;
 };
+
+/// hold_reply::slot of an entry without a word in the version table.
+inline constexpr std::uint32_t no_version_slot = 0xffffffff;
 
 /// How a reply to get/create/refresh delivers memory.
 enum class delivery : std::uint8_t {
@@ -180,6 +193,8 @@ struct hold_reply {
   std::uint64_t size = 0;
   delivery sent = delivery::current;
   bool sealed = false;
+  std::uint32_t slot = no_version_slot;  ///< the entry's word in the version table
+  std::uint64_t version = 0;             ///< that word's value as of this reply
   friend bool operator==(const hold_reply&, const hold_reply&) = default;
 };
 

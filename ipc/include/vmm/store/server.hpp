@@ -14,10 +14,15 @@
 /// last whole manifest of every entry per grant (read-only, read-write), so a get sends a
 /// manifest it already has; growth replaces them.
 ///
+/// The version table. A word per live entry in a sealed memfd that clients map read-only
+/// (version_table.hpp): bumped before the reply of every request that removes, seals or
+/// grows an entry, and when an entry loses its name or ends. Clients whose cached import is
+/// current get it again locally and send a hold request, which has no reply (docs/store.md).
+///
 /// Lifetimes, per connection. Each connection counts the holds it took on each entry
-/// (create and get take one, release drops one). An entry is reachable by its name until it
-/// is removed; it is destroyed, its chunks given back to the pool, once it is unnamed and
-/// nobody holds it. An entry whose creator's connection closes before it was sealed is an
+/// (create, get and hold take one, release drops one). An entry is reachable by its name
+/// until it is removed; it is destroyed, its chunks given back to the pool, once it is
+/// unnamed and nobody holds it. An entry whose creator's connection closes before it was sealed is an
 /// uncommitted creation: it loses its name then. A connection that closes, whatever the
 /// reason (exit, crash, SIGKILL), drops every hold it had. The memory a client mapped stays
 /// valid in the client whatever the daemon does (the import keeps it alive); what the
@@ -38,9 +43,9 @@
 /// delays the others by its cost, never by how its client sends or reads.
 ///
 /// Order of events. Each turn first closes the connections whose peer hung up (their unread
-/// requests are dropped: every request that changes something but release gets a reply, so
-/// a client that saw its reply knows it was done), then serves what the others have ready,
-/// then closes those past a deadline. So a client that saw another process die (waitpid)
+/// requests are dropped: every request that changes something but release and hold gets a
+/// reply, so a client that saw its reply knows it was done), then serves what the others
+/// have ready, then closes those past a deadline. So a client that saw another process die (waitpid)
 /// and then asks for statistics sees that process's holds gone.
 ///
 /// Trust. Connections are accepted only from the uids allowed (SO_PEERCRED; by default the
@@ -77,6 +82,10 @@
 
 namespace vmm::store {
 
+namespace detail {
+class version_table;
+}
+
 /// How a server runs.
 struct server_options {
   /// Where to listen; empty: no listening socket (connections come only through
@@ -97,6 +106,10 @@ struct server_options {
   std::chrono::milliseconds reply_timeout{5000};
   /// Connections beyond this are refused.
   std::size_t max_connections = 4096;
+  /// Words of the version table (8 bytes each, in a memfd that holds only the pages
+  /// written): entries beyond this many live at once get none, and their holders go to the
+  /// daemon at every get. 0: no table.
+  std::size_t version_slots = std::size_t{1} << 16;
 };
 
 /// The daemon. See the file comment. Not thread-safe, except stop().
@@ -139,9 +152,11 @@ class server {
   void serve(connection& client, std::span<const std::byte> payload);
   // Sends an error reply, then closes the connection.
   void refuse(connection& client, status code, const std::string& why);
-  // Queues a reply (and the manifest that follows it) and writes what fits now.
+  // Queues a reply (with `reply_fds`, descriptors the server keeps open, and the manifest
+  // that follows it) and writes what fits now.
   void send(connection& client, std::span<const std::byte> reply,
-            std::shared_ptr<const ipc::exported_manifest> manifest = nullptr);
+            std::shared_ptr<const ipc::exported_manifest> manifest = nullptr,
+            std::span<const int> reply_fds = {});
   // Writes what fits now of the queued reply.
   void flush(connection& client);
   void drop_hold(connection& client, std::uint64_t entry_id) noexcept;
@@ -149,6 +164,7 @@ class server {
   std::shared_ptr<chunk_pool> pool_for(const location& where);
 
   server_options options_;
+  std::unique_ptr<detail::version_table> versions_;  // version_table.hpp
   daemon_info info_;
   unique_fd listener_;
   unique_fd wake_read_, wake_write_;  // stop(): a byte on this pipe ends poll
