@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -281,23 +282,19 @@ double parse_ratio(const std::string& text) {
   return value;
 }
 
-// The OS provider holds a descriptor per page: raise the soft limit to the hard one, and
-// refuse (exit status 4) a budget that needs more than that.
-bool descriptors_suffice(std::size_t pages) {
+// The OS provider holds a descriptor per page: the pages this process may hold, once its
+// soft descriptor limit is raised to the hard one (a few hundred kept for the program).
+std::size_t page_descriptors() {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return false;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
   if (limit.rlim_cur < limit.rlim_max) {
     limit.rlim_cur = limit.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &limit);
     (void)::getrlimit(RLIMIT_NOFILE, &limit);
   }
   constexpr std::size_t spare = 256;  // the program's own descriptors
-  if (limit.rlim_cur == RLIM_INFINITY || pages + spare <= limit.rlim_cur) return true;
-  std::fprintf(stderr,
-               "vmm-replay: --simulate needs %zu descriptors (one per page), and this process may open %zu "
-               "(ulimit -n): give a smaller budget or raise the limit\n",
-               pages + spare, static_cast<std::size_t>(limit.rlim_cur));
-  return false;
+  if (limit.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+  return limit.rlim_cur > spare ? static_cast<std::size_t>(limit.rlim_cur) - spare : 0;
 }
 
 int usage() {
@@ -360,8 +357,17 @@ int main(int argc, char** argv) try {
   if (lag && where->kind != vmm::memory_kind::os_host)
     throw std::invalid_argument("--lag is for --location os_host only (a GPU has its own timeline)");
 
-  const std::size_t simulated_granularity = vmm::os_host_options{}.granularity;
-  if (simulate_bytes != 0 && !descriptors_suffice(simulate_bytes / simulated_granularity)) return 4;
+  // On the OS provider the descriptors bound the pages: a --simulate budget that needs more
+  // is refused (exit status 4); otherwise the resource's max_size stays within them.
+  const std::size_t os_pages = where->kind == vmm::memory_kind::os_host ? page_descriptors() : SIZE_MAX;
+  const std::size_t os_granularity = vmm::os_host_options{}.granularity;
+  if (simulate_bytes != 0 && simulate_bytes / os_granularity > os_pages) {
+    std::fprintf(stderr,
+                 "vmm-replay: --simulate needs %zu descriptors (one per page), and this process may open "
+                 "%zu for pages (ulimit -n): give a smaller budget or raise the limit\n",
+                 simulate_bytes / os_granularity, os_pages);
+    return 4;
+  }
 
   std::uint32_t stream_count = 0;
   const std::vector<event> events = parse(trace_path, stream_count);
@@ -378,7 +384,11 @@ int main(int argc, char** argv) try {
                                                                   .commit_on_create = simulate_bytes == 0,
                                                                   .executor = device ? &*device : nullptr})
                                     : vmm::provider_for(*where));
-  vmm::memory_resource resource(pool);
+  vmm::memory_resource_properties properties;
+  const std::size_t memory = pool->provider()->capabilities().physical_memory_size;
+  const std::size_t granularity = pool->granularity();
+  if (os_pages != SIZE_MAX && memory / granularity > os_pages) properties.max_size = os_pages * granularity;
+  vmm::memory_resource resource(pool, properties);
   vmm::stream_executor& executor = pool->provider()->executor();
   std::vector<vmm::owned_stream> owned;
   std::vector<vmm::stream_ref> streams{vmm::stream_ref()};  // stream 0: the legacy default stream
@@ -462,7 +472,6 @@ int main(int argc, char** argv) try {
   const vmm::memory_resource_statistics after = resource.statistics();
 
   // The largest single allocation still possible, the trace's last live set allocated.
-  const std::size_t granularity = pool->granularity();
   std::uint64_t low = 0;
   std::uint64_t high = resource.properties().max_size / granularity + 1;  // in pages
   while (high - low > 1) {

@@ -53,7 +53,7 @@ class version_table {
   unique_fd fd_;
   std::uint64_t* words_ = nullptr;
   std::size_t slots_ = 0;
-  std::uint32_t never_used_ = 0;        // slots [never_used_, slots_) were never taken
+  std::uint32_t never_used_ = 0;         // slots [never_used_, slots_) were never taken
   std::vector<std::uint32_t> returned_;  // slots given back, taken again first
 };
 
