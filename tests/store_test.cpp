@@ -378,6 +378,12 @@ TYPED_TEST(store_test, daemon_killed_leaves_mappings_readable_and_a_restart_is_e
   this->daemon_->process().kill_and_wait(SIGKILL);
   EXPECT_EQ(checksum_of(contents(held)), checksum_of(pattern(2 * g, 10)));
   try {
+    (void)store.get("survivor");  // cached and unchanged: a local get, whose hold cannot be sent
+    ADD_FAILURE() << "a get from a dead daemon succeeded";
+  } catch (const store::store_error& error) {
+    EXPECT_EQ(error.code(), store::store_error::daemon_gone) << error.what();
+  }
+  try {
     (void)store.list();
     ADD_FAILURE() << "a request to a dead daemon succeeded";
   } catch (const store::store_error& error) {
