@@ -71,6 +71,18 @@ class daemon_process {
   std::unique_ptr<child_process> process_;
 };
 
+// A process stopped (SIGSTOP) for the scope: it reads and answers nothing.
+class stopped {
+ public:
+  explicit stopped(pid_t pid) : pid_(pid) { ::kill(pid_, SIGSTOP); }
+  stopped(const stopped&) = delete;
+  stopped& operator=(const stopped&) = delete;
+  ~stopped() { ::kill(pid_, SIGCONT); }
+
+ private:
+  pid_t pid_;
+};
+
 bool exited_cleanly(int status) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
@@ -244,15 +256,9 @@ TYPED_TEST(store_test, a_get_of_an_unchanged_buffer_it_maps_waits_for_no_reply) 
     address = reinterpret_cast<std::uintptr_t>(first.data());
   }
   ASSERT_EQ(store.stat("local").holders, 0u);
-  const pid_t daemon = this->daemon_->process().pid();
-  struct stopped {
-    pid_t pid;
-    explicit stopped(pid_t p) : pid(p) { ::kill(pid, SIGSTOP); }
-    ~stopped() { ::kill(pid, SIGCONT); }
-  };
   std::vector<store::buffer> got;
   {
-    const stopped paused(daemon);
+    const stopped paused(this->daemon_->process().pid());
     for (int i = 0; i < 3; ++i) ASSERT_NO_THROW(got.push_back(store.get("local"))) << "get " << i;
   }
   for (const store::buffer& held : got) {
@@ -264,6 +270,35 @@ TYPED_TEST(store_test, a_get_of_an_unchanged_buffer_it_maps_waits_for_no_reply) 
   EXPECT_EQ(store.stat("local").holders, 3u);
   got.clear();
   EXPECT_EQ(store.stat("local").holders, 0u);
+}
+
+// A daemon with one slot in its version table gives none to its second buffer, and one
+// with no table to any: their gets ask the daemon, and so wait for it.
+TYPED_TEST(store_test, a_buffer_without_a_version_slot_is_got_by_asking) {
+  using namespace std::chrono_literals;
+  const std::size_t g = this->granularity_;
+  for (const std::uint32_t slots : {1u, 0u}) {
+    SCOPED_TRACE(slots);
+    daemon_process small(this->directory_.path() + "/small-" + std::to_string(slots),
+                         {"--version-slots", std::to_string(slots)});
+    store::client store({.socket_path = small.socket(), .timeout = 1000ms});
+    EXPECT_EQ(store.daemon().version_slots, slots);
+    for (const char* name : {"a", "b"}) {
+      (void)this->create_filled(store, name, g, 1);
+      store.seal(name);
+      EXPECT_EQ(checksum_of(contents(store.get(name))), checksum_of(pattern(g, 1)));  // now cached
+    }
+    const stopped paused(small.process().pid());
+    if (slots == 1) {
+      EXPECT_NO_THROW((void)store.get("a")) << "the buffer with the slot";
+    }
+    try {
+      (void)store.get("b");
+      ADD_FAILURE() << "a get of a buffer without a slot did not ask the stopped daemon";
+    } catch (const store::store_error& error) {
+      EXPECT_EQ(error.code(), store::store_error::daemon_gone) << error.what();  // timed out
+    }
+  }
 }
 
 // What a local get must not miss: each change below comes from another client, and the

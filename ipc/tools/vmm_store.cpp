@@ -2,14 +2,16 @@
 // client (docs/store.md).
 //
 //   vmm-store serve [--socket P] [--cap BYTES] [--client-cap BYTES] [--allow-uid U,...]
-//                   [--request-timeout MS] [--reply-timeout MS] [--ready-fd N]
+//                   [--request-timeout MS] [--reply-timeout MS] [--version-slots N] [--ready-fd N]
 //   vmm-store ls [--socket P]
 //   vmm-store stat NAME [--socket P]
 //   vmm-store rm NAME [--socket P]
 //
 // BYTES takes a suffix K, M, G or T (powers of 1024). --request-timeout and --reply-timeout
 // bound how long a request may take to arrive once begun and a reply to be read, in
-// milliseconds (server_options, docs/store.md; 1000 and 5000 by default). --ready-fd N: once listening, write
+// milliseconds (server_options, docs/store.md; 1000 and 5000 by default). --version-slots N:
+// words of the version table that lets clients get unchanged buffers locally (65536 by
+// default; 0: none, every get asks the daemon). --ready-fd N: once listening, write
 // one byte to descriptor N and close it (for supervisors and tests that wait for the
 // daemon without polling). SIGINT and SIGTERM stop the daemon and remove its socket.
 // Exit status: 0 done, 1 an error (printed), 2 bad usage.
@@ -107,6 +109,8 @@ int serve(const std::vector<std::string>& args) {
       options.request_timeout = milliseconds(value(), "--request-timeout");
     } else if (args[i] == "--reply-timeout") {
       options.reply_timeout = milliseconds(value(), "--reply-timeout");
+    } else if (args[i] == "--version-slots") {
+      options.version_slots = parse_number(value(), "--version-slots");
     } else if (args[i] == "--ready-fd") {
       ready_fd = static_cast<int>(parse_number(value(), "--ready-fd"));
     } else {
@@ -188,7 +192,8 @@ int main(int argc, char** argv) {
   } catch (const usage_error& error) {
     fmt::print(stderr,
                "vmm-store: {}\nusage: vmm-store serve [--socket P] [--cap BYTES] [--client-cap BYTES] "
-               "[--allow-uid U,...] [--request-timeout MS] [--reply-timeout MS] [--ready-fd N]\n       "
+               "[--allow-uid U,...] [--request-timeout MS] [--reply-timeout MS] [--version-slots N] "
+               "[--ready-fd N]\n       "
                "vmm-store ls|stat NAME|rm NAME [--socket P]\n",
                error.message);
     return 2;
