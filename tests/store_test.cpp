@@ -245,11 +245,16 @@ TYPED_TEST(store_test, repeated_gets_reuse_the_mapping) {
 // still returns. A get that waited for a reply would time out instead.
 TYPED_TEST(store_test, a_get_of_an_unchanged_buffer_it_maps_waits_for_no_reply) {
   using namespace std::chrono_literals;
+  const std::size_t n = 2 * this->granularity_;
+  {
+    // Made by another client: a daemon's first GPU buffer also starts CUDA in it, which
+    // may take longer than the short timeout below.
+    store::client maker = this->connect();
+    (void)this->create_filled(maker, "local", n, 12);
+    maker.seal("local");
+  }
   store::client store({.socket_path = this->daemon_->socket(), .timeout = 2000ms});
   ASSERT_NE(store.daemon().version_slots, 0u) << "the daemon offers no version table";
-  const std::size_t n = 2 * this->granularity_;
-  (void)this->create_filled(store, "local", n, 12);
-  store.seal("local");
   std::uintptr_t address = 0;
   {
     const store::buffer first = store.get("local");
@@ -281,11 +286,12 @@ TYPED_TEST(store_test, a_buffer_without_a_version_slot_is_got_by_asking) {
     SCOPED_TRACE(slots);
     daemon_process small(this->directory_.path() + "/small-" + std::to_string(slots),
                          {"--version-slots", std::to_string(slots)});
+    store::client maker({.socket_path = small.socket()});  // see the test above
     store::client store({.socket_path = small.socket(), .timeout = 1000ms});
     EXPECT_EQ(store.daemon().version_slots, slots);
     for (const char* name : {"a", "b"}) {
-      (void)this->create_filled(store, name, g, 1);
-      store.seal(name);
+      (void)this->create_filled(maker, name, g, 1);
+      maker.seal(name);
       EXPECT_EQ(checksum_of(contents(store.get(name))), checksum_of(pattern(g, 1)));  // now cached
     }
     const stopped paused(small.process().pid());
