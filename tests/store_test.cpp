@@ -253,7 +253,7 @@ TYPED_TEST(store_test, a_get_of_an_unchanged_buffer_it_maps_waits_for_no_reply) 
     (void)this->create_filled(maker, "local", n, 12);
     maker.seal("local");
   }
-  store::client store({.socket_path = this->daemon_->socket(), .timeout = 2000ms});
+  store::client store({.socket_path = this->daemon_->socket(), .timeout = 5000ms});
   ASSERT_NE(store.daemon().version_slots, 0u) << "the daemon offers no version table";
   std::uintptr_t address = 0;
   {
@@ -287,7 +287,7 @@ TYPED_TEST(store_test, a_buffer_without_a_version_slot_is_got_by_asking) {
     daemon_process small(this->directory_.path() + "/small-" + std::to_string(slots),
                          {"--version-slots", std::to_string(slots)});
     store::client maker({.socket_path = small.socket()});  // see the test above
-    store::client store({.socket_path = small.socket(), .timeout = 1000ms});
+    store::client store({.socket_path = small.socket(), .timeout = 3000ms});
     EXPECT_EQ(store.daemon().version_slots, slots);
     for (const char* name : {"a", "b"}) {
       (void)this->create_filled(maker, name, g, 1);
