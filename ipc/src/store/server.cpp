@@ -653,28 +653,25 @@ void server::serve(connection& client, std::span<const std::byte> payload) {
     return refuse(client, status::bad_request, error.what());
   }
 
-  // Hold and release have no reply. An entry that existed and is gone now is no error for
+  // Hold and release have no reply. An entry that existed and has ended is no error for
   // either: a client's local get (the version table said its entry was unchanged) can come
   // just before the entry's end, and its hold arrive after it. Then nothing is held, and
   // the release that follows finds nothing to drop.
-  const bool gone = asked.entry != 0 && asked.entry < next_entry_ && !entries_.contains(asked.entry);
-  if (asked.op == operation::hold) {
-    if (gone) return;
+  if (asked.op == operation::hold || asked.op == operation::release) {
+    const bool held = client.holds.contains(asked.entry);
     const auto found = entries_.find(asked.entry);
-    if (found == entries_.end())
-      return refuse(client, status::bad_request,
-                    fmt::format("vmm-store: hold of entry {}, which never existed", asked.entry));
-    ++client.holds[asked.entry];
-    ++found->second->holders;
-    return;
-  }
-  if (asked.op == operation::release) {
-    if (gone && !client.holds.contains(asked.entry)) return;
-    if (!client.holds.contains(asked.entry))
+    if (asked.op == operation::hold && found != entries_.end()) {
+      ++client.holds[asked.entry];
+      ++found->second->holders;
+    } else if (asked.op == operation::release && held) {
+      drop_hold(client, asked.entry);
+    } else if (asked.entry == 0 || asked.entry >= next_entry_ || found != entries_.end()) {
       return refuse(
           client, status::bad_request,
-          fmt::format("vmm-store: release of entry {}, which this client does not hold", asked.entry));
-    drop_hold(client, asked.entry);
+          asked.op == operation::hold
+              ? fmt::format("vmm-store: hold of entry {}, which never existed", asked.entry)
+              : fmt::format("vmm-store: release of entry {}, which this client does not hold", asked.entry));
+    }
     return;
   }
 

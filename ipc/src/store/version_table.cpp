@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <new>
+#include <memory>
 #include <utility>
 
 #include "os/system.hpp"
@@ -31,27 +32,15 @@ std::atomic_ref<std::uint64_t> word(std::uint64_t* words, std::uint32_t slot) no
 
 }  // namespace
 
-version_table::version_table(version_table&& other) noexcept
-    : fd_(std::move(other.fd_)),
-      words_(std::exchange(other.words_, nullptr)),
-      slots_(std::exchange(other.slots_, 0)),
-      never_used_(std::exchange(other.never_used_, 0)),
-      returned_(std::move(other.returned_)) {}
-
-version_table& version_table::operator=(version_table&& other) noexcept {
-  if (this != &other) {
-    version_table gone(std::move(*this));
-    fd_ = std::move(other.fd_);
-    words_ = std::exchange(other.words_, nullptr);
-    slots_ = std::exchange(other.slots_, 0);
-    never_used_ = std::exchange(other.never_used_, 0);
-    returned_ = std::move(other.returned_);
-  }
-  return *this;
+void table_unmap::operator()(std::uint64_t* words) const noexcept {
+  (void)os::munmap(words, bytes);
 }
 
-version_table::~version_table() {
-  if (words_ != nullptr) (void)os::munmap(words_, slots_ * sizeof(std::uint64_t));
+std::unique_ptr<std::uint64_t[], table_unmap> version_table::map(int fd, std::size_t slots, int protection) {
+  const std::size_t bytes = slots * sizeof(std::uint64_t);
+  void* mapped = os::mmap(nullptr, bytes, protection, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) throw os_error(errno, "vmm-store: mmap of the version table");
+  return {static_cast<std::uint64_t*>(mapped), table_unmap{bytes}};
 }
 
 version_table version_table::create(std::size_t slots) {
@@ -64,11 +53,8 @@ version_table version_table::create(std::size_t slots) {
   if (!fd) throw os_error(errno, "vmm-store: memfd_create of the version table");
   if (os::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
     throw os_error(errno, fmt::format("vmm-store: ftruncate of the version table to {} bytes", bytes));
-  void* mapped = os::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (mapped == MAP_FAILED) throw os_error(errno, "vmm-store: mmap of the version table");
   version_table table;
-  table.words_ = static_cast<std::uint64_t*>(mapped);
-  table.slots_ = slots;
+  table.words_ = map(fd.get(), slots, PROT_READ | PROT_WRITE);
   if (os::fcntl(fd.get(), F_ADD_SEALS, table_seals) != 0) {
     if (errno == EINVAL) return {};  // a kernel before 5.1: no table, every get asks the daemon
     throw os_error(errno, "vmm-store: sealing the version table");
@@ -87,11 +73,8 @@ version_table version_table::open(unique_fd fd, std::size_t slots) {
         fmt::format("vmm-store: the daemon's version table is {} bytes with seals {:#x}; expected {} bytes "
                     "({} slots) with seals {:#x}",
                     status.st_size, seals, bytes, slots, table_seals));
-  void* mapped = os::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
-  if (mapped == MAP_FAILED) throw os_error(errno, "vmm-store: mmap of the daemon's version table");
   version_table table;
-  table.words_ = static_cast<std::uint64_t*>(mapped);
-  table.slots_ = slots;
+  table.words_ = map(fd.get(), slots, PROT_READ);
   table.fd_ = std::move(fd);
   return table;
 }
@@ -102,7 +85,7 @@ std::uint32_t version_table::take() noexcept {
     returned_.pop_back();
     return slot;
   }
-  if (never_used_ >= slots_) return no_slot;
+  if (never_used_ >= slots()) return no_slot;
   // Room to give every slot taken back without allocating (give_back cannot fail).
   try {
     if (returned_.capacity() <= never_used_)
@@ -114,22 +97,22 @@ std::uint32_t version_table::take() noexcept {
 }
 
 void version_table::bump(std::uint32_t slot) noexcept {
-  if (slot >= slots_) return;
+  if (slot >= slots()) return;
   // One writer (the daemon's thread): a load and a store; release, so that a client that
   // reads the new word reads it after the change.
-  const auto w = word(words_, slot);
+  const auto w = word(words_.get(), slot);
   w.store(w.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 
 void version_table::give_back(std::uint32_t slot) noexcept {
-  if (slot >= slots_) return;
+  if (slot >= slots()) return;
   bump(slot);  // whoever cached the old entry sees a change
   returned_.push_back(slot);
 }
 
 std::uint64_t version_table::read(std::uint32_t slot) const noexcept {
-  if (slot >= slots_) return ~std::uint64_t{0};
-  return word(words_, slot).load(std::memory_order_acquire);
+  if (slot >= slots()) return ~std::uint64_t{0};
+  return word(words_.get(), slot).load(std::memory_order_acquire);
 }
 
 }  // namespace vmm::store::detail

@@ -14,18 +14,22 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace vmm::store::detail {
+
+// Unmaps a table's words; `bytes` is the mapping's length.
+struct table_unmap {
+  std::size_t bytes = 0;
+  void operator()(std::uint64_t* words) const noexcept;
+};
 
 class version_table {
  public:
   static constexpr std::uint32_t no_slot = no_version_slot;
 
   version_table() noexcept = default;
-  version_table(version_table&& other) noexcept;
-  version_table& operator=(version_table&& other) noexcept;
-  ~version_table();
 
   // The daemon's table of `slots` words (fewer than no_slot). Empty (slots() == 0) for 0
   // slots, and where the kernel lacks the seals: clients then go to the daemon for every get.
@@ -36,7 +40,9 @@ class version_table {
   // @throws vmm::os_error the mapping failed.
   static version_table open(unique_fd fd, std::size_t slots);
 
-  [[nodiscard]] std::size_t slots() const noexcept { return slots_; }
+  [[nodiscard]] std::size_t slots() const noexcept {
+    return words_ ? words_.get_deleter().bytes / sizeof(std::uint64_t) : 0;
+  }
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
 
   // The daemon: a slot for a new entry, or no_slot when every slot is taken (or no memory
@@ -50,10 +56,12 @@ class version_table {
   [[nodiscard]] std::uint64_t read(std::uint32_t slot) const noexcept;
 
  private:
+  // Maps `slots` words of `fd` with `protection`. @throws vmm::os_error
+  static std::unique_ptr<std::uint64_t[], table_unmap> map(int fd, std::size_t slots, int protection);
+
   unique_fd fd_;
-  std::uint64_t* words_ = nullptr;
-  std::size_t slots_ = 0;
-  std::uint32_t never_used_ = 0;         // slots [never_used_, slots_) were never taken
+  std::unique_ptr<std::uint64_t[], table_unmap> words_;
+  std::uint32_t never_used_ = 0;         // slots [never_used_, slots()) were never taken
   std::vector<std::uint32_t> returned_;  // slots given back, taken again first
 };
 
