@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "helpers/store_peer_protocol.hpp"
@@ -743,6 +744,45 @@ TEST_F(store_daemon, a_hold_after_its_entry_ended_is_no_error_and_one_of_no_entr
 }
 
 // The version table a client maps: the daemon's words, which no client can change.
+// A "daemon" whose hello offers a table that is not one (unsealed, or of another size, or
+// no descriptor at all): the client refuses it with a protocol error and keeps nothing.
+TEST_F(store_daemon, a_client_refuses_a_version_table_that_is_not_sealed_or_not_its_size) {
+  const std::string path = directory_.path() + "/fake";
+  const unique_fd listener = ipc::listen_unix(path);
+  const std::size_t fds_before = open_fd_count();
+  struct offer {
+    const char* what;
+    std::uint32_t slots;
+    std::size_t bytes;
+    bool sealed;
+    bool with_fd;
+  };
+  for (const offer& o : {offer{"unsealed", 4, 32, false, true}, offer{"of another size", 4, 64, true, true},
+                         offer{"no descriptor", 4, 32, true, false}}) {
+    SCOPED_TRACE(o.what);
+    std::thread fake([&] {
+      const unique_fd peer = ipc::accept_unix(listener.get());
+      (void)ipc::receive_message(peer.get(), 0);  // hello
+      const unique_fd table(::memfd_create("fake-table", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      EXPECT_EQ(::ftruncate(table.get(), static_cast<off_t>(o.bytes)), 0);
+      constexpr int future_write = 0x0010;  // F_SEAL_FUTURE_WRITE (Linux 5.1)
+      if (o.sealed) {
+        EXPECT_EQ(::fcntl(table.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | future_write | F_SEAL_SEAL),
+                  0);
+      }
+      const int fds[] = {table.get()};
+      ipc::send_message(peer.get(),
+                        store::encode_ok(store::encode(store::daemon_info{.version_slots = o.slots})),
+                        o.with_fd ? std::span<const int>(fds) : std::span<const int>());
+      char byte = 0;
+      (void)::recv(peer.get(), &byte, 1, 0);  // until the client closes
+    });
+    EXPECT_THROW(store::client({.socket_path = path}), ipc::protocol_error);
+    fake.join();
+  }
+  EXPECT_EQ(open_fd_count(), fds_before);
+}
+
 TEST_F(store_daemon, the_version_table_is_read_only_for_clients_and_follows_changes) {
   daemon_process daemon(directory_.path() + "/socket");
   const unique_fd raw = ipc::connect_unix(daemon.socket());
