@@ -226,6 +226,28 @@ TYPED_TEST(device_vectors, reserve_maps_ahead_so_later_growth_maps_nothing) {
   EXPECT_EQ(vector.capacity(), capacity);
 }
 
+// The geometric policy maps at least 1/8 of the new size per chunk; reserve_exact maps only
+// what the count needs, in whole granules, and keeps the elements and the address.
+TYPED_TEST(device_vectors, reserve_exact_maps_no_more_than_the_count_needs) {
+  const std::size_t n = this->template per_chunk<std::uint64_t>();
+  auto exact = this->template make<std::uint64_t>(64);
+  auto amortized = this->template make<std::uint64_t>(64);
+  for (auto* vector : {&exact, &amortized}) vector->reserve(18 * n);  // one chunk of 18 granules
+  const std::vector<std::uint64_t> values(18 * n, 7);
+  exact.append(std::span<const std::uint64_t>(values));
+  const std::uint64_t* const address = exact.data();
+  exact.reserve_exact(18 * n + 1);
+  amortized.reserve(18 * n + 1);
+  EXPECT_EQ(exact.capacity(), 19 * n) << "one granule more";
+  EXPECT_EQ(amortized.capacity(), 20 * n) << "the policy's slack: bit_floor(size / 8) = 2 granules";
+  EXPECT_EQ(exact.data(), address);
+  EXPECT_EQ(exact.to_host(), values);
+  exact.reserve_exact(5);  // below the capacity: nothing happens
+  EXPECT_EQ(exact.capacity(), 19 * n);
+  EXPECT_THROW(exact.reserve_exact(64 * n + 1), out_of_memory);
+  EXPECT_EQ(exact.capacity(), 19 * n);
+}
+
 TYPED_TEST(device_vectors, shrink_to_fit_gives_capacity_back_and_keeps_the_elements) {
   const std::size_t n = this->template per_chunk<record>();
   auto vector = this->template make<record>(16, chunk_policy::fixed(this->granularity_));

@@ -201,8 +201,16 @@ void growable_buffer::resize(std::size_t bytes, stream_ref stream) {
 }
 
 void growable_buffer::reserve(std::size_t bytes, stream_ref stream) {
+  reserve_mapping(bytes, stream, false);
+}
+
+void growable_buffer::reserve_exact(std::size_t bytes, stream_ref stream) {
+  reserve_mapping(bytes, stream, true);
+}
+
+void growable_buffer::reserve_mapping(std::size_t bytes, stream_ref stream, bool exact) {
   if (run_.data() == nullptr) throw invalid_argument("growable_buffer: reserve of a moved-from buffer");
-  if (bytes > capacity_) grow_mapping(bytes, stream);
+  if (bytes > capacity_) grow_mapping(bytes, stream, exact);
   // A container that reserves (device_vector) fills its capacity before it reserves again:
   // its next grow starts from there.
   note_growth(bytes);
@@ -270,7 +278,7 @@ void growable_buffer::request_ahead() noexcept {
   }
 }
 
-void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
+void growable_buffer::grow_mapping(std::size_t required, stream_ref stream, bool exact) {
   if (required > run_.size())
     throw out_of_memory(
         fmt::format("growable_buffer: {} bytes asked for, but its address range holds {} (max_size)",
@@ -332,8 +340,8 @@ void growable_buffer::grow_mapping(std::size_t required, stream_ref stream) {
       }
       const std::size_t have = run_.mapped() - start + covered;
       const std::size_t needed = round_up(required - have, granularity);
-      const std::size_t size = std::min(
-          {options_.policy.next_chunk(have, required, granularity), limit, run_.size() - run_.mapped()});
+      const std::size_t size = std::min({options_.policy.next_chunk(have, required, granularity), limit,
+                                         run_.size() - run_.mapped(), exact ? needed : limit});
       chunk_pool& pool = pool_at(pool_index);
       pooled_chunk chunk = pool.acquire_idle(size, stream);
       if (!chunk) {

@@ -52,8 +52,9 @@
 /// at the same window as the round before (the demand did not tell the whole story: a kernel
 /// that stops early when overflowed(), or one that pushes more each time). With
 /// options.growth_factor > 1 the capacity instead grows by that factor at each overflow.
-/// Either way the vector's chunk policy decides the chunks (the geometric default keeps the
-/// slack under 1/8 of the size).
+/// Either way the vector maps what that capacity needs, rounded up to the granularity
+/// (device_vector::reserve_exact): the estimate carries its own headroom, so the chunk
+/// policy's amortizing slack (up to 1/8 of the size with the geometric default) is left out.
 ///
 /// The status block. The counter and the per-window notes live in the last 256 bytes of the
 /// vector's capacity, past the slots the launch may write (they are capacity the vector has
@@ -72,6 +73,7 @@
 /// pushes through the view from host threads, joined before it returns.
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -96,6 +98,7 @@ struct append_statistics {
   std::size_t rounds = 0;    ///< rounds run (1: everything fit at once)
   std::size_t launches = 0;  ///< calls of the launch, over all rounds
   std::size_t growths = 0;   ///< times the vector grew (at least one per refused round)
+  double grow_seconds = 0;   ///< host time spent growing the vector (mapping memory)
 };
 
 /// Settings of append_from_kernel.
@@ -173,10 +176,10 @@ std::size_t append_elements_for(std::uint64_t slots) {
 template <class T>
 void append_reserve(device_vector<T>& vector, std::uint64_t wanted, std::uint64_t needed, stream_ref stream) {
   try {
-    vector.reserve(append_elements_for<T>(wanted), stream);
+    vector.reserve_exact(append_elements_for<T>(wanted), stream);
   } catch (const out_of_memory&) {
     if (needed >= wanted) throw;
-    vector.reserve(append_elements_for<T>(needed), stream);
+    vector.reserve_exact(append_elements_for<T>(needed), stream);
   }
 }
 
@@ -270,7 +273,10 @@ requires std::invocable<Launch&, append_view<T>, std::size_t, stream_ref> std::s
       // kernel stops early, or pushes other elements each time). Double, to make progress.
       if (refused_first == last_refused_first) wanted = std::max(wanted, 2 * layout.slots);
     }
+    const auto grow_start = std::chrono::steady_clock::now();
     detail::append_reserve(vector, wanted, std::min(wanted, needed), stream);
+    statistics.grow_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - grow_start).count();
     ++statistics.growths;
     first = refused_first;
     committed = before;

@@ -271,6 +271,15 @@ class device_vector {
   }
   /// reserve(count, stream()).
   void reserve(size_type count) { reserve(count, stream()); }
+  /// As reserve, without the chunk policy's amortizing slack: maps what `count` elements
+  /// need, rounded up to the granularity (growable_buffer::reserve_exact). Same errors.
+  void reserve_exact(size_type count, stream_ref stream) {
+    if (count <= capacity()) return;
+    if (count > max_size()) throw_past_max_size(count - size_);
+    buffer_.reserve_exact(count * sizeof(T), stream);
+  }
+  /// reserve_exact(count, stream()).
+  void reserve_exact(size_type count) { reserve_exact(count, stream()); }
 
   /// Retires the chunks wholly past size(): capacity() drops now. They are unmapped and go
   /// back to the pool once `stream` has passed this point (at once on host providers); a

@@ -243,6 +243,10 @@ class growable_buffer {
   void reserve(std::size_t bytes, stream_ref stream);
   /// reserve(bytes, stream()).
   void reserve(std::size_t bytes) { reserve(bytes, options_.stream); }
+  /// As reserve, but maps nothing past what `bytes` needs, rounded up to the granularity:
+  /// the chunk policy's largest chunk still applies, its amortizing slack does not. For a
+  /// caller that knows the size it is about to reach (append_from_kernel's estimate).
+  void reserve_exact(std::size_t bytes, stream_ref stream);
   /// Retires every chunk wholly past size() after `stream`'s queued work.
   void shrink_to_fit(stream_ref stream);
   /// shrink_to_fit(stream()).
@@ -269,7 +273,9 @@ class growable_buffer {
     std::size_t first_chunk;  // chunks [first_chunk, next retirement's) retired at `passed`
     stream_event passed;
   };
-  void grow_mapping(std::size_t required, stream_ref stream);
+  void reserve_mapping(std::size_t bytes, stream_ref stream, bool exact);
+  // Maps up to `required`; with exact, no chunk reaches past it by more than the granularity.
+  void grow_mapping(std::size_t required, stream_ref stream, bool exact = false);
   // Sets access over the chunks from `first_chunk` on, one call per run of one memory kind.
   void set_access_from(std::size_t first_chunk);
   // Asks the growth-ahead thread for what the next grows will need. Never throws: growth
