@@ -2,9 +2,12 @@
 // (1 Gi by default; --size=N for quick runs, with K/M/G suffixes) at 1 %, 10 % and 50 %
 // selectivity, every contender in the same run:
 //
-//   append/batched    the kernel gives each lane 32 keys (eight 16-byte loads) and pushes
-//                     the kept ones with append_view::push_selected: one atomic per warp
-//                     for 1024 keys, stores coalesced value by value;
+//   append/block      the kernel gives each lane 32 keys (eight 16-byte loads) and pushes
+//                     the kept ones with append_view::push_selected_block: one atomic per
+//                     256-thread block for 8192 keys, the kept keys gathered in shared
+//                     memory and written out coalesced;
+//   append/batched    the same loads, pushed with append_view::push_selected: one atomic per
+//                     warp for 1024 keys, stores coalesced value by value;
 //   append/warp       the same kernel, one push per kept key, explicitly warp-aggregated
 //                     (coalesced_group: one atomic per warp and push);
 //   append/thread     the same kernel, one plain atomicAdd per kept key (what nvcc makes of
@@ -113,50 +116,74 @@ __global__ void make_keys(std::uint32_t* keys, std::uint64_t n) {
     keys[i] = static_cast<std::uint32_t>(mix(i + 0x9e3779b97f4a7c15ull));
 }
 
-enum class push_form { batched, each };
+enum class push_form { block, batched, each };
 
-// Keeps the keys of [first, view.limit(n)) below `threshold`. Each warp takes 1024 keys at a
-// time: lane l loads keys base + 128 k + 4 l .. + 3 for k < 8 (every load instruction reads
-// 512 contiguous bytes). `keys + first` must be 16-byte aligned: append_from_kernel's
-// windows start at multiples of 4096 inputs.
+constexpr std::uint64_t keys_per_block = keys_per_warp * (block_threads / 32);  // 8192
+
+// The 1024 keys of [base, end) a warp takes: lane l loads keys base + 128 k + 4 l .. + 3 for
+// k < 8 (every load instruction reads 512 contiguous bytes). Returns the mask of those below
+// `threshold`. `keys + base` must be 16-byte aligned.
+__device__ std::uint32_t load_keys(const std::uint32_t* __restrict__ keys, std::uint64_t base,
+                                   std::uint64_t end, std::uint32_t threshold,
+                                   std::uint32_t (&values)[keys_per_lane]) {
+  const unsigned lane = threadIdx.x % 32;
+  std::uint32_t keep = 0;
+  if (base + keys_per_warp <= end) {
+    const uint4* from = reinterpret_cast<const uint4*>(keys + base) + lane;
+#pragma unroll
+    for (int k = 0; k < loads_per_lane; ++k) {
+      const uint4 four = __ldcs(from + 32 * k);
+      values[4 * k] = four.x;
+      values[4 * k + 1] = four.y;
+      values[4 * k + 2] = four.z;
+      values[4 * k + 3] = four.w;
+    }
+#pragma unroll
+    for (int j = 0; j < keys_per_lane; ++j) keep |= (values[j] < threshold ? 1u : 0u) << j;
+  } else {
+#pragma unroll
+    for (int j = 0; j < keys_per_lane; ++j) {
+      const std::uint64_t i = base + 128 * (j / 4) + 4 * lane + j % 4;
+      values[j] = i < end ? keys[i] : 0;
+      keep |= (i < end && values[j] < threshold ? 1u : 0u) << j;
+    }
+  }
+  return keep;
+}
+
+// Keeps the keys of [first, view.limit(n)) below `threshold`, each warp taking 1024 keys at a
+// time. `keys + first` must be 16-byte aligned: append_from_kernel's windows start at
+// multiples of 4096 inputs.
 template <push_form Form, vmm::append_atomics Atomics>
 __global__ void __launch_bounds__(block_threads)
     select_below(const std::uint32_t* __restrict__ keys, std::uint64_t first, std::uint64_t n,
                  std::uint32_t threshold, vmm::append_view<std::uint32_t> view) {
-  if (view.overflowed()) return;  // a refused window before this one: this launch runs again
   const std::uint64_t end = view.limit(n);
-  const unsigned lane = threadIdx.x % 32;
-  const std::uint64_t warp = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-  const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
-  for (std::uint64_t base = first + warp * keys_per_warp; base < end; base += warps * keys_per_warp) {
-    std::uint32_t values[keys_per_lane];
-    std::uint32_t keep = 0;
-    if (base + keys_per_warp <= end) {
-      const uint4* from = reinterpret_cast<const uint4*>(keys + base) + lane;
-#pragma unroll
-      for (int k = 0; k < loads_per_lane; ++k) {
-        const uint4 four = __ldcs(from + 32 * k);
-        values[4 * k] = four.x;
-        values[4 * k + 1] = four.y;
-        values[4 * k + 2] = four.z;
-        values[4 * k + 3] = four.w;
-      }
-#pragma unroll
-      for (int j = 0; j < keys_per_lane; ++j) keep |= (values[j] < threshold ? 1u : 0u) << j;
-    } else {
-#pragma unroll
-      for (int j = 0; j < keys_per_lane; ++j) {
-        const std::uint64_t i = base + 128 * (j / 4) + 4 * lane + j % 4;
-        values[j] = i < end ? keys[i] : 0;
-        keep |= (i < end && values[j] < threshold ? 1u : 0u) << j;
-      }
+  if constexpr (Form == push_form::block) {
+    // Block-uniform: every thread takes part in every push_selected_block.
+    __shared__ vmm::append_block_storage<std::uint32_t, block_threads, keys_per_lane> storage;
+    if (__syncthreads_or(view.overflowed())) return;  // a refused window before this one
+    const std::uint64_t warp_offset = threadIdx.x / 32 * keys_per_warp;
+    for (std::uint64_t tile = first + std::uint64_t{blockIdx.x} * keys_per_block; tile < end;
+         tile += std::uint64_t{gridDim.x} * keys_per_block) {
+      std::uint32_t values[keys_per_lane];
+      const std::uint32_t keep = load_keys(keys, tile + warp_offset, end, threshold, values);
+      view.push_selected_block(values, keep, storage);
     }
-    if constexpr (Form == push_form::batched) {
-      view.push_selected<Atomics>(values, keep);
-    } else {
+  } else {
+    if (view.overflowed()) return;  // a refused window before this one: this launch runs again
+    const std::uint64_t warp = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
+    for (std::uint64_t base = first + warp * keys_per_warp; base < end; base += warps * keys_per_warp) {
+      std::uint32_t values[keys_per_lane];
+      const std::uint32_t keep = load_keys(keys, base, end, threshold, values);
+      if constexpr (Form == push_form::batched) {
+        view.push_selected<Atomics>(values, keep);
+      } else {
 #pragma unroll
-      for (int j = 0; j < keys_per_lane; ++j)
-        if ((keep >> j) & 1u) view.push<Atomics>(values[j]);
+        for (int j = 0; j < keys_per_lane; ++j)
+          if ((keep >> j) & 1u) view.push<Atomics>(values[j]);
+      }
     }
   }
 }
@@ -290,7 +317,7 @@ struct counting_allocator {
 
 // ---- the contenders ---------------------------------------------------------------------
 
-enum class contender { batched, warp, thread, cub, thrust };
+enum class contender { block, batched, warp, thread, cub, thrust };
 enum class allocation { worst_case, grow };
 
 struct outcome {
@@ -395,6 +422,8 @@ outcome run_thrust(vmm::device_vector<std::uint32_t>& output, long per_mille, al
 outcome run(contender who, vmm::device_vector<std::uint32_t>& output, long per_mille, allocation how,
             std::pair<void*, std::size_t>& cub_temporary, counting_allocator& thrust_temporaries) {
   switch (who) {
+    case contender::block:
+      return run_append<push_form::block, vmm::append_atomics::per_warp>(output, per_mille, how);
     case contender::batched:
       return run_append<push_form::batched, vmm::append_atomics::per_warp>(output, per_mille, how);
     case contender::warp:
@@ -475,12 +504,15 @@ void compaction(benchmark::State& state, contender who, allocation how) {
       state.counters["vs_worst_case_best"] = seconds / worst_best;
     const double output_bytes = static_cast<double>(last.selected * sizeof(std::uint32_t));
     state.counters["selected"] = static_cast<double>(last.selected);
+    state.counters["keys"] = static_cast<double>(key_count);
     state.counters["peak_MiB"] = static_cast<double>(last.peak_bytes) / mib;
     state.counters["peak_over_output"] =
         output_bytes > 0 ? static_cast<double>(last.peak_bytes) / output_bytes : 0.0;
-    if (who == contender::batched || who == contender::warp || who == contender::thread) {
+    if (who == contender::block || who == contender::batched || who == contender::warp ||
+        who == contender::thread) {
       state.counters["rounds"] = static_cast<double>(last.statistics.rounds);
       state.counters["launches"] = static_cast<double>(last.statistics.launches);
+      state.counters["grow_ms"] = last.statistics.grow_seconds * 1e3;
     }
     state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                             static_cast<std::int64_t>(key_count * sizeof(std::uint32_t)));
@@ -533,9 +565,9 @@ int main(int argc, char** argv) {
 
   // Baselines first: the ratios of later rows divide by them.
   const std::pair<const char*, contender> contenders[] = {
-      {"cub_select_if", contender::cub},      {"append/thread", contender::thread},
-      {"append/batched", contender::batched}, {"append/warp", contender::warp},
-      {"thrust_copy_if", contender::thrust},
+      {"cub_select_if", contender::cub},  {"append/thread", contender::thread},
+      {"append/block", contender::block}, {"append/batched", contender::batched},
+      {"append/warp", contender::warp},   {"thrust_copy_if", contender::thrust},
   };
   for (const auto how : {allocation::worst_case, allocation::grow}) {
     for (const auto& [name, who] : contenders) {

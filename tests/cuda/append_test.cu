@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_support.hpp"
@@ -70,6 +72,25 @@ __global__ void push_divergent(std::uint64_t first, std::uint64_t n, append_view
   }
 }
 
+// The block-wide form: every thread of a block of block_form_threads calls
+// push_selected_block for each tile of inputs, those past the end with nothing to keep.
+constexpr int block_form_threads = 96;
+
+__global__ void __launch_bounds__(block_form_threads)
+    push_block_divergent(std::uint64_t first, std::uint64_t n, append_view<std::uint32_t> view,
+                         bool stop_when_overflowed) {
+  __shared__ append_block_storage<std::uint32_t, block_form_threads, 3> storage;
+  if (stop_when_overflowed && __syncthreads_or(view.overflowed())) return;
+  const std::uint64_t end = view.limit(n);
+  for (std::uint64_t tile = first + std::uint64_t{blockIdx.x} * block_form_threads; tile < end;
+       tile += std::uint64_t{gridDim.x} * block_form_threads) {
+    const std::uint64_t i = tile + threadIdx.x;
+    const std::uint32_t values[3] = {element(i, 0), element(i, 1), element(i, 2)};
+    const std::uint32_t keep = i < end ? (1u << elements_of(i)) - 1 : 0;
+    view.push_selected_block(values, keep, storage);
+  }
+}
+
 __global__ void trap_kernel(append_view<std::uint32_t> view) {
   view.push(1u);
   __trap();
@@ -104,10 +125,27 @@ class append_kernels : public gpu_test {
     return device_vector<std::uint32_t>(pool_, {.max_size = max_bytes, .policy = policy});
   }
 
-  template <append_atomics Atomics>
-  static auto divergent_launch(std::uint64_t n, bool stop_when_overflowed) {
+  enum class form { per_warp, per_thread, block };
+  static constexpr form every_form[] = {form::per_warp, form::per_thread, form::block};
+
+  // A launch of inputs [first, view.limit(n)) through the pushes of `how`.
+  static std::function<void(append_view<std::uint32_t>, std::size_t, stream_ref)> divergent_launch(
+      form how, std::uint64_t n, bool stop_when_overflowed) {
     return [=](append_view<std::uint32_t> view, std::size_t first, stream_ref stream) {
-      push_divergent<Atomics><<<blocks, threads, 0, stream.get()>>>(first, n, view, stop_when_overflowed);
+      switch (how) {
+        case form::per_warp:
+          push_divergent<append_atomics::per_warp>
+              <<<blocks, threads, 0, stream.get()>>>(first, n, view, stop_when_overflowed);
+          break;
+        case form::per_thread:
+          push_divergent<append_atomics::per_thread>
+              <<<blocks, threads, 0, stream.get()>>>(first, n, view, stop_when_overflowed);
+          break;
+        case form::block:
+          push_block_divergent<<<blocks, block_form_threads, 0, stream.get()>>>(first, n, view,
+                                                                                stop_when_overflowed);
+          break;
+      }
     };
   }
 
@@ -146,17 +184,15 @@ class append_kernels : public gpu_test {
 TEST_F(append_kernels, divergent_lanes_in_partial_warps_append_every_element_once) {
   cuda_stream stream;
   const std::uint64_t n = 1 << 20;
-  for (const bool per_warp : {true, false}) {
+  for (const form how : every_form) {
+    SCOPED_TRACE(static_cast<int>(how));
     auto vector = make(std::size_t{256} << 20);
     vector.push_back(0xffffffffu);
     vector.reserve(4 * n);  // room for every element: one round, one launch
     append_statistics statistics;
     const append_options options{.statistics = &statistics};
     const std::size_t appended =
-        per_warp ? append_from_kernel(vector, divergent_launch<append_atomics::per_warp>(n, true),
-                                      stream.get(), options)
-                 : append_from_kernel(vector, divergent_launch<append_atomics::per_thread>(n, true),
-                                      stream.get(), options);
+        append_from_kernel(vector, divergent_launch(how, n, true), stream.get(), options);
     EXPECT_EQ(appended, vector.size() - 1);
     EXPECT_EQ(statistics.rounds, 1u);
     EXPECT_EQ(statistics.launches, 1u);
@@ -173,12 +209,14 @@ TEST_F(append_kernels, divergent_lanes_in_partial_warps_append_every_element_onc
 TEST_F(append_kernels, an_output_a_hundred_times_the_capacity_relaunches_only_what_did_not_fit) {
   cuda_stream stream;
   const std::uint64_t n = 36 << 20;  // about 54 M elements, 216 MB
-  for (const bool stop : {true, false}) {
+  for (const auto& [how, stop] : {std::pair{form::per_warp, true}, std::pair{form::per_warp, false},
+                                  std::pair{form::block, true}, std::pair{form::block, false}}) {
+    SCOPED_TRACE(::testing::Message() << "form " << static_cast<int>(how) << ", stop " << stop);
     auto vector = make(std::size_t{1} << 30);
     vector.reserve(1);  // one granule: 524224 slots
     const std::uint32_t* const address = vector.data();
     append_statistics statistics;
-    append_from_kernel(vector, divergent_launch<append_atomics::per_warp>(n, stop), stream.get(),
+    append_from_kernel(vector, divergent_launch(how, n, stop), stream.get(),
                        {.input_count = n, .statistics = &statistics});
     expect_each_once(vector, 0, n, stream.get());
     EXPECT_EQ(vector.data(), address);
@@ -197,15 +235,18 @@ TEST_F(append_kernels, geometric_growth_relaunches_across_ten_growth_steps) {
   // gives 9.96 M slots after nine steps and 12.58 M after ten. 7.4 M inputs produce about
   // 11.1 M elements: ten growth steps.
   const std::uint64_t n = 7400000;
-  auto vector = make(std::size_t{1} << 30, chunk_policy::fixed(pool_->granularity()));
-  const std::uint32_t* const address = vector.data();
-  append_statistics statistics;
-  append_from_kernel(vector, divergent_launch<append_atomics::per_warp>(n, true), stream.get(),
-                     {.input_count = n, .growth_factor = 1.25, .statistics = &statistics});
-  expect_each_once(vector, 0, n, stream.get());
-  EXPECT_EQ(vector.data(), address);
-  EXPECT_GE(statistics.growths, 10u);
-  EXPECT_EQ(statistics.rounds, statistics.growths + 1);
+  for (const form how : {form::per_warp, form::block}) {
+    SCOPED_TRACE(static_cast<int>(how));
+    auto vector = make(std::size_t{1} << 30, chunk_policy::fixed(pool_->granularity()));
+    const std::uint32_t* const address = vector.data();
+    append_statistics statistics;
+    append_from_kernel(vector, divergent_launch(how, n, true), stream.get(),
+                       {.input_count = n, .growth_factor = 1.25, .statistics = &statistics});
+    expect_each_once(vector, 0, n, stream.get());
+    EXPECT_EQ(vector.data(), address);
+    EXPECT_GE(statistics.growths, 10u);
+    EXPECT_EQ(statistics.rounds, statistics.growths + 1);
+  }
 }
 
 TEST_F(append_kernels, an_empty_result_appends_nothing) {
@@ -239,7 +280,7 @@ TEST_F(append_kernels, a_launch_the_runtime_refuses_is_reported_and_changes_noth
 
 // ---- faults in the caller's kernel, each in a child process ----------------------------
 
-enum class fault { trap, illegal_address };
+enum class fault { trap, illegal_address, wrong_block_size };
 
 // Runs in the death test's child: exits 0 after printing "reported: ..." when the fault came
 // back as a vmm::driver_error, with the vector's size and the pool's memory as before.
@@ -255,10 +296,16 @@ enum class fault { trap, illegal_address };
     stream.synchronize();
     const std::size_t used = pool->statistics().used_current;
     const auto launch = [&](append_view<std::uint32_t> view, std::size_t, stream_ref s) {
-      if (kind == fault::trap) {
-        trap_kernel<<<4, 64, 0, s.get()>>>(view);
-      } else {
-        illegal_address_kernel<<<4, 64, 0, s.get()>>>(view, nullptr);
+      switch (kind) {
+        case fault::trap:
+          trap_kernel<<<4, 64, 0, s.get()>>>(view);
+          break;
+        case fault::illegal_address:
+          illegal_address_kernel<<<4, 64, 0, s.get()>>>(view, nullptr);
+          break;
+        case fault::wrong_block_size:  // push_selected_block traps rather than hang or corrupt
+          push_block_divergent<<<4, block_form_threads - 32, 0, s.get()>>>(0, 1000, view, false);
+          break;
       }
     };
     try {
@@ -296,6 +343,10 @@ TEST_F(append_faults, a_trap_in_the_kernel_is_reported_and_leaves_the_vector_as_
 
 TEST_F(append_faults, an_illegal_address_in_the_kernel_is_reported_and_leaves_the_vector_as_it_was) {
   EXPECT_EXIT(fault_in_child(fault::illegal_address), ::testing::ExitedWithCode(0), "reported: .*");
+}
+
+TEST_F(append_faults, a_block_push_from_a_block_of_another_size_is_reported_and_leaves_the_vector_as_it_was) {
+  EXPECT_EXIT(fault_in_child(fault::wrong_block_size), ::testing::ExitedWithCode(0), "reported: .*");
 }
 
 }  // namespace
