@@ -194,6 +194,68 @@ TEST_F(append_from_host, an_overflow_with_windows_relaunches_only_the_unfinished
   }
 }
 
+// From a small start the first window is refused and measures the rate. The next round then
+// maps its capacity window by window as it runs (on a GPU, while the windows queued before
+// run), each time moving the counter and the notes to the status block's new place.
+TEST_F(append_from_host,
+       after_a_refusal_the_next_round_grows_window_by_window_and_appends_every_element_once) {
+  const workload work{.inputs = 400000};
+  const auto expected = work.expected();
+  for (const push_form form : {push_form::value, push_form::selected}) {
+    auto vector = make(4096);
+    vector.reserve(1);  // one granule: 480 slots
+    const std::uint64_t* const address = vector.data();
+    append_statistics statistics;
+    std::vector<std::size_t> firsts;
+    append_from_kernel(vector, host_launch{&work, form, true, &firsts}, stream_ref{},
+                       {.input_count = work.inputs, .statistics = &statistics});
+    EXPECT_EQ(sorted(vector.to_host()), expected);
+    EXPECT_EQ(vector.data(), address);
+    EXPECT_EQ(statistics.rounds, 2u);
+    EXPECT_GE(statistics.growths, 4u) << "one growth before the round, and more while it ran";
+    const auto windows = detail::append_windows(0, work.inputs);
+    ASSERT_EQ(firsts.size(), statistics.launches);
+    EXPECT_EQ(firsts[windows.size()], 0u) << "the first window was refused: the second round starts at 0";
+    // Grown from the rate with 1/16 headroom, in whole granules: no policy slack.
+    EXPECT_LE(static_cast<double>(vector.capacity() * sizeof(std::uint64_t)),
+              1.13 * static_cast<double>(expected.size() * sizeof(std::uint64_t)) + 2 * granule);
+  }
+}
+
+// The headroom stops at max_size: with room for exactly what the elements need, the round
+// after the refusal grows to max_size and everything fits in it.
+TEST_F(append_from_host, the_growth_estimate_stops_at_max_size) {
+  const workload work{.inputs = 400000};
+  const auto expected = work.expected();
+  const std::size_t bytes = expected.size() * sizeof(std::uint64_t) + detail::append_status_bytes;
+  auto vector = make(bytes / granule + 1);  // the need rounded up to a granule: no room for headroom
+  vector.reserve(1);
+  append_statistics statistics;
+  append_from_kernel(vector, host_launch{&work, push_form::selected}, stream_ref{},
+                     {.input_count = work.inputs, .statistics = &statistics});
+  EXPECT_EQ(sorted(vector.to_host()), expected);
+  EXPECT_EQ(statistics.rounds, 2u);
+}
+
+// When the pool's cap stops the growth while a round runs, the window that then does not fit
+// is refused, and the rounds after it grow by what they need (no more plans): everything is
+// appended all the same, within the cap.
+TEST_F(append_from_host, growth_that_runs_out_of_memory_while_a_round_runs_still_appends_everything) {
+  const workload work{.inputs = 400000};
+  const auto expected = work.expected();
+  const std::size_t bytes = expected.size() * sizeof(std::uint64_t) + detail::append_status_bytes;
+  const std::size_t cap = (bytes / granule + 1) * granule;
+  auto pool = chunk_pool::create(make_os_host_provider({.granularity = granule}), {.cap = cap});
+  device_vector<std::uint64_t> vector(pool, {.max_size = 4 * cap});
+  vector.reserve(1);
+  append_statistics statistics;
+  append_from_kernel(vector, host_launch{&work, push_form::selected}, stream_ref{},
+                     {.input_count = work.inputs, .statistics = &statistics});
+  EXPECT_EQ(sorted(vector.to_host()), expected);
+  EXPECT_GE(statistics.rounds, 3u) << "a window refused after the plan ran out";
+  EXPECT_LE(pool->statistics().reserved_current, cap);
+}
+
 TEST_F(append_from_host, geometric_growth_relaunches_across_ten_growth_steps) {
   const workload work{.inputs = 300000};
   const auto expected = work.expected();  // about 450000 elements

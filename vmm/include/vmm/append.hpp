@@ -47,26 +47,41 @@
 /// Growth, from the overflow information (the default). The refused window ran to its end
 /// and counted every element it produced, refused ones included: that is its demand. The
 /// capacity grows to the elements committed, plus that demand, plus the rest of the inputs
-/// at the refused window's rate with 1/16 headroom (exactly the demand when the refused window
-/// was the last one or the round had one window), and at least doubles when a round is refused
-/// at the same window as the round before (the demand did not tell the whole story: a kernel
-/// that stops early when overflowed(), or one that pushes more each time). With
-/// options.growth_factor > 1 the capacity instead grows by that factor at each overflow.
-/// Either way the vector maps what that capacity needs, rounded up to the granularity
-/// (device_vector::reserve_exact): the estimate carries its own headroom, so the chunk
-/// policy's amortizing slack (up to 1/8 of the size with the geometric default) is left out.
+/// at the refused window's rate with 1/16 headroom, within max_size() (exactly the demand when
+/// the refused window was the last one or the round had one window), and at least doubles when
+/// a round is refused at the same window as the round before (the demand did not tell the
+/// whole story: a kernel that stops early when overflowed(), or one that pushes more each
+/// time). With options.growth_factor > 1 the capacity instead grows by that factor at each
+/// overflow. Either way the vector maps what that capacity needs, rounded up to the
+/// granularity (device_vector::reserve_exact): the estimate carries its own headroom, so the
+/// chunk policy's amortizing slack (up to 1/8 of the size with the geometric default) is
+/// left out.
+///
+/// Growth while the next round runs. With a rate to go by, the vector does not map the whole
+/// estimate before the next round: it maps what that round's first window needs (and the
+/// refused window's demand), and then, before each later window, what the windows up to its
+/// end are predicted to produce. The launches are queued, so the GPU runs the windows before
+/// while the host maps, and the driver's mapping cost (tens of microseconds a chunk) hides
+/// behind the kernel instead of adding to it. A window whose prediction fell short is
+/// refused like any other. When memory runs out during a round, the growth stops there (the
+/// windows then refused are grown for by the next round, with no more prediction), so
+/// out_of_memory is thrown only when a refused window's own demand cannot be mapped.
 ///
 /// The status block. The counter and the per-window notes live in the last 256 bytes of the
 /// vector's capacity, past the slots the launch may write (they are capacity the vector has
 /// mapped anyway; no other memory is taken). The host writes the counter before a round with
-/// one copy, and reads the block back after it with one copy and one synchronize.
+/// one copy, and reads the block back after it with one copy and one synchronize. When the
+/// vector grows during a round, a copy queued between two windows moves the block to the new
+/// end of the capacity; the windows after it count there.
 ///
 /// Errors and guarantees. A launch that throws, a kernel fault (an illegal address, a trap:
 /// reported by the read of the status block as vmm::driver_error), a launch the runtime
 /// refused (vmm::driver_error with the cudaError_t, when compiled by nvcc), and a growth past
 /// max_size() or the pool's cap (vmm::out_of_memory) are thrown, and leave size() and the
-/// elements before it unchanged; capacity() may have grown. Nothing is allocated besides the
-/// vector's own capacity. After a kernel fault the CUDA context is unusable, as always.
+/// elements before it unchanged; capacity() may have grown. An error while a round is being
+/// queued waits for the windows already queued before it is thrown, so that none still
+/// writes when the caller frees the vector. Nothing is allocated besides the vector's own
+/// capacity. After a kernel fault the CUDA context is unusable, as always.
 ///
 /// Host memory. With a vector in OS host memory (location::os_host(): its provider is
 /// host-accessible and its executor synchronous) the launch may be a host function that
@@ -97,7 +112,7 @@ namespace vmm {
 struct append_statistics {
   std::size_t rounds = 0;    ///< rounds run (1: everything fit at once)
   std::size_t launches = 0;  ///< calls of the launch, over all rounds
-  std::size_t growths = 0;   ///< times the vector grew (at least one per refused round)
+  std::size_t growths = 0;   ///< times the vector grew (one or more per refused round)
   double grow_seconds = 0;   ///< host time spent growing the vector (mapping memory)
 };
 
@@ -165,23 +180,62 @@ append_layout<T> append_layout_of(device_vector<T>& vector) {
   return {reinterpret_cast<append_status*>(reinterpret_cast<std::byte*>(vector.data()) + at), at / sizeof(T)};
 }
 
+// Elements of capacity the status block takes, alignment included.
+template <class T>
+constexpr std::size_t append_status_elements() {
+  return (append_status_bytes + alignof(append_status) + sizeof(T) - 1) / sizeof(T);
+}
+
 // Elements to reserve for `slots` slots and the status block after them.
 template <class T>
 std::size_t append_elements_for(std::uint64_t slots) {
-  constexpr std::size_t status = (append_status_bytes + alignof(append_status) + sizeof(T) - 1) / sizeof(T);
-  return static_cast<std::size_t>(slots) + status;
+  return static_cast<std::size_t>(slots) + append_status_elements<T>();
 }
 
-// Maps room for at least `wanted` slots, or failing that for `needed` (<= wanted).
+// The most slots a reserve within max_size() can give a launch.
 template <class T>
-void append_reserve(device_vector<T>& vector, std::uint64_t wanted, std::uint64_t needed, stream_ref stream) {
+std::uint64_t append_most_slots(const device_vector<T>& vector) {
+  const std::size_t most = vector.max_size();
+  return most > append_status_elements<T>() ? most - append_status_elements<T>() : 0;
+}
+
+// Maps room for at least `wanted` slots, or failing that for `needed` (<= wanted); adds the
+// time it took to `statistics`.
+template <class T>
+void append_reserve(device_vector<T>& vector, std::uint64_t wanted, std::uint64_t needed, stream_ref stream,
+                    append_statistics& statistics) {
+  const auto started = std::chrono::steady_clock::now();
   try {
     vector.reserve_exact(append_elements_for<T>(wanted), stream);
   } catch (const out_of_memory&) {
     if (needed >= wanted) throw;
     vector.reserve_exact(append_elements_for<T>(needed), stream);
   }
+  ++statistics.growths;
+  statistics.grow_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
+
+// Growth spread over a round: after a refused window measured how many elements an input
+// produces, the round maps, before each window, what the windows so far are predicted to
+// need, so that the GPU runs the windows already queued while the host maps the next part.
+struct append_growth_plan {
+  double rate = 0;           // elements per input, with headroom
+  std::uint64_t wanted = 0;  // the capacity the round grows toward (0: no plan)
+  std::uint64_t base = 0;    // the count where the round begins
+  std::uint64_t first = 0;   // the round's first input
+
+  [[nodiscard]] std::uint64_t predicted(std::uint64_t end) const {
+    const double need = static_cast<double>(base) + rate * static_cast<double>(end - first);
+    return std::min(wanted, static_cast<std::uint64_t>(need) + 1);
+  }
+  // What to map for a window ending at `end` when `slots` are mapped: its predicted need, in
+  // steps of at least an eighth of the growth, so that each mapping (a fixed cost per chunk,
+  // mostly) has several windows' work to hide behind.
+  [[nodiscard]] std::uint64_t target(std::uint64_t end, std::uint64_t slots) const {
+    return std::min(wanted, std::max(predicted(end), slots + (wanted - base) / 8));
+  }
+};
 
 #if defined(__CUDACC__)
 // A launch the runtime refused (bad configuration, no kernel image) leaves no trace the
@@ -225,32 +279,62 @@ requires std::invocable<Launch&, append_view<T>, std::size_t, stream_ref> std::s
   std::uint64_t first = 0;                          // the first input not yet committed
   std::uint64_t committed = start;                  // elements committed: the count where `first` begins
   std::uint64_t last_refused_first = no_input_end;  // where the last round was refused
-  if (detail::append_layout_of(vector).slots <= committed)
-    detail::append_reserve(vector, committed + 1, committed + 1, stream);
+  detail::append_growth_plan plan;                  // growth while the next round runs
+  bool memory_short = false;                        // a plan ran out of memory: plan no more
+  const std::uint64_t most = detail::append_most_slots(vector);
+  if (detail::append_layout_of(vector).slots <= committed)  // room for the status block
+    vector.reserve_exact(detail::append_elements_for<T>(committed + 1), stream);
 
   for (;;) {
     const std::vector<std::uint64_t> ends = detail::append_windows(first, n);
     if (ends.empty()) break;
     ++statistics.rounds;
-    const detail::append_layout<T> layout = detail::append_layout_of(vector);
+    detail::append_layout<T> layout = detail::append_layout_of(vector);
     const std::uint64_t initial = committed;
     executor.copy(&layout.status->count, &initial, sizeof initial, stream);
-    std::uint64_t begin = first;
-    for (std::size_t k = 0; k < ends.size(); ++k) {
-      const append_view<T> view{vector.data(), layout.slots, &layout.status->count, ends[k]};
-      launch(view, static_cast<std::size_t>(begin), stream);
-      ++statistics.launches;
-      detail::check_append_launch(queued);
-      executor.copy(&layout.status->window_counts[k], &layout.status->count, sizeof(std::uint64_t), stream);
-      begin = ends[k];
+    std::vector<std::uint64_t> slots(ends.size());  // the capacity each window was given
+    try {
+      std::uint64_t begin = first;
+      for (std::size_t k = 0; k < ends.size(); ++k) {
+        if (plan.wanted > layout.slots && plan.predicted(ends[k]) > layout.slots) {
+          // Map this window's predicted need while the GPU runs the windows before it. Out of
+          // memory only ends the plan: a window that then does not fit is refused, and the
+          // next round grows by what it needed, or says that it cannot.
+          try {
+            const std::uint64_t target = plan.target(ends[k], layout.slots);
+            detail::append_reserve(vector, target, target, stream, statistics);
+          } catch (const out_of_memory&) {
+            plan.wanted = 0;
+            memory_short = true;
+          }
+          const detail::append_layout<T> grown = detail::append_layout_of(vector);
+          if (grown.status != layout.status)  // the counter and the notes so far move along
+            executor.copy(grown.status, layout.status, sizeof(detail::append_status), stream);
+          layout = grown;
+        }
+        slots[k] = layout.slots;
+        const append_view<T> view{vector.data(), layout.slots, &layout.status->count, ends[k]};
+        launch(view, static_cast<std::size_t>(begin), stream);
+        ++statistics.launches;
+        detail::check_append_launch(queued);
+        executor.copy(&layout.status->window_counts[k], &layout.status->count, sizeof(std::uint64_t), stream);
+        begin = ends[k];
+      }
+    } catch (...) {
+      // What was queued may still write past size(): let it finish before the caller frees
+      // the vector. A fault it reports is the caller's error already being thrown.
+      try {
+        executor.synchronize(stream);
+      } catch (...) {}
+      throw;
     }
     detail::append_status seen{};
     executor.copy(&seen, layout.status, sizeof(std::uint64_t) * (1 + ends.size()), stream);
     executor.synchronize(stream);
 
-    // The first window whose count passes the slots was refused; those before it committed.
+    // The first window whose count passes its capacity was refused; those before it committed.
     std::size_t refused = 0;
-    while (refused < ends.size() && seen.window_counts[refused] <= layout.slots) ++refused;
+    while (refused < ends.size() && seen.window_counts[refused] <= slots[refused]) ++refused;
     if (refused == ends.size()) {
       committed = seen.window_counts[ends.size() - 1];
       break;
@@ -259,25 +343,34 @@ requires std::invocable<Launch&, append_view<T>, std::size_t, stream_ref> std::s
     const std::uint64_t before = refused == 0 ? committed : seen.window_counts[refused - 1];
     const std::uint64_t demand = seen.window_counts[refused] - before;
     const std::uint64_t needed = before + demand;  // the refused window fits
+    const std::uint64_t capacity = detail::append_layout_of(vector).slots;
     std::uint64_t wanted = needed;
+    plan = {};
     if (options.growth_factor > 1) {
-      wanted = std::max(static_cast<std::uint64_t>(static_cast<double>(layout.slots) * options.growth_factor),
-                        layout.slots + 1);
+      wanted = std::max(static_cast<std::uint64_t>(static_cast<double>(capacity) * options.growth_factor),
+                        capacity + 1);
     } else {
       if (n != 0 && ends[refused] < n) {
         const double rate = static_cast<double>(demand) / static_cast<double>(ends[refused] - refused_first);
         const double rest = rate * static_cast<double>(n - ends[refused]) * detail::append_headroom;
         wanted += static_cast<std::uint64_t>(rest) + 1;
+        wanted = std::max(needed, std::min(wanted, most));  // the headroom only where max_size allows
+        if (!memory_short) plan = {rate * detail::append_headroom, wanted, before, refused_first};
       }
       // Refused again where the last round was: the demand was not the whole story (the
       // kernel stops early, or pushes other elements each time). Double, to make progress.
-      if (refused_first == last_refused_first) wanted = std::max(wanted, 2 * layout.slots);
+      if (refused_first == last_refused_first) {
+        wanted = std::max(wanted, 2 * capacity);
+        plan = {};
+      }
     }
-    const auto grow_start = std::chrono::steady_clock::now();
-    detail::append_reserve(vector, wanted, std::min(wanted, needed), stream);
-    statistics.grow_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - grow_start).count();
-    ++statistics.growths;
+    // Now what the refused window needs (or, with a plan, the next round's first window,
+    // if more); the plan maps the rest while the next round runs.
+    const std::uint64_t now =
+        plan.wanted != 0
+            ? std::max(needed, plan.target(detail::append_windows(refused_first, n)[0], capacity))
+            : wanted;
+    if (now > capacity) detail::append_reserve(vector, now, std::min(now, needed), stream, statistics);
     first = refused_first;
     committed = before;
     last_refused_first = refused_first;
