@@ -39,9 +39,10 @@ std::uint64_t mix(std::uint64_t x) {
 struct workload {
   std::uint64_t inputs = 0;
   unsigned most = 3;
+  std::uint64_t quiet_below = 0;  // inputs below it produce nothing (a skewed output)
 
   [[nodiscard]] unsigned elements_of(std::uint64_t i) const {
-    return static_cast<unsigned>(mix(i) % (most + 1));
+    return i < quiet_below ? 0 : static_cast<unsigned>(mix(i) % (most + 1));
   }
   [[nodiscard]] std::vector<std::uint64_t> expected() const {
     std::vector<std::uint64_t> all;
@@ -254,6 +255,23 @@ TEST_F(append_from_host, growth_that_runs_out_of_memory_while_a_round_runs_still
   EXPECT_EQ(sorted(vector.to_host()), expected);
   EXPECT_GE(statistics.rounds, 3u) << "a window refused after the plan ran out";
   EXPECT_LE(pool->statistics().reserved_current, cap);
+}
+
+// A rate measured where the inputs produce nothing predicts nothing: the windows where the
+// output begins are refused, and each refusal measures a better rate. Exact all the same,
+// in a few rounds.
+TEST_F(append_from_host, a_skewed_output_is_appended_whole_when_the_first_rate_predicts_nothing) {
+  const workload work{.inputs = 400000, .quiet_below = 300000};
+  const auto expected = work.expected();
+  auto vector = make(4096);
+  vector.reserve(1);
+  append_statistics statistics;
+  append_from_kernel(vector, host_launch{&work, push_form::selected}, stream_ref{},
+                     {.input_count = work.inputs, .statistics = &statistics});
+  EXPECT_EQ(sorted(vector.to_host()), expected);
+  EXPECT_LE(statistics.rounds, 4u);
+  EXPECT_LE(static_cast<double>(vector.capacity() * sizeof(std::uint64_t)),
+            1.25 * static_cast<double>(expected.size() * sizeof(std::uint64_t)) + 2 * granule);
 }
 
 TEST_F(append_from_host, geometric_growth_relaunches_across_ten_growth_steps) {
