@@ -19,8 +19,8 @@
 // with room for N keys, mapped before timing) and with vmm growth from a small start
 // (/grow: a new device_vector of one 2 MiB granule each iteration, on a warm pool). The
 // append rows grow through vmm::append_from_kernel (input_count given: windows, growth from
-// the refused window's rate, mapped while the next round runs); CUB and thrust, which need the size first, count (a reduction
-// over the keys), reserve exactly, then select: count-scan-allocate-write.
+// the refused window's rate, mapped while the next round runs); CUB and thrust, which need the size first,
+// count (a reduction over the keys), reserve exactly, then select: count-scan-allocate-write.
 //
 // Reported: the time (CUDA events around everything, growth and round trips included;
 // manual time), GB/s of keys read, the keys selected (checked against a reference count and
