@@ -10,6 +10,7 @@
 #include "vmm/capabilities.hpp"
 #include "vmm/error.hpp"
 #include "vmm/physical_allocation.hpp"
+#include "vmm/retirement.hpp"
 
 namespace vmm::testing {
 namespace {
@@ -100,6 +101,29 @@ TEST(errors, destructors_report_failures_instead_of_throwing) {
   }
   set_cleanup_failure_handler(previous);
   EXPECT_EQ(cleanup_failures, 1);
+}
+
+// The OS provider's handles are file descriptors, so the next allocation takes the number of
+// one destroyed behind its owner's back. The owner's failed destroy must not be tried again
+// then: it would destroy the new allocation under its owner.
+TEST(errors, a_handle_destroyed_behind_its_owners_back_is_given_up_not_destroyed_again) {
+  auto provider = make_os_host_provider({});
+  const auto previous = set_cleanup_failure_handler(&count_failure);
+  cleanup_failures = 0;
+  physical_handle lost = 0;
+  {
+    physical_allocation memory(provider, 1);
+    lost = memory.get();
+    provider->destroy(lost);
+  }
+  physical_allocation next(provider, 1);
+  ASSERT_EQ(next.get(), lost) << "the lowest free descriptor is taken again";
+  collect_retired(true);  // a retry of the failed destroy would run here
+  EXPECT_EQ(provider->address_space().usage().handles, 1u) << "the new allocation was destroyed";
+  next.reset();
+  set_cleanup_failure_handler(previous);
+  EXPECT_EQ(cleanup_failures, 1) << "only the owner's destroy of the lost handle failed";
+  EXPECT_EQ(provider->address_space().usage().handles, 0u);
 }
 
 template <class Kind>

@@ -20,9 +20,21 @@ class undestroyed_handle final : public detail::retirable {
   bool release() noexcept override { return destroy(provider_, handle_); }
   void abandon() noexcept override {}
 
-  // Destroys `handle`; false (reported) when the provider refused.
+  // Destroys `handle`; false (reported) when the provider refused for a reason that may
+  // pass. A handle the provider does not hold (destroyed behind its owner's back) is reported
+  // and given up, never tried again: its number may name a later allocation by then (an OS
+  // provider's handles are file descriptors), which a retry would destroy.
   static bool destroy(const std::shared_ptr<memory_provider>& provider, physical_handle handle) noexcept {
-    return detail::cleanup("physical_allocation: destroy", [&] { provider->destroy(handle); });
+    bool unknown = false;
+    const bool destroyed = detail::cleanup("physical_allocation: destroy", [&] {
+      try {
+        provider->destroy(handle);
+      } catch (const invalid_argument&) {
+        unknown = true;
+        throw;
+      }
+    });
+    return destroyed || unknown;
   }
 
  private:

@@ -62,7 +62,9 @@ class physical_allocation {
   /// Gives up ownership of the handle: the caller must destroy it through the provider.
   physical_handle release() noexcept { return held_.release(); }
   /// Destroys the handle now and becomes empty. A destroy the provider refuses is reported
-  /// (never thrown) and tried again at the next collect_retired().
+  /// (never thrown) and tried again at the next collect_retired(), unless the provider does
+  /// not hold the handle at all (it was destroyed behind this owner's back): that is
+  /// reported and given up, since the number may name a later allocation by then.
   void reset() noexcept { held_.reset(); }
 
  private:
