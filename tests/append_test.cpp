@@ -105,6 +105,23 @@ class append_from_host : public ::testing::Test {
     return device_vector<std::uint64_t>(pool_, {.max_size = max_granules * granule, .policy = policy});
   }
   std::shared_ptr<chunk_pool> pool_ = chunk_pool::create(make_os_host_provider({.granularity = granule}));
+
+  // Appends `work` into `vector` from one granule of capacity, with windows, and expects
+  // every element once; returns what the call did.
+  static append_statistics append_from_one_granule(device_vector<std::uint64_t>& vector, const workload& work,
+                                                   push_form form = push_form::selected,
+                                                   std::vector<std::size_t>* firsts = nullptr) {
+    vector.reserve(1);  // one granule: 480 slots
+    append_statistics statistics;
+    append_from_kernel(vector, host_launch{&work, form, true, firsts}, stream_ref{},
+                       {.input_count = work.inputs, .statistics = &statistics});
+    EXPECT_EQ(sorted(vector.to_host()), work.expected());
+    return statistics;
+  }
+  // Bytes of capacity the elements of `work` and the status block take.
+  static std::size_t bytes_for(const workload& work) {
+    return work.expected().size() * sizeof(std::uint64_t) + detail::append_status_bytes;
+  }
 };
 
 TEST_F(append_from_host, everything_that_fits_takes_one_round_and_one_launch) {
@@ -204,13 +221,9 @@ TEST_F(append_from_host,
   const auto expected = work.expected();
   for (const push_form form : {push_form::value, push_form::selected}) {
     auto vector = make(4096);
-    vector.reserve(1);  // one granule: 480 slots
     const std::uint64_t* const address = vector.data();
-    append_statistics statistics;
     std::vector<std::size_t> firsts;
-    append_from_kernel(vector, host_launch{&work, form, true, &firsts}, stream_ref{},
-                       {.input_count = work.inputs, .statistics = &statistics});
-    EXPECT_EQ(sorted(vector.to_host()), expected);
+    const append_statistics statistics = append_from_one_granule(vector, work, form, &firsts);
     EXPECT_EQ(vector.data(), address);
     EXPECT_EQ(statistics.rounds, 2u);
     EXPECT_GE(statistics.growths, 4u) << "one growth before the round, and more while it ran";
@@ -227,15 +240,9 @@ TEST_F(append_from_host,
 // after the refusal grows to max_size and everything fits in it.
 TEST_F(append_from_host, the_growth_estimate_stops_at_max_size) {
   const workload work{.inputs = 400000};
-  const auto expected = work.expected();
-  const std::size_t bytes = expected.size() * sizeof(std::uint64_t) + detail::append_status_bytes;
-  auto vector = make(bytes / granule + 1);  // the need rounded up to a granule: no room for headroom
-  vector.reserve(1);
-  append_statistics statistics;
-  append_from_kernel(vector, host_launch{&work, push_form::selected}, stream_ref{},
-                     {.input_count = work.inputs, .statistics = &statistics});
-  EXPECT_EQ(sorted(vector.to_host()), expected);
-  EXPECT_EQ(statistics.rounds, 2u);
+  auto vector =
+      make(bytes_for(work) / granule + 1);  // the need rounded up to a granule: no room for headroom
+  EXPECT_EQ(append_from_one_granule(vector, work).rounds, 2u);
 }
 
 // When the pool's cap stops the growth while a round runs, the window that then does not fit
@@ -243,17 +250,10 @@ TEST_F(append_from_host, the_growth_estimate_stops_at_max_size) {
 // appended all the same, within the cap.
 TEST_F(append_from_host, growth_that_runs_out_of_memory_while_a_round_runs_still_appends_everything) {
   const workload work{.inputs = 400000};
-  const auto expected = work.expected();
-  const std::size_t bytes = expected.size() * sizeof(std::uint64_t) + detail::append_status_bytes;
-  const std::size_t cap = (bytes / granule + 1) * granule;
+  const std::size_t cap = (bytes_for(work) / granule + 1) * granule;
   auto pool = chunk_pool::create(make_os_host_provider({.granularity = granule}), {.cap = cap});
   device_vector<std::uint64_t> vector(pool, {.max_size = 4 * cap});
-  vector.reserve(1);
-  append_statistics statistics;
-  append_from_kernel(vector, host_launch{&work, push_form::selected}, stream_ref{},
-                     {.input_count = work.inputs, .statistics = &statistics});
-  EXPECT_EQ(sorted(vector.to_host()), expected);
-  EXPECT_GE(statistics.rounds, 3u) << "a window refused after the plan ran out";
+  EXPECT_GE(append_from_one_granule(vector, work).rounds, 3u) << "a window refused after the plan ran out";
   EXPECT_LE(pool->statistics().reserved_current, cap);
 }
 
@@ -264,12 +264,7 @@ TEST_F(append_from_host, a_skewed_output_is_appended_whole_when_the_first_rate_p
   const workload work{.inputs = 400000, .quiet_below = 300000};
   const auto expected = work.expected();
   auto vector = make(4096);
-  vector.reserve(1);
-  append_statistics statistics;
-  append_from_kernel(vector, host_launch{&work, push_form::selected}, stream_ref{},
-                     {.input_count = work.inputs, .statistics = &statistics});
-  EXPECT_EQ(sorted(vector.to_host()), expected);
-  EXPECT_LE(statistics.rounds, 4u);
+  EXPECT_LE(append_from_one_granule(vector, work).rounds, 4u);
   EXPECT_LE(static_cast<double>(vector.capacity() * sizeof(std::uint64_t)),
             1.25 * static_cast<double>(expected.size() * sizeof(std::uint64_t)) + 2 * granule);
 }
