@@ -1130,9 +1130,11 @@ def section_fragmentation(report):
     if latency:
         out.append("Host time of vmm-replay's calls (ns, median / p99):")
         out.append("")
-        table(out, ["trace", "location", "allocate", "deallocate", "pair", "pages created", "stitched"],
+        table(out, ["trace", "location", "allocate", "deallocate", "pair", "clock read (in each timing)",
+                    "pages created", "stitched"],
               [[n, r.get("location"), *(f"{r.get(k, {}).get('median', 0):.0f} / {r.get(k, {}).get('p99', 0):.0f}"
                                         for k in ("allocate_ns", "deallocate_ns", "pair_ns")),
+                f"{r.get('clock_ns', 0):.0f} ns ({r.get('clock', 'steady_clock')})",
                 fmt_num(r.get("pages_created")), fmt_num(r.get("pages_stitched"))] for n, r in latency])
     plots = report.plots
     if plots.on and values:
