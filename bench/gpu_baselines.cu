@@ -19,6 +19,7 @@
 
 #include "grow_bench.hpp"
 #include "raw_driver.hpp"
+#include "vmm/growable_buffer.hpp"
 
 namespace vmm::bench {
 namespace {
@@ -307,13 +308,15 @@ class raw_driver_once final : public grow_once_contender {
   bool mapped_ = false;
 };
 
-// The raw driver sequence a user would write by hand: handles of one size (64 MiB, or 256
-// MiB, the geometric policy's largest chunk) created as vmm creates its chunks, mapped at the
-// end of one reservation, one cuMemSetAccess a grow; everything released in end(). The same
-// cold state as vmm's cold-pool rows: no handle is reused between iterations.
+// The raw driver sequence a user would write by hand: handles created as vmm creates its
+// chunks, mapped at the end of one reservation, one cuMemSetAccess a grow; everything
+// released in end(). The handle sizes follow a chunk_policy (its arithmetic only): 64 MiB or
+// 256 MiB each, or the geometric policy's own sequence, so that vmm's geometric rows have a
+// raw row that creates exactly the handles they create. The same cold state as vmm's
+// cold-pool rows: no handle is reused between iterations.
 class raw_vmm_grow final : public grow_contender {
  public:
-  explicit raw_vmm_grow(std::size_t chunk) : chunk_(chunk) {}
+  explicit raw_vmm_grow(vmm::chunk_policy policy) : policy_(policy) {}
   ~raw_vmm_grow() override { end(); }
   void begin(std::size_t final_size, memory_probe* probe) override {
     end();
@@ -323,7 +326,11 @@ class raw_vmm_grow final : public grow_contender {
     properties_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     properties_.location.id = 0;
     properties_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    reserved_ = (final_size + chunk_ - 1) / chunk_ * chunk_;
+    check(calls.get_allocation_granularity(&granularity_, &properties_, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity");
+    if (granularity_ == 0) throw bench_failure("cuMemGetAllocationGranularity returned 0");
+    // Room for the policy's slack past the final size: one largest chunk.
+    reserved_ = (final_size + largest_chunk - 1) / largest_chunk * largest_chunk + largest_chunk;
     check(calls.address_reserve(&base_, reserved_, 0, 0, 0), "cuMemAddressReserve(" + bytes(reserved_) + ")");
     access_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access_.location.id = 0;
@@ -334,11 +341,12 @@ class raw_vmm_grow final : public grow_contender {
     const raw_driver_calls& calls = driver();
     const std::size_t first = mapped_;
     while (mapped_ < new_size) {
+      const std::size_t chunk = policy_.next_chunk(mapped_, new_size, granularity_);
       CUmemGenericAllocationHandle handle = 0;
-      check(calls.create(&handle, chunk_, &properties_, 0), "cuMemCreate(" + bytes(chunk_) + ")");
+      check(calls.create(&handle, chunk, &properties_, 0), "cuMemCreate(" + bytes(chunk) + ")");
       handles_.push_back(handle);
-      check(calls.map(base_ + mapped_, chunk_, 0, handle, 0), "cuMemMap(" + bytes(chunk_) + ")");
-      mapped_ += chunk_;
+      check(calls.map(base_ + mapped_, chunk, 0, handle, 0), "cuMemMap(" + bytes(chunk) + ")");
+      mapped_ += chunk;
       if (probe_ != nullptr) probe_->sample();
     }
     if (mapped_ > first)
@@ -360,7 +368,9 @@ class raw_vmm_grow final : public grow_contender {
   [[nodiscard]] std::size_t handle_count() const override { return handles_.size(); }
 
  private:
-  std::size_t chunk_;
+  static constexpr std::size_t largest_chunk = 256 * mib;
+  vmm::chunk_policy policy_;
+  std::size_t granularity_ = 0;
   CUmemAllocationProp properties_{};
   CUmemAccessDesc access_{};
   CUdeviceptr base_ = 0;
@@ -403,9 +413,11 @@ std::vector<grow_entry> gpu_baseline_contenders() {
       {"realloc_copy_2x", contender_role::baseline, [] { return std::make_unique<gpu_realloc_2x>(); }},
       {"thrust_resize", contender_role::baseline, [] { return std::make_unique<gpu_thrust_resize>(); }},
       {"raw_vmm_64MiB_cold", contender_role::baseline,
-       [] { return std::make_unique<raw_vmm_grow>(64 * mib); }},
+       [] { return std::make_unique<raw_vmm_grow>(vmm::chunk_policy::fixed(64 * mib)); }},
       {"raw_vmm_256MiB_cold", contender_role::baseline,
-       [] { return std::make_unique<raw_vmm_grow>(256 * mib); }},
+       [] { return std::make_unique<raw_vmm_grow>(vmm::chunk_policy::fixed(256 * mib)); }},
+      {"raw_vmm_geometric_cold", contender_role::baseline,
+       [] { return std::make_unique<raw_vmm_grow>(vmm::chunk_policy::geometric()); }},
   };
 }
 

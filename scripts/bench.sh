@@ -27,6 +27,9 @@
 #   Without a GPU (2 cores): about 100 s once built. bench.json's context has the times.
 # Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
 #   (6-8 min on an H100 alone): expect 15-25 min; no budget unless --budget is given.
+# vmm_bench_grow runs 5 repetitions interleaved at random, and the report takes their
+#   medians: its cold rows (fresh memory from the driver) move by 10-30 % between single
+#   short runs (H100, 2026-11-24).
 # Nothing here enforces a target: the exit status is 0 when bench.json was written.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -159,6 +162,9 @@ for program in "$build"/bench/vmm_bench_*; do
   args=(--benchmark_out="$work/programs/$name.json" --benchmark_out_format=json)
   if [ "$quick" = 1 ]; then
     args+=(--benchmark_min_time=0.05)
+  fi
+  if [ "$name" = vmm_bench_grow ]; then
+    args+=(--benchmark_repetitions=5 --benchmark_enable_random_interleaving=true)
   fi
   echo "bench.sh: $name (${args[*]:2})"
   run_timed "$program_cap" "$work/programs/$name" "$program" "${args[@]}"

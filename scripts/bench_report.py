@@ -49,6 +49,8 @@ TARGET_REACH_SHARE = 0.99
 TARGET_GROW_ONCE_RATIO = 1.05
 # Issue 16: the gaps to the raw driver.
 TARGET_COLD_TO_RAW = 1.10     # cold geometric growth / raw driver, same bytes
+# vmm's cold growth rows and the raw rows that create the same handles (bench/gpu_baselines.cu).
+COLD_SAME_HANDLES = {"vmm_geometric_cold": "raw_vmm_geometric_cold", "vmm_fixed64MiB_cold": "raw_vmm_64MiB_cold"}
 TARGET_WARM_GROW_TO_RAW = 1.05  # warm 2 MiB grow / raw calls in the same reservation
 TARGET_IMPORT_TO_RAW = 1.10   # vmm re-import / raw import + map + access
 TARGET_RESOURCE_PAIR_US = 0.3  # bench/resource_bench.cu: vmm's median pair on the GPU
@@ -108,19 +110,24 @@ class Run:
 
 
 def load_runs(benchmarks):
-    """Runs in the order of first appearance; the median aggregate wins where there are
-    repetitions, else the median of the iteration entries."""
-    order, iterations, medians = [], {}, {}
+    """Runs in the order they were registered (Google Benchmark's family_index), else of first
+    appearance (repetitions interleaved at random come in any order); the median aggregate
+    wins where there are repetitions, else the median of the iteration entries."""
+    order, iterations, medians, registered = [], {}, {}, {}
     for entry in benchmarks:
         run = Run(entry)
         key = run.name
         if key not in order:
             order.append(key)
+            if "family_index" in entry:
+                registered[key] = (entry["family_index"], entry.get("per_family_instance_index", 0))
         if entry.get("run_type") == "aggregate":
             if entry.get("aggregate_name") == "median":
                 medians[key] = run
         else:
             iterations.setdefault(key, []).append(run)
+    if len(registered) == len(order):
+        order.sort(key=registered.get)
     runs = []
     for key in order:
         if key in medians:
@@ -555,8 +562,9 @@ def grow_tables(runs, is_gpu, out):
 def grow_targets(rows, floor, baselines, case, out):
     final, _ = size_of_case(case)
     lines = []
-    raw_cold = next((r for r in rows if r.contender.startswith("raw_vmm") and r.contender.endswith("_cold")
-                     and r.ok), None)
+    raws = {r.contender: r for r in rows if r.contender.startswith("raw_vmm") and r.contender.endswith("_cold")
+            and r.ok and r.seconds}
+    cheapest = raws.get("raw_vmm_64MiB_cold")
     for r in rows:
         if r.role != "vmm" or not r.ok:
             continue
@@ -574,19 +582,23 @@ def grow_targets(rows, floor, baselines, case, out):
             if peak is not None and final:
                 parts.append(f"peak {fmt_bytes(peak)} = size + {fmt_bytes(max(peak - final, 0))} "
                              f"(target: at most size + one chunk)")
-        if r.contender.endswith("_cold") and raw_cold and raw_cold.seconds:
-            x = r.seconds / raw_cold.seconds
-            parts.append(f"{x:.2f}× {raw_cold.contender} (issue 16: ≤ {TARGET_COLD_TO_RAW}×: "
+        # Issue 16's cold target, against the raw driver creating the very handles this
+        # policy creates; beside it the cheapest fresh handles, 64 MiB ones.
+        same = raws.get(COLD_SAME_HANDLES.get(r.contender, ""))
+        if same:
+            x = r.seconds / same.seconds
+            parts.append(f"{x:.2f}× {same.contender}, the same handles (issue 16: ≤ {TARGET_COLD_TO_RAW}×: "
                          f"{verdict(x <= TARGET_COLD_TO_RAW)})")
+        if r.contender.endswith("_cold") and cheapest and cheapest is not same:
+            parts.append(f"{r.seconds / cheapest.seconds:.2f}× {cheapest.contender}")
         if parts:
             lines.append(f"- {r.contender}: " + "; ".join(parts))
-    raws = {r.contender: r for r in rows if r.contender.startswith("raw_vmm") and r.contender.endswith("_cold")
-            and r.ok and r.seconds}
     small, large = raws.get("raw_vmm_64MiB_cold"), raws.get("raw_vmm_256MiB_cold")
     if lines and small and large:
         lines.append(f"- the raw driver in this run: 256 MiB handles took {large.seconds / small.seconds:.2f}× "
-                     "the time of 64 MiB handles for the same bytes (docs/GPU-FACTS.md, \"Chunk size\": no "
-                     "handle size wins both fresh and recycled growth)")
+                     "the time of 64 MiB handles for the same bytes, so the geometric policy's large chunks "
+                     "cost the driver more when fresh; recycled, they grow a buffer twice as fast "
+                     "(docs/GPU-FACTS.md, \"Chunk size\": no handle size wins both)")
     if lines:
         out.append(f"Targets ({describe_case(case)}):")
         out.append("")
@@ -1512,7 +1524,8 @@ def synthetic_document(gpus=1):
                                           ("vmm_geometric_warm", "vmm", 4.2, 1.11), ("vmm_fixed64MiB_warm", "vmm", 8.6, 1.0),
                                           ("realloc_copy_2x", "baseline", 65.4, 1.5), ("thrust_resize", "baseline", 72.8, 1.5),
                                           ("raw_vmm_64MiB_cold", "baseline", 43.2, 1.0),
-                                          ("raw_vmm_256MiB_cold", "baseline", 51.8, 1.0)):
+                                          ("raw_vmm_256MiB_cold", "baseline", 51.8, 1.0),
+                                          ("raw_vmm_geometric_cold", "baseline", 41.0, 1.0)):
             grow.append(gb_entry(f"grow/{case}/{contender}/manual_time", ms * scale, "ms", role,
                                  bytes_per_second=size / (ms * scale * 1e-3), peak_extra_bytes=peak * size,
                                  peak_extra_x=peak, chunks=8))
@@ -1666,6 +1679,7 @@ def self_test():
         markdown, plots = render(docs, out)
         for text in ("# vmm benchmarks", "NVIDIA H100 80GB HBM3", "driver 580.159.04", "Growing a buffer",
                      "× faster than realloc_copy_2x", "issue 16: ≤ 1.1×", "One grow of one chunk",
+                     "0.97× raw_vmm_geometric_cold, the same handles (issue 16: ≤ 1.1×: met); 0.92× raw_vmm_64MiB_cold",
                      "Largest vector reachable", "Per-grow" if plots.on else "reservation MiB",
                      "Fresh memory", "Import on the importer's side", "One pointer over several GPUs",
                      "own_stripes, 2 MiB", "Handing memory to another process", "× legacy",
