@@ -163,20 +163,30 @@ class call_clock {
  public:
   using steady = std::chrono::steady_clock;
 
-  call_clock() : tsc_(invariant_tsc()), started_(steady::now()), started_ticks_(ticks()) {}
+  call_clock() : tsc_(invariant_tsc()), started_(steady::now()), started_ticks_(now()) {}
 
-  [[nodiscard]] std::uint64_t now() const noexcept { return ticks(); }
+  // The time now, in ticks (TSC ticks, or ns of steady_clock).
+  [[nodiscard]] std::uint64_t now() const noexcept {
+#if defined(__x86_64__)
+    if (tsc_) return __rdtsc();
+#endif
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count());
+  }
+
   // Ends the calibration: from here on, to_ns() converts with the rate seen since construction.
   void calibrate() {
     if (!tsc_) return;
-    const std::uint64_t elapsed_ticks = ticks() - started_ticks_;
+    const std::uint64_t elapsed_ticks = now() - started_ticks_;
     const double elapsed_ns = std::chrono::duration<double, std::nano>(steady::now() - started_).count();
     if (elapsed_ticks != 0) ns_per_tick_ = elapsed_ns / static_cast<double>(elapsed_ticks);
   }
-  [[nodiscard]] double to_ns(std::uint64_t from, std::uint64_t to) const noexcept {
-    return static_cast<double>(to - from) * ns_per_tick_;
+  [[nodiscard]] double to_ns(double ticks) const noexcept {
+    return ticks * ns_per_tick_;
   }
-  [[nodiscard]] std::string_view name() const noexcept { return tsc_ ? "TSC" : "steady_clock"; }
+  [[nodiscard]] std::string_view name() const noexcept {
+    return tsc_ ? "TSC" : "steady_clock";
+  }
 
  private:
   static bool invariant_tsc() noexcept {
@@ -186,13 +196,6 @@ class call_clock {
 #else
     return false;
 #endif
-  }
-  [[nodiscard]] std::uint64_t ticks() const noexcept {
-#if defined(__x86_64__)
-    if (tsc_) return __rdtsc();
-#endif
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count());
   }
 
   bool tsc_;
@@ -525,7 +528,7 @@ int main(int argc, char** argv) try {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   timer.calibrate();
   for (std::vector<double>* samples : {&allocate_ns, &deallocate_ns, &pair_ns})
-    for (double& ticks : *samples) ticks = timer.to_ns(0, static_cast<std::uint64_t>(ticks));
+    for (double& ticks : *samples) ticks = timer.to_ns(ticks);
   const vmm::memory_resource_statistics after = resource.statistics();
 
   // The largest single allocation still possible, the trace's last live set allocated.
@@ -553,7 +556,7 @@ int main(int argc, char** argv) try {
   for (int i = 0; i < 4096; ++i) {
     const std::uint64_t t0 = timer.now();
     const std::uint64_t t1 = timer.now();
-    empty_ns.push_back(timer.to_ns(t0, t1));
+    empty_ns.push_back(timer.to_ns(static_cast<double>(t1 - t0)));
   }
   const double clock_ns = of(empty_ns).median;
   const double ratio = static_cast<double>(after.reserved_high) / static_cast<double>(peak_live);
