@@ -115,7 +115,7 @@ TYPED_TEST(growth_ahead, nothing_leaks_through_shrinking_moves_and_destruction) 
     buffer.resize(2 * g);
     buffer.wait_for_growth_ahead();
     EXPECT_EQ(this->pool_->statistics().used_current, 6 * g);
-    // The scratch ranges the thread touched the chunks in are gone.
+    // The thread reserved no address range of its own.
     EXPECT_EQ(this->provider_->address_space().usage().ranges, before.ranges + 1);
     buffer.shrink_to_fit();  // gives the ready chunks back
     EXPECT_EQ(buffer.ready_ahead(), 0u);
@@ -252,8 +252,7 @@ TEST(growth_ahead_faults, every_failure_on_the_thread_leaves_the_buffer_as_it_wa
         ++thread_failures;  // dropped, and what it made is back in the pool
         EXPECT_EQ(pool->statistics().used_current, g) << "failure " << nth;
       } else {
-        // Not fired, or fired in unmapping the scratch range: the retirement list unmaps it
-        // later, and the chunk, made and touched, is ready.
+        EXPECT_FALSE(fired) << "failure " << nth;  // the thread only creates: any failure is its own
         EXPECT_EQ(buffer.ready_ahead(), g) << "failure " << nth;
       }
       buffer.resize(2 * g);  // works: from the ready chunk, or by itself after a failure
@@ -264,13 +263,12 @@ TEST(growth_ahead_faults, every_failure_on_the_thread_leaves_the_buffer_as_it_wa
       EXPECT_EQ(read_bytes(*provider, reinterpret_cast<std::uintptr_t>(buffer.data()), g), bytes);
     }
     wait_for_the_growth_thread();
-    collect_retired(true);  // a scratch range whose unmap failed
     EXPECT_EQ(pool->statistics().used_current, 0u) << "failure " << nth;
     pool->trim_to(0);
     EXPECT_EQ(provider->address_space().usage(), before) << "failure " << nth;
     if (!fired) break;
   }
-  EXPECT_GE(thread_failures, 4);  // creating (memfd, size, seals), reserving, mapping, access
+  EXPECT_GE(thread_failures, 3);  // creating: memfd, size, seals
 }
 
 }  // namespace

@@ -266,7 +266,6 @@ void growable_buffer::request_ahead() noexcept {
     const std::uint64_t generation = ahead_->open_request(bytes);
     if (generation == 0) return;  // one in flight already, or the last one failed
     request.pool = pool.shared_from_this();
-    request.grants = grants(pool.provider()->capabilities().where.kind);
     try {
       worker_->submit(ahead_, generation, std::move(request));
     } catch (...) {

@@ -2,8 +2,6 @@
 
 #include <utility>
 
-#include "vmm/mapped_range.hpp"
-
 namespace vmm::detail {
 
 std::size_t growth_slot::promised_bytes() const {
@@ -186,17 +184,9 @@ void growth_worker::prepare(job& work) noexcept {
     chunk_pool& pool = *work.request.pool;
     // The grow that maps these chunks may run on any stream: only chunks every stream may use.
     for (const std::size_t size : work.request.sizes) {
-      shared_chunk chunk;
-      if (pooled_chunk idle = pool.acquire_idle(size, any_stream)) {
-        chunk = std::make_shared<const pooled_chunk>(std::move(idle));  // touched before
-      } else {
-        chunk = std::make_shared<const pooled_chunk>(pool.acquire(size, any_stream));
-        // The driver pays for fresh memory at its first access grant: pay it here, in a
-        // scratch range that is unmapped and freed before the chunk is handed over.
-        mapped_range scratch(chunk->memory().provider(), chunk->size());
-        scratch.push_back(chunk);
-        scratch.set_access(0, chunk->size(), work.request.grants);
-      }
+      pooled_chunk idle = pool.acquire_idle(size, any_stream);
+      shared_chunk chunk =
+          std::make_shared<const pooled_chunk>(idle ? std::move(idle) : pool.acquire(size, any_stream));
       if (!slot.deliver(work.generation, chunk)) break;  // stale: `chunk` goes back now
     }
   } catch (...) {

@@ -1,10 +1,9 @@
 #pragma once
 // Growth ahead (growable_buffer_options::growth_ahead): one background thread, shared by
-// every buffer of the process that grows ahead, creates physical chunks and touches them
-// once (maps them in a scratch range and sets access there, which is where the driver pays
-// for fresh memory), so that the buffer's next grow finds them ready and pays what a grow
-// from a warm pool pays. The design and its guarantees are stated in growable_buffer.hpp;
-// this header is the machinery.
+// every buffer of the process that grows ahead, takes physical chunks from the pool
+// (creating them there), so that the buffer's next grow finds them ready and pays what a
+// grow from a warm pool pays. The design and its guarantees are stated in
+// growable_buffer.hpp; this header is the machinery.
 //
 // Who touches what. A buffer and the worker share one growth_slot per buffer, and nothing
 // else: the worker never sees the buffer, its range or its books. Every field of a slot is
@@ -30,7 +29,6 @@
 #include <vector>
 
 #include "vmm/chunk_pool.hpp"
-#include "vmm/location.hpp"
 #include "vmm/shared_chunk.hpp"
 
 namespace vmm::detail {
@@ -79,11 +77,10 @@ class growth_slot {
   bool failed_ = false;
 };
 
-// What a buffer asks for: chunks of `sizes` bytes from `pool`, touched once with `grants`.
+// What a buffer asks for: chunks of `sizes` bytes from `pool`.
 struct growth_request {
   std::shared_ptr<chunk_pool> pool;
   std::vector<std::size_t> sizes;
-  std::vector<access_grant> grants;
 };
 
 // The background thread. See the file comment.

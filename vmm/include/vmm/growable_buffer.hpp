@@ -39,18 +39,21 @@
 ///  - a chunk that the driver or the OS refuses to unmap stays mapped and retired: the
 ///    buffer takes it back at its next grow, and its pool never lends it to anyone else.
 ///
-/// Growth ahead (growable_buffer_options::growth_ahead). Fresh physical memory costs the
-/// driver most at its first access grant (~4 ms/GiB on an H200), and a grow on the caller's
-/// thread pays it while the GPU may sit idle. A buffer told how far ahead to keep memory
-/// ready (bytes, or learned from its last grows) asks a background thread, after each
-/// resize or reserve, for the chunks that its next grows will need: the thread takes them
-/// from the pool (creating them there) and touches each once, mapping it in a scratch range
-/// with the buffer's access, then unmapping it. The next grow maps these chunks first, so
-/// it costs what a grow from a warm pool costs (a cuMemMap and one access call) and creates
-/// nothing itself. What it cannot take away: the driver defers part of fresh memory's cost to
-/// its first use on the GPU (on an H100 about one write pass over the fresh bytes, see
-/// docs/GPU-FACTS.md), so a loop bound by GPU work still runs slower into fresh memory than
-/// into recycled chunks, ahead or not. The decisions, and why:
+/// Growth ahead (growable_buffer_options::growth_ahead). A grow that finds no idle chunk
+/// creates one on the caller's thread (cuMemCreate: 20-130 µs for 64 MiB on an H100,
+/// slowest when the device has been idle). A buffer told how far ahead to keep memory ready
+/// (bytes, or learned from its last grows) asks a background thread, after each resize or
+/// reserve, for the chunks that its next grows will need: the thread takes them from the
+/// pool, creating them there. The next grow maps these chunks first, so it costs what a grow
+/// from a warm pool costs (a cuMemMap and one access call) and creates nothing itself. What
+/// it cannot take away: creating memory costs the GPU too. An append loop bound by GPU work
+/// ran 6-8 % slower when the raw driver calls created its memory inside the loop than when
+/// they created it before (H100, docs/GPU-FACTS.md, "Freed memory"), so such a loop still
+/// runs slower into fresh memory than into recycled chunks, ahead or not. (The thread once
+/// also mapped each new chunk in a scratch range and set its access there, to pay the first
+/// access grant early; on the H100 that made the loop 3-5 % slower than no growth ahead at
+/// all, and the grant costs the same on fresh and recycled chunks, so it was dropped.) The
+/// decisions, and why:
 ///  - One thread for the process, not one per buffer: growth_worker is shared by every
 ///    buffer that grows ahead, and ends (joined) when the last of them is destroyed, so its
 ///    lifetime is that of the buffers that use it and no thread outlives them.
@@ -74,8 +77,8 @@
 ///    not lent to other buffers. shrink_to_fit() and destruction give them back at once and
 ///    make a request in flight deliver nothing (its chunks go back to the pool when it
 ///    ends); neither waits for it. Only the destruction of the last buffer that grows
-///    ahead waits for a chunk in preparation (host work: the driver calls creating and
-///    touching one chunk, or, when memory ran out, the pool's wait for retired memory).
+///    ahead waits for a chunk in preparation (host work: the driver call creating one
+///    chunk, or, when memory ran out, the pool's wait for retired memory).
 ///  - Chunks are asked for on the pool the buffer maps from now (no spilling ahead).
 ///
 /// Beyond the GPU's memory (growable_buffer_options::spill_to_host, or a pool of
