@@ -19,6 +19,7 @@
 
 #include "grow_bench.hpp"
 #include "raw_driver.hpp"
+#include "settle.hpp"
 #include "vmm/growable_buffer.hpp"
 
 namespace vmm::bench {
@@ -60,6 +61,7 @@ class gpu_target final : public memory_target {
     return free;
   }
   [[nodiscard]] std::size_t total_bytes() override { return total_; }
+  void settle(std::size_t released) override { settle_after_release(released); }
 
  private:
   std::string name_;

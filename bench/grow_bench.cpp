@@ -101,6 +101,7 @@ void run_grow(benchmark::State& state, memory_target& target, const grow_scenari
   }
   for (auto _ : state) {
     try {
+      target.settle(scenario.final_size);
       contender->begin(scenario.final_size, nullptr);
       const host_clock::time_point start = host_clock::now();
       grow_and_write(*contender, target, scenario, nullptr);

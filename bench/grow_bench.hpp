@@ -56,6 +56,9 @@ class memory_target {
   [[nodiscard]] virtual std::optional<std::size_t> free_bytes() = 0;
   /// Physical memory at this location.
   [[nodiscard]] virtual std::size_t total_bytes() = 0;
+  /// Untimed, before each timed run: waits until the device is done with the `released`
+  /// bytes a contender has just freed (settle.hpp says why). The host: no wait.
+  virtual void settle(std::size_t /*released*/) {}
 };
 
 /// Samples a target's free memory and keeps the lowest value seen.

@@ -8,23 +8,33 @@
 //   floor      the same kernels into memory mapped before the loop (no growth at all);
 //   fresh_floor  the same, the memory created, mapped and granted before the loop from an
 //              empty pool: no growth and no driver call in the loop, only fresh memory's
-//              first writes. What the driver defers to a fresh handle's first use (see
-//              docs/GPU-FACTS.md, "Chunk size") is here; growth ahead, which works on the
-//              host, cannot take it off the GPU, so this row bounds what ahead can reach;
+//              first writes;
 //   warm       growth from a warm pool (the chunks of an earlier buffer, idle in the pool):
 //              what a steady-state application pays;
-//   cold       growth from an empty pool: every chunk a fresh cuMemCreate, and the driver's
-//              cost of fresh memory paid at the access grant, on the appending thread;
+//   cold       growth from an empty pool: every chunk a fresh cuMemCreate on the appending
+//              thread;
 //   ahead      the cold pool, with growth_ahead = {.bytes = append}: the background thread
-//              creates and touches the next chunk while the kernels run;
-//   ahead_learn  the same with growth_ahead = {.learn = true}.
+//              creates the next chunk while the kernels run;
+//   ahead_learn  the same with growth_ahead = {.learn = true};
+//   raw_fresh  no vmm: the raw driver calls (cuMemCreate, cuMemMap, cuMemSetAccess) make
+//              --append handles before the loop, then the loop's kernels, timed;
+//   raw_cold   no vmm: the same calls make each append's handle inside the loop, between
+//              the kernels. raw_cold against raw_fresh is what creating memory while the
+//              GPU works costs the GPU, whatever thread calls the driver: the bound growth
+//              ahead works against.
+//
+// Rows that start from an empty pool wait before their timed loop until the driver is done
+// with the memory the previous iteration released (bench/settle.hpp: creating memory while
+// the driver still scrubs freed memory made fresh_floor 1.11x warm instead of 1.03x on an
+// H100; --settle_ms=0 turns the wait off, --settle_ms=N waits N ms).
 //
 // Reported: the loop's time (host clock from the first append to the stream's end, every
 // grow included; manual time), GB/s written, and vs_warm = the time over warm's of this
 // run (registered first). The target: ahead and ahead_learn <= 1.05 x warm. Without a GPU
 // every row is skipped with the reason.
 //
-//   vmm_bench_growth_ahead [--append=64M] [--total=4G] [--passes=8] [benchmark flags]
+//   vmm_bench_growth_ahead [--append=64M] [--total=4G] [--passes=8] [--settle_ms=N]
+//                          [--raw_handle=SIZE (raw rows; default --append)] [benchmark flags]
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -38,8 +48,12 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "bench_args.hpp"
+#include "raw_driver.hpp"
+#include "settle.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/growable_buffer.hpp"
@@ -49,6 +63,8 @@ namespace {
 std::size_t append_bytes = std::size_t{64} << 20;
 std::size_t total_bytes = std::size_t{4} << 30;
 int passes = 8;
+int settle_ms = -1;                // < 0: settle_after_release(total_bytes)
+std::size_t raw_handle_bytes = 0;  // 0: --append
 std::string no_gpu_reason;
 std::map<std::string, double> seconds_of;  // rows measured so far, for the ratios
 
@@ -65,7 +81,7 @@ __global__ void write_slice(std::uint32_t* slice, std::size_t count, int passes,
       slice[i] = static_cast<std::uint32_t>(i) * 2654435761u + seed + static_cast<std::uint32_t>(pass);
 }
 
-enum class contender { floor, fresh_floor, warm, cold, ahead, ahead_learn };
+enum class contender { floor, fresh_floor, warm, cold, ahead, ahead_learn, raw_fresh, raw_cold };
 
 const char* name_of(contender c) {
   switch (c) {
@@ -81,8 +97,147 @@ const char* name_of(contender c) {
       return "ahead";
     case contender::ahead_learn:
       return "ahead_learn";
+    case contender::raw_fresh:
+      return "raw_fresh";
+    case contender::raw_cold:
+      return "raw_cold";
   }
   return "?";
+}
+
+struct gpu_work {
+  cudaStream_t stream = nullptr;
+  int blocks = 0;
+};
+
+// The loop's GPU work alone: one kernel per --append slice of [data, data + total).
+void write_slices(const gpu_work& work, char* data, std::size_t slice) {
+  auto* words = reinterpret_cast<std::uint32_t*>(data + slice * append_bytes);
+  write_slice<<<work.blocks, 256, 0, work.stream>>>(words, append_bytes / sizeof(std::uint32_t), passes,
+                                                    static_cast<std::uint32_t>(slice));
+}
+
+gpu_work make_gpu_work() {
+  gpu_work work;
+  check(cudaStreamCreateWithFlags(&work.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  check(cudaDeviceGetAttribute(&work.blocks, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  work.blocks *= 4;
+  return work;
+}
+
+void settle() {
+  if (settle_ms < 0)
+    vmm::bench::settle_after_release(total_bytes);
+  else
+    std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+}
+
+// The counters every row reports, from the mean loop time.
+void report(benchmark::State& state, contender which, double total_seconds, std::size_t created) {
+  if (state.iterations() == 0) return;
+  const std::size_t appends = total_bytes / append_bytes;
+  const double mean = total_seconds / static_cast<double>(state.iterations());
+  seconds_of[name_of(which)] = mean;
+  state.counters["GB/s"] = static_cast<double>(appends * append_bytes) * passes / mean / 1e9;
+  state.counters["appends"] = static_cast<double>(appends);
+  state.counters["chunks_created_per_loop"] =
+      static_cast<double>(created) / static_cast<double>(state.iterations());
+  if (auto warm = seconds_of.find("warm"); warm != seconds_of.end() && which != contender::warm)
+    state.counters["vs_warm"] = mean / warm->second;
+  if (auto floor = seconds_of.find("floor"); floor != seconds_of.end() && which != contender::floor)
+    state.counters["vs_floor"] = mean / floor->second;
+}
+
+// raw_fresh and raw_cold: the driver's calls by hand, no vmm.
+void raw_loop(benchmark::State& state, contender which) {
+  if (!no_gpu_reason.empty()) {
+    state.SkipWithError(("no GPU here: " + no_gpu_reason).c_str());
+    return;
+  }
+  using failure = std::runtime_error;
+  const vmm::bench::raw_driver_calls& driver = vmm::bench::raw_driver<failure>();
+  auto call = [](CUresult result, const char* what) {
+    if (result != CUDA_SUCCESS)
+      throw failure(std::string(what) + " failed: " + vmm::bench::raw_driver_error_name<failure>(result));
+  };
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  std::size_t granularity = 0;
+  CUdeviceptr base = 0;
+  if (const CUresult result =
+          driver.get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+      result != CUDA_SUCCESS) {
+    state.SkipWithError(
+        ("cuMemGetAllocationGranularity failed: " + vmm::bench::raw_driver_error_name<failure>(result))
+            .c_str());
+    return;
+  }
+  const std::size_t handle_bytes = raw_handle_bytes != 0 ? raw_handle_bytes : append_bytes;
+  if (handle_bytes % granularity != 0 || total_bytes % handle_bytes != 0) {
+    state.SkipWithError(
+        "the raw handle size must divide --total and be a multiple of the driver's granularity");
+    return;
+  }
+  const std::size_t appends = total_bytes / append_bytes;
+  const std::size_t handle_count = total_bytes / handle_bytes;
+  if (const CUresult result = driver.address_reserve(&base, total_bytes, granularity, 0, 0);
+      result != CUDA_SUCCESS) {
+    state.SkipWithError(
+        ("cuMemAddressReserve failed: " + vmm::bench::raw_driver_error_name<failure>(result)).c_str());
+    return;
+  }
+  const gpu_work work = make_gpu_work();
+  std::vector<CUmemGenericAllocationHandle> handles;
+  auto release = [&] {
+    for (std::size_t i = 0; i < handles.size(); ++i) {
+      driver.unmap(base + i * handle_bytes, handle_bytes);
+      driver.release(handles[i]);
+    }
+    handles.clear();
+  };
+  const CUmemAccessDesc access{prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  // Creates, maps and grants handles until they cover `bytes`.
+  auto cover = [&](std::size_t bytes) {
+    while (handles.size() * handle_bytes < bytes) {
+      const CUdeviceptr at = base + handles.size() * handle_bytes;
+      CUmemGenericAllocationHandle handle = 0;
+      call(driver.create(&handle, handle_bytes, &prop, 0), "cuMemCreate");
+      if (const CUresult mapped = driver.map(at, handle_bytes, 0, handle, 0); mapped != CUDA_SUCCESS) {
+        driver.release(handle);
+        call(mapped, "cuMemMap");
+      }
+      handles.push_back(handle);
+      call(driver.set_access(at, handle_bytes, &access, 1), "cuMemSetAccess");
+    }
+  };
+  char* data = reinterpret_cast<char*>(base);
+  double total_seconds = 0;
+  try {
+    for (auto _ : state) {
+      if (which != contender::raw_cold) cover(total_bytes);
+      check(cudaStreamSynchronize(work.stream), "cudaStreamSynchronize");
+      const auto start = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < appends; ++i) {
+        cover((i + 1) * append_bytes);
+        write_slices(work, data, i);
+      }
+      check(cudaGetLastError(), "write_slice<<<>>>");
+      check(cudaStreamSynchronize(work.stream), "cudaStreamSynchronize");
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      state.SetIterationTime(seconds);
+      total_seconds += seconds;
+      release();
+      settle();
+    }
+  } catch (const std::exception& e) {
+    check(cudaStreamSynchronize(work.stream), "cudaStreamSynchronize");
+    release();
+    state.SkipWithError(e.what());
+  }
+  check(cudaStreamDestroy(work.stream), "cudaStreamDestroy");
+  driver.address_free(base, total_bytes);
+  report(state, which, total_seconds, handle_count * state.iterations());
 }
 
 void append_loop(benchmark::State& state, contender which) {
@@ -91,12 +246,8 @@ void append_loop(benchmark::State& state, contender which) {
     return;
   }
   auto pool = vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(0)));
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  int blocks = 0;
-  check(cudaDeviceGetAttribute(&blocks, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
-  blocks *= 4;
-  vmm::growable_buffer_options options{.max_size = total_bytes, .stream = stream};
+  const gpu_work work = make_gpu_work();
+  vmm::growable_buffer_options options{.max_size = total_bytes, .stream = work.stream};
   if (which == contender::ahead) options.growth_ahead = {.bytes = append_bytes};
   if (which == contender::ahead_learn) options.growth_ahead = {.learn = true};
   if (which == contender::warm) {  // leave the chunks of a whole run idle in the pool
@@ -110,40 +261,29 @@ void append_loop(benchmark::State& state, contender which) {
   std::size_t created = 0;
   for (auto _ : state) {
     if (which == contender::cold || which == contender::ahead || which == contender::ahead_learn ||
-        which == contender::fresh_floor)
+        which == contender::fresh_floor) {
       pool->trim_to(0);
+      settle();
+    }
     const std::size_t created_before = pool->statistics().chunks_created;
     vmm::growable_buffer buffer(pool, options);
     if (which == contender::floor || which == contender::fresh_floor) buffer.reserve(total_bytes);
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaStreamSynchronize(work.stream), "cudaStreamSynchronize");
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < appends; ++i) {
-      const std::size_t size = i * append_bytes;
-      buffer.resize(size + append_bytes);
-      auto* slice = reinterpret_cast<std::uint32_t*>(static_cast<char*>(buffer.data()) + size);
-      write_slice<<<blocks, 256, 0, stream>>>(slice, append_bytes / sizeof(std::uint32_t), passes,
-                                              static_cast<std::uint32_t>(i));
+      buffer.resize((i + 1) * append_bytes);
+      write_slices(work, static_cast<char*>(buffer.data()), i);
     }
     check(cudaGetLastError(), "write_slice<<<>>>");
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaStreamSynchronize(work.stream), "cudaStreamSynchronize");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     state.SetIterationTime(seconds);
     total_seconds += seconds;
     created += pool->statistics().chunks_created - created_before;
     buffer.wait_for_growth_ahead();  // outside the time: what it prepared past the end goes back
   }
-  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
-  if (state.iterations() == 0) return;
-  const double mean = total_seconds / static_cast<double>(state.iterations());
-  seconds_of[name_of(which)] = mean;
-  state.counters["GB/s"] = static_cast<double>(appends * append_bytes) * passes / mean / 1e9;
-  state.counters["appends"] = static_cast<double>(appends);
-  state.counters["chunks_created_per_loop"] =
-      static_cast<double>(created) / static_cast<double>(state.iterations());
-  if (auto warm = seconds_of.find("warm"); warm != seconds_of.end() && which != contender::warm)
-    state.counters["vs_warm"] = mean / warm->second;
-  if (auto floor = seconds_of.find("floor"); floor != seconds_of.end() && which != contender::floor)
-    state.counters["vs_floor"] = mean / floor->second;
+  check(cudaStreamDestroy(work.stream), "cudaStreamDestroy");
+  report(state, which, total_seconds, created);
 }
 
 }  // namespace
@@ -155,6 +295,10 @@ int main(int argc, char** argv) {
       append_bytes = vmm::bench::parse_size("--append=", argv[i] + 9);
     } else if (std::strncmp(argv[i], "--total=", 8) == 0) {
       total_bytes = vmm::bench::parse_size("--total=", argv[i] + 8);
+    } else if (std::strncmp(argv[i], "--settle_ms=", 12) == 0) {
+      settle_ms = std::atoi(argv[i] + 12);
+    } else if (std::strncmp(argv[i], "--raw_handle=", 13) == 0) {
+      raw_handle_bytes = vmm::bench::parse_size("--raw_handle=", argv[i] + 13);
     } else if (std::strncmp(argv[i], "--passes=", 9) == 0) {
       passes = std::atoi(argv[i] + 9);
     } else {
@@ -169,10 +313,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!vmm::gpu_available(&no_gpu_reason) && no_gpu_reason.empty()) no_gpu_reason = "no GPU";
-  for (contender which : {contender::floor, contender::warm, contender::fresh_floor, contender::cold,
-                          contender::ahead, contender::ahead_learn})
+  for (contender which :
+       {contender::floor, contender::warm, contender::fresh_floor, contender::cold, contender::ahead,
+        contender::ahead_learn, contender::raw_fresh, contender::raw_cold})
     benchmark::RegisterBenchmark((std::string("append_loop/") + name_of(which)).c_str(),
-                                 [which](benchmark::State& state) { append_loop(state, which); })
+                                 [which](benchmark::State& state) {
+                                   if (which == contender::raw_fresh || which == contender::raw_cold)
+                                     raw_loop(state, which);
+                                   else
+                                     append_loop(state, which);
+                                 })
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
         ->MinTime(0.5);
