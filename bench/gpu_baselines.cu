@@ -423,6 +423,10 @@ std::vector<grow_entry> gpu_baseline_contenders() {
   };
 }
 
+std::unique_ptr<grow_contender> make_raw_vmm_grow(vmm::chunk_policy policy) {
+  return std::make_unique<raw_vmm_grow>(policy);
+}
+
 std::unique_ptr<grow_once_contender> make_raw_driver_once(std::size_t chunk, std::size_t reservation) {
   return std::make_unique<raw_driver_once>(chunk, reservation);
 }

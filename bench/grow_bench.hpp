@@ -195,6 +195,10 @@ std::unique_ptr<memory_target> make_gpu_target(std::string* why);
 /// GPU baselines: preallocated cudaMalloc (floor); cudaMalloc + cudaMemcpyAsync + cudaFree
 /// with 2× capacity; thrust::device_vector<char>::resize.
 std::vector<grow_entry> gpu_baseline_contenders();
+/// The raw driver calls a user would write by hand (cuMemCreate, cuMemMap, cuMemSetAccess into
+/// one reservation; no vmm), creating handles of the sizes `policy` picks; end() releases
+/// everything.
+std::unique_ptr<grow_contender> make_raw_vmm_grow(vmm::chunk_policy policy);
 /// cuMemMap + cuMemSetAccess on a pre-created handle (undo: cuMemUnmap), the driver called
 /// through entry points from cudaGetDriverEntryPointByVersion.
 // reservation: the range the chunk is mapped into (0: the chunk's own size).

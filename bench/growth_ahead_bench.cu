@@ -21,7 +21,9 @@
 //   raw_cold   no vmm: the same calls make each append's handle inside the loop, between
 //              the kernels. raw_cold against raw_fresh is what creating memory while the
 //              GPU works costs the GPU, whatever thread calls the driver: the bound growth
-//              ahead works against.
+//              ahead works against;
+//   raw_cold_geometric  the same with the handles vmm's geometric policy creates (vmm's
+//              rows use that policy).
 //
 // Rows that start from an empty pool wait before their timed loop until the driver is done
 // with the memory the previous iteration released (bench/settle.hpp: creating memory while
@@ -33,8 +35,7 @@
 // run (registered first). The target: ahead and ahead_learn <= 1.05 x warm. Without a GPU
 // every row is skipped with the reason.
 //
-//   vmm_bench_growth_ahead [--append=64M] [--total=4G] [--passes=8] [--settle_ms=N]
-//                          [--raw_handle=SIZE (raw rows; default --append)] [benchmark flags]
+//   vmm_bench_growth_ahead [--append=64M] [--total=4G] [--passes=8] [--settle_ms=N] [benchmark flags]
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -52,7 +53,7 @@
 #include <vector>
 
 #include "bench_args.hpp"
-#include "raw_driver.hpp"
+#include "grow_bench.hpp"
 #include "settle.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
@@ -63,8 +64,7 @@ namespace {
 std::size_t append_bytes = std::size_t{64} << 20;
 std::size_t total_bytes = std::size_t{4} << 30;
 int passes = 8;
-int settle_ms = -1;                // < 0: settle_after_release(total_bytes)
-std::size_t raw_handle_bytes = 0;  // 0: --append
+int settle_ms = -1;  // < 0: settle_after_release(total_bytes)
 std::string no_gpu_reason;
 std::map<std::string, double> seconds_of;  // rows measured so far, for the ratios
 
@@ -81,7 +81,17 @@ __global__ void write_slice(std::uint32_t* slice, std::size_t count, int passes,
       slice[i] = static_cast<std::uint32_t>(i) * 2654435761u + seed + static_cast<std::uint32_t>(pass);
 }
 
-enum class contender { floor, fresh_floor, warm, cold, ahead, ahead_learn, raw_fresh, raw_cold };
+enum class contender {
+  floor,
+  fresh_floor,
+  warm,
+  cold,
+  ahead,
+  ahead_learn,
+  raw_fresh,
+  raw_cold,
+  raw_cold_geometric
+};
 
 const char* name_of(contender c) {
   switch (c) {
@@ -101,6 +111,8 @@ const char* name_of(contender c) {
       return "raw_fresh";
     case contender::raw_cold:
       return "raw_cold";
+    case contender::raw_cold_geometric:
+      return "raw_cold_geometric";
   }
   return "?";
 }
@@ -148,78 +160,28 @@ void report(benchmark::State& state, contender which, double total_seconds, std:
     state.counters["vs_floor"] = mean / floor->second;
 }
 
-// raw_fresh and raw_cold: the driver's calls by hand, no vmm.
+// raw_fresh, raw_cold and raw_cold_geometric: the driver's calls by hand, no vmm.
 void raw_loop(benchmark::State& state, contender which) {
   if (!no_gpu_reason.empty()) {
     state.SkipWithError(("no GPU here: " + no_gpu_reason).c_str());
     return;
   }
-  using failure = std::runtime_error;
-  const vmm::bench::raw_driver_calls& driver = vmm::bench::raw_driver<failure>();
-  auto call = [](CUresult result, const char* what) {
-    if (result != CUDA_SUCCESS)
-      throw failure(std::string(what) + " failed: " + vmm::bench::raw_driver_error_name<failure>(result));
-  };
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-  std::size_t granularity = 0;
-  CUdeviceptr base = 0;
-  if (const CUresult result =
-          driver.get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-      result != CUDA_SUCCESS) {
-    state.SkipWithError(
-        ("cuMemGetAllocationGranularity failed: " + vmm::bench::raw_driver_error_name<failure>(result))
-            .c_str());
-    return;
-  }
-  const std::size_t handle_bytes = raw_handle_bytes != 0 ? raw_handle_bytes : append_bytes;
-  if (handle_bytes % granularity != 0 || total_bytes % handle_bytes != 0) {
-    state.SkipWithError(
-        "the raw handle size must divide --total and be a multiple of the driver's granularity");
-    return;
-  }
-  const std::size_t appends = total_bytes / append_bytes;
-  const std::size_t handle_count = total_bytes / handle_bytes;
-  if (const CUresult result = driver.address_reserve(&base, total_bytes, granularity, 0, 0);
-      result != CUDA_SUCCESS) {
-    state.SkipWithError(
-        ("cuMemAddressReserve failed: " + vmm::bench::raw_driver_error_name<failure>(result)).c_str());
-    return;
-  }
+  const vmm::chunk_policy policy = which == contender::raw_cold_geometric
+                                       ? vmm::chunk_policy::geometric()
+                                       : vmm::chunk_policy::fixed(append_bytes);
+  const std::unique_ptr<vmm::bench::grow_contender> raw = vmm::bench::make_raw_vmm_grow(policy);
   const gpu_work work = make_gpu_work();
-  std::vector<CUmemGenericAllocationHandle> handles;
-  auto release = [&] {
-    for (std::size_t i = 0; i < handles.size(); ++i) {
-      driver.unmap(base + i * handle_bytes, handle_bytes);
-      driver.release(handles[i]);
-    }
-    handles.clear();
-  };
-  const CUmemAccessDesc access{prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  // Creates, maps and grants handles until they cover `bytes`.
-  auto cover = [&](std::size_t bytes) {
-    while (handles.size() * handle_bytes < bytes) {
-      const CUdeviceptr at = base + handles.size() * handle_bytes;
-      CUmemGenericAllocationHandle handle = 0;
-      call(driver.create(&handle, handle_bytes, &prop, 0), "cuMemCreate");
-      if (const CUresult mapped = driver.map(at, handle_bytes, 0, handle, 0); mapped != CUDA_SUCCESS) {
-        driver.release(handle);
-        call(mapped, "cuMemMap");
-      }
-      handles.push_back(handle);
-      call(driver.set_access(at, handle_bytes, &access, 1), "cuMemSetAccess");
-    }
-  };
-  char* data = reinterpret_cast<char*>(base);
+  const std::size_t appends = total_bytes / append_bytes;
   double total_seconds = 0;
+  std::size_t created = 0;
   try {
     for (auto _ : state) {
-      if (which != contender::raw_cold) cover(total_bytes);
+      raw->begin(total_bytes, nullptr);
+      char* data = which == contender::raw_fresh ? raw->grow(total_bytes) : nullptr;
       check(cudaStreamSynchronize(work.stream), "cudaStreamSynchronize");
       const auto start = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < appends; ++i) {
-        cover((i + 1) * append_bytes);
+        if (which != contender::raw_fresh) data = raw->grow((i + 1) * append_bytes);
         write_slices(work, data, i);
       }
       check(cudaGetLastError(), "write_slice<<<>>>");
@@ -227,17 +189,17 @@ void raw_loop(benchmark::State& state, contender which) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       state.SetIterationTime(seconds);
       total_seconds += seconds;
-      release();
+      created += raw->handle_count();
+      raw->end();
       settle();
     }
   } catch (const std::exception& e) {
-    check(cudaStreamSynchronize(work.stream), "cudaStreamSynchronize");
-    release();
+    cudaStreamSynchronize(work.stream);
+    raw->end();
     state.SkipWithError(e.what());
   }
   check(cudaStreamDestroy(work.stream), "cudaStreamDestroy");
-  driver.address_free(base, total_bytes);
-  report(state, which, total_seconds, handle_count * state.iterations());
+  report(state, which, total_seconds, created);
 }
 
 void append_loop(benchmark::State& state, contender which) {
@@ -297,8 +259,6 @@ int main(int argc, char** argv) {
       total_bytes = vmm::bench::parse_size("--total=", argv[i] + 8);
     } else if (std::strncmp(argv[i], "--settle_ms=", 12) == 0) {
       settle_ms = std::atoi(argv[i] + 12);
-    } else if (std::strncmp(argv[i], "--raw_handle=", 13) == 0) {
-      raw_handle_bytes = vmm::bench::parse_size("--raw_handle=", argv[i] + 13);
     } else if (std::strncmp(argv[i], "--passes=", 9) == 0) {
       passes = std::atoi(argv[i] + 9);
     } else {
@@ -315,10 +275,11 @@ int main(int argc, char** argv) {
   if (!vmm::gpu_available(&no_gpu_reason) && no_gpu_reason.empty()) no_gpu_reason = "no GPU";
   for (contender which :
        {contender::floor, contender::warm, contender::fresh_floor, contender::cold, contender::ahead,
-        contender::ahead_learn, contender::raw_fresh, contender::raw_cold})
+        contender::ahead_learn, contender::raw_fresh, contender::raw_cold, contender::raw_cold_geometric})
     benchmark::RegisterBenchmark((std::string("append_loop/") + name_of(which)).c_str(),
                                  [which](benchmark::State& state) {
-                                   if (which == contender::raw_fresh || which == contender::raw_cold)
+                                   if (which == contender::raw_fresh || which == contender::raw_cold ||
+                                       which == contender::raw_cold_geometric)
                                      raw_loop(state, which);
                                    else
                                      append_loop(state, which);
