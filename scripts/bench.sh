@@ -27,11 +27,11 @@
 #   Without a GPU (2 cores): about 100 s once built. bench.json's context has the times.
 # Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
 #   (6-8 min on an H100 alone): expect 15-25 min; no budget unless --budget is given.
-# vmm_bench_grow runs 5 repetitions, and the report takes their medians: its cold rows (fresh
-#   memory from the driver) move by 10-30 % between single short runs (H100, 2026-11-24).
-#   Not interleaved: with repetitions interleaved at random (2 or 3 iterations each),
-#   raw_vmm_geometric_cold took 7.6 ms instead of 20-27 ms, so a cold row's cost depends on
-#   what ran before it; here each row follows its own repetitions.
+# vmm_bench_grow, vmm_bench_driver and vmm_bench_growth_ahead (issue 16's rows) run 5
+#   repetitions each, and the report takes their medians: single short runs of their rows
+#   moved by 10-30 % on the lent H100s (2026-11-24). Not interleaved, so that each row follows
+#   its own repetitions; and cold rows wait for the driver to finish with the memory the run
+#   before released (bench/settle.hpp).
 # Nothing here enforces a target: the exit status is 0 when bench.json was written.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -165,9 +165,9 @@ for program in "$build"/bench/vmm_bench_*; do
   if [ "$quick" = 1 ]; then
     args+=(--benchmark_min_time=0.05)
   fi
-  if [ "$name" = vmm_bench_grow ]; then
-    args+=(--benchmark_repetitions=5)
-  fi
+  case "$name" in
+    vmm_bench_grow | vmm_bench_driver | vmm_bench_growth_ahead) args+=(--benchmark_repetitions=5) ;;
+  esac
   echo "bench.sh: $name (${args[*]:2})"
   run_timed "$program_cap" "$work/programs/$name" "$program" "${args[@]}"
 done
