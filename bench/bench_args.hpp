@@ -1,9 +1,10 @@
 #pragma once
 /// @file
-/// Command-line sizes of the benchmark programs' own options (--size=, --append=, ...), taken
+/// Command-line sizes and counts of the benchmark programs' own options (--size=, --append=, ...), taken
 /// out of argv before Google Benchmark sees it. Shared by C++ and CUDA C++ translation units.
 
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -44,6 +45,18 @@ inline std::uint64_t parse_size(const char* option, const char* text) {
       value > (std::uint64_t{1} << (63 - shift)))
     throw std::invalid_argument(std::string(option) + text + ": expected a size such as 4096, 64M or 4G");
   return value << shift;
+}
+
+/// A whole number of at least `least`, in decimal ("8"); `option` names the flag in the error.
+/// @throws std::invalid_argument anything else, or a value past INT_MAX.
+inline int parse_count(const char* option, const char* text, int least) {
+  char* rest = nullptr;
+  errno = 0;
+  const long value = std::strtol(text, &rest, 10);
+  if (rest == text || *rest != '\0' || errno != 0 || value < least || value > INT_MAX)
+    throw std::invalid_argument(std::string(option) + text + ": expected a whole number of at least " +
+                                std::to_string(least));
+  return static_cast<int>(value);
 }
 
 }  // namespace vmm::bench

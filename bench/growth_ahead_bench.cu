@@ -43,14 +43,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include "bench_args.hpp"
 #include "grow_bench.hpp"
@@ -252,18 +250,23 @@ void append_loop(benchmark::State& state, contender which) {
 
 int main(int argc, char** argv) {
   int kept = 1;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--append=", 9) == 0) {
-      append_bytes = vmm::bench::parse_size("--append=", argv[i] + 9);
-    } else if (std::strncmp(argv[i], "--total=", 8) == 0) {
-      total_bytes = vmm::bench::parse_size("--total=", argv[i] + 8);
-    } else if (std::strncmp(argv[i], "--settle_ms=", 12) == 0) {
-      settle_ms = std::atoi(argv[i] + 12);
-    } else if (std::strncmp(argv[i], "--passes=", 9) == 0) {
-      passes = std::atoi(argv[i] + 9);
-    } else {
-      argv[kept++] = argv[i];
+  try {
+    for (int i = 1; i < argc; ++i) {
+      if (std::strncmp(argv[i], "--append=", 9) == 0) {
+        append_bytes = vmm::bench::parse_size("--append=", argv[i] + 9);
+      } else if (std::strncmp(argv[i], "--total=", 8) == 0) {
+        total_bytes = vmm::bench::parse_size("--total=", argv[i] + 8);
+      } else if (std::strncmp(argv[i], "--settle_ms=", 12) == 0) {
+        settle_ms = vmm::bench::parse_count("--settle_ms=", argv[i] + 12, 0);
+      } else if (std::strncmp(argv[i], "--passes=", 9) == 0) {
+        passes = vmm::bench::parse_count("--passes=", argv[i] + 9, 1);
+      } else {
+        argv[kept++] = argv[i];
+      }
     }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "vmm_bench_growth_ahead: %s\n", e.what());
+    return 1;
   }
   argc = kept;
   benchmark::Initialize(&argc, argv);

@@ -586,8 +586,9 @@ def grow_targets(rows, floor, baselines, case, out):
         # policy creates, and against raw 64 MiB handles (the baseline the issue measured).
         if r.contender.endswith("_cold"):
             same = raws.get(COLD_SAME_HANDLES.get(r.contender, ""))
-            for raw, what in ((same, "the same handles"), (raw_64, "64 MiB handles")):
-                if raw and (raw is not same or what == "the same handles"):
+            against = [(same, "the same handles")] + ([(raw_64, "64 MiB handles")] if raw_64 is not same else [])
+            for raw, what in against:
+                if raw:
                     x = r.seconds / raw.seconds
                     parts.append(f"{x:.2f}× {raw.contender}, {what} (issue 16: ≤ {TARGET_COLD_TO_RAW}×: "
                                  f"{verdict(x <= TARGET_COLD_TO_RAW)})")
