@@ -211,6 +211,59 @@ TYPED_TEST(memory_resources, idle_pages_are_stitched_where_a_large_block_needs_t
   for (int i = 1; i < 16; i += 2) resource->deallocate({}, blocks[i], 2 * g);
 }
 
+TYPED_TEST(memory_resources, large_requests_get_large_pages_and_idle_pages_change_size) {
+  const std::size_t g = this->granularity_;
+  const std::size_t large = g * memory_resource::default_large_page_granules;
+  auto resource = this->make({.max_size = 4 * large});
+  ASSERT_EQ(resource->properties().large_page_size, large);
+  // Two large pages and a bit: three pages of the large size.
+  const std::size_t big_bytes = 2 * large + 256;
+  void* big = resource->allocate({}, big_bytes);
+  {
+    const memory_resource::allocation_pages pages = resource->pages_of(big, big_bytes);  // holds them
+    EXPECT_EQ(pages.page_size, large);
+    EXPECT_EQ(pages.pages.size(), 3u);
+  }
+  EXPECT_EQ(resource->statistics().handles, 3u);
+  EXPECT_EQ(resource->statistics().reserved_current, 3 * large);
+  const auto big_pattern = pattern(big_bytes, 11);
+  this->write(big, big_pattern);
+  EXPECT_EQ(this->read(big, big_bytes), big_pattern);
+  // Just under one large page: small pages.
+  void* medium = resource->allocate({}, large - g);
+  EXPECT_EQ(resource->pages_of(medium, large - g).page_size, g);
+  resource->deallocate({}, medium, large - g);
+  resource->deallocate({}, big, big_bytes);
+  resource->synchronize();
+  // Three idle large pages and room for one more: blocks of small pages worth nearly all
+  // of max_size fit only if the idle large pages go back to be made again as small ones.
+  const memory_resource_statistics before = resource->statistics();
+  std::vector<void*> smalls;
+  for (std::size_t used = 0; used + 2 * g <= 4 * large - 2 * g; used += 2 * g)
+    smalls.push_back(resource->allocate({}, 2 * g));
+  memory_resource_statistics s = resource->statistics();
+  EXPECT_LE(s.reserved_current, 4 * large);
+  EXPECT_GE(s.pages_released - before.pages_released, 3u);
+  EXPECT_LE(this->pool_->statistics().reserved_current, 4 * large);
+  for (std::size_t i = 0; i < smalls.size(); ++i) {
+    this->write(smalls[i], pattern(2 * g, static_cast<std::uint32_t>(i)));
+  }
+  for (std::size_t i = 0; i < smalls.size(); ++i) {
+    EXPECT_EQ(this->read(smalls[i], 2 * g), pattern(2 * g, static_cast<std::uint32_t>(i))) << i;
+    resource->deallocate({}, smalls[i], 2 * g);
+  }
+  resource->synchronize();
+  // And back: the idle small pages make room for large ones.
+  void* again = resource->allocate({}, 3 * large);
+  this->write(again, pattern(3 * large, 5));
+  EXPECT_EQ(this->read(again, 3 * large), pattern(3 * large, 5));
+  s = resource->statistics();
+  EXPECT_LE(s.reserved_current, 4 * large);
+  EXPECT_EQ(s.used_current, 3 * large);
+  resource->deallocate({}, again, 3 * large);
+  EXPECT_EQ(resource->statistics().allocations, 0u);
+}
+
 TYPED_TEST(memory_resources, access_applies_to_pages_mapped_now_and_later) {
   auto resource = this->make();
   const accessor first = this->provider_->capabilities().default_accessors.front();
@@ -345,6 +398,11 @@ TYPED_TEST(memory_resources, properties_are_checked_and_initial_size_is_spare) {
     EXPECT_THROW(this->make({.handle_type = handle_kind::posix_fd}), invalid_argument);
   }
   EXPECT_THROW(memory_resource(std::shared_ptr<chunk_pool>()), invalid_argument);
+  // Large pages: the granularity times a power of two, at most 1 GiB.
+  for (std::size_t bad : {g / 2, 3 * g, 2 * g + 4096, std::size_t{2} << 30})
+    EXPECT_THROW(this->make({.large_page_size = bad}), invalid_argument) << bad;
+  EXPECT_EQ(this->make({.large_page_size = g})->properties().large_page_size, g);  // off
+  EXPECT_EQ(this->make()->properties().large_page_size, g * memory_resource::default_large_page_granules);
 }
 
 }  // namespace

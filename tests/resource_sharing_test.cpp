@@ -372,6 +372,13 @@ TYPED_TEST(resource_sharing_every_kind,
     EXPECT_EQ(exporter.export_resource().where, this->provider_->capabilities().where);
     expect_error<invalid_argument>(
         [&] { ipc::resource_exporter bad(shareable, {.grant = access_mode::none}); }, "grant");
+    // Exportable memory has no large pages unless asked for, and then pointers cannot be
+    // exported (they go page by page in the granularity).
+    EXPECT_EQ(shareable.properties().large_page_size, this->granularity_);
+    memory_resource large(pool, {.handle_type = handle_kind::posix_fd,
+                                 .max_size = 64 * mib,
+                                 .large_page_size = 16 * this->granularity_});
+    expect_error<invalid_argument>([&] { ipc::resource_exporter refused_large(large); }, "large_page_size");
   }
 }
 

@@ -333,6 +333,12 @@ resource_exporter::resource_exporter(memory_resource& resource, resource_export_
         "resource_exporter: the resource ({} memory) was made with handle_type none; make it with "
         "memory_resource_properties::handle_type = posix_fd (or {}, its provider's export kind) to share it",
         to_string(offered.where), to_string(offered.export_kind)));
+  if (resource.properties().large_page_size != offered.granularity)
+    throw invalid_argument(fmt::format(
+        "resource_exporter: the resource has large pages of {} bytes, and pointers are exported page by page "
+        "in the granularity ({} bytes); make it with memory_resource_properties::large_page_size = {} to "
+        "share it",
+        resource.properties().large_page_size, offered.granularity, offered.granularity));
   description_.resource_id = fresh_resource_id();
   description_.where = offered.where;
   description_.granularity = resource.provider()->capabilities().granularity;

@@ -186,6 +186,12 @@ vmm::memory_resource& resource_of(int device, device_state& state) {
   properties.handle_type = provider->capabilities().export_kind == vmm::handle_kind::none
                                ? vmm::handle_kind::none
                                : vmm::handle_kind::posix_fd;
+  // Large pages for large tensors, exportable or not: training with changing shapes moves
+  // their memory every step (docs/GPU-FACTS.md, "Fragmentation of live training"). vmm::ipc's
+  // pointer export (resource_exporter) refuses such a resource; exporting the pages under
+  // an allocation (pages_of, vmm::ipc::exporter) works.
+  properties.large_page_size =
+      provider->capabilities().granularity * vmm::memory_resource::default_large_page_granules;
   auto* made = new vmm::memory_resource(where, properties);  // never destroyed
   if (!shared.any_made)
     shared.previous_handler.store(vmm::set_cleanup_failure_handler(&keep_cleanup_failure));

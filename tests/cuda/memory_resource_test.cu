@@ -252,6 +252,55 @@ TEST_F(resource_stream_order, a_block_freed_under_a_running_kernel_goes_to_no_ot
   resource->deallocate(b.get(), q, page_);
 }
 
+// (a') A request of the freeing stream that does not fit where the busy block was, at the
+// resource's maximum: the block's pages are lent to it at once, in stream order (work
+// queued after the free), while the old mapping stays until the stream passes the free;
+// no host wait, no memory beyond the maximum, and the addresses are usable again later.
+TEST_F(resource_stream_order, pages_freed_under_a_running_kernel_are_lent_to_the_same_stream_in_order) {
+  cuda_stream a;
+  auto resource = make({.max_size = 4 * page_, .large_page_size = page_});
+  void* p = resource->allocate(a.get(), 3 * page_);
+  void* r = resource->allocate(a.get(), 256);  // pins the page after p: q cannot grow over p
+  const std::vector<physical_handle> under_p = pages(*resource, p, 3 * page_);
+  held_kernel kernel = hold(a.get(), static_cast<std::byte*>(p) + page_, 2);
+  resource->deallocate(a.get(), p, 3 * page_);
+
+  const std::size_t q_bytes = 3 * page_ + 256;  // does not fit where p was
+  void* q = resource->allocate(a.get(), q_bytes);
+  EXPECT_TRUE(busy(a.get())) << "the allocation waited for the held kernel";
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.pages_stitched, 3u);
+  EXPECT_EQ(s.reserved_current, 4 * page_);
+  std::size_t lent = 0;
+  for (physical_handle h : pages(*resource, q, q_bytes))
+    lent += std::count(under_p.begin(), under_p.end(), h);
+  EXPECT_EQ(lent, 3u);
+  fill_words<<<64, 256, 0, a.get()>>>(static_cast<std::uint32_t*>(q), q_bytes / sizeof(std::uint32_t),
+                                      b_value);
+  VMM_CUDA_CHECK(cudaGetLastError());
+  kernel.release();
+  a.synchronize();
+  EXPECT_EQ(kernel.flags().mismatch, 0) << "q's writes reached the held kernel's block before it ended";
+  EXPECT_EQ(kernel.flags().timed_out, 0);
+  std::vector<std::uint32_t> host(q_bytes / sizeof(std::uint32_t));
+  VMM_CUDA_CHECK(cudaMemcpy(host.data(), q, q_bytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(static_cast<std::size_t>(std::count(host.begin(), host.end(), b_value)), host.size());
+
+  // The old addresses take memory again once the stream has passed the free.
+  resource->deallocate(a.get(), q, q_bytes);
+  resource->deallocate(a.get(), r, 256);
+  a.synchronize();
+  void* again = resource->allocate(a.get(), 4 * page_);
+  fill_words<<<64, 256, 0, a.get()>>>(static_cast<std::uint32_t*>(again), 4 * words_, b_value + 1);
+  VMM_CUDA_CHECK(cudaGetLastError());
+  std::vector<std::uint32_t> whole(4 * words_);
+  VMM_CUDA_CHECK(cudaMemcpyAsync(whole.data(), again, 4 * page_, cudaMemcpyDeviceToHost, a.get()));
+  a.synchronize();
+  EXPECT_EQ(static_cast<std::size_t>(std::count(whole.begin(), whole.end(), b_value + 1)), whole.size());
+  EXPECT_LE(resource->statistics().reserved_current, 4 * page_);
+  resource->deallocate(a.get(), again, 4 * page_);
+}
+
 // (b) With internal dependencies, and room for one block only, the other stream gets the
 // busy block at once, and its stream is made to wait: its first kernel runs after the held
 // one. No host wait: the held kernel is still running when allocate returns.

@@ -12,12 +12,12 @@
 ///
 /// Design. Each stream that allocates gets arenas of its own: large address ranges (several
 /// times the memory there is; addresses are cheap) in which blocks are carved by a
-/// two-level segregated fit index, 256 bytes the smallest unit. Requests under 1 MiB and
-/// larger ones live in separate arenas, so that small blocks never pin the pages of large
-/// ones. Physical memory is mapped page by page (the provider's granularity) only under
-/// bytes that blocks use, so blocks share pages at their edges and a request costs the
-/// bytes it asks for plus at most a page at each end of a run of blocks: the waste of a
-/// rounded-up allocation does not exist. Each page counts the bytes of blocks that hold it.
+/// two-level segregated fit index, 256 bytes the smallest unit. Requests under 1 MiB, larger
+/// ones, and those of two large pages or more (memory_resource_properties::large_page_size)
+/// live in separate arenas, so that small blocks never pin the pages of large ones. Physical memory is mapped
+/// page by page (the provider's granularity) only under bytes that blocks use, so blocks share pages at their
+/// edges and a request costs the bytes it asks for plus at most a page at each end of a run of blocks: the
+/// waste of a rounded-up allocation does not exist. Each page counts the bytes of blocks that hold it.
 ///
 /// Reuse and stitching. A freed block is reused at once by its stream, and its pages stay
 /// mapped, so that a workload that repeats itself runs with no driver call at all. When a
@@ -26,10 +26,15 @@
 /// unmaps it and maps its physical memory where it is needed ("stitching"), the highest
 /// idle pages of an arena first, before it creates any new memory. A page stitched costs
 /// the driver 57-79 us on an H100 (unmap, map, access), so the resource learns headroom: it
-/// keeps one page more for every page it has had to stitch, up to 1/8 of the most ever in
-/// use (docs/GPU-FACTS.md, "Moving pages"). So physical memory freed anywhere is never
-/// stranded behind a fragmented address range, nothing moves, and the memory reserved stays close to the
-/// most the program ever had in use: the fragmentation of a caching allocator does not add
+/// keeps one page more for every small page it has had to stitch, up to 1/8 of the most
+/// ever in use, 1/128 with large pages, which move for the cost of one small page each
+/// (docs/GPU-FACTS.md, "Moving pages"). Idle pages of one size are given back to the
+/// device to be made again in the other size rather than reserving more. A page that only
+/// blocks freed on the allocating stream hold is taken even before that stream's queued
+/// work has passed the free: it is mapped at its new place at once (later work on the
+/// stream is ordered after the free), and its old mapping goes once the stream has passed. So physical memory
+/// freed anywhere is never stranded behind a fragmented address range, nothing moves, and the memory reserved
+/// stays close to the most the program ever had in use: the fragmentation of a caching allocator does not add
 /// to it. Pages it gives up (trim_to(), the release threshold) go back to the chunk pool,
 /// where growable buffers, vectors and other resources take them.
 ///
@@ -101,6 +106,15 @@ struct memory_resource_properties {
   handle_kind handle_type = handle_kind::none;
   /// The most physical memory the resource reserves; 0: the location's memory size.
   std::size_t max_size = 0;
+  /// The physical pages of requests of at least two of them, which live in address ranges
+  /// of their own: the granularity times a power of two, at most 1 GiB; the granularity
+  /// turns them off. 0: 16 times the granularity (32 MiB on a GPU) when handle_type is
+  /// none, off for exportable memory (vmm::ipc exports pointers page by page in the
+  /// granularity). The driver's cost of mapping, granting and unmapping a page hardly
+  /// depends on its size (docs/GPU-FACTS.md), so large blocks, the ones whose layout
+  /// changes most between the steps of a program with changing shapes, move their memory
+  /// for 1/16 of the cost, at the price of up to a large page at each end of a run of them.
+  std::size_t large_page_size = 0;
 };
 
 /// Which memory freed on one stream another stream may reuse: the three reuse policies of
@@ -149,6 +163,9 @@ class memory_resource {
   /// The most address ranges (arenas) a resource makes; allocation_pages::arena is below
   /// it (vmm::ipc names arenas by their index).
   static constexpr std::size_t max_arenas = 256;
+  /// Large pages unless memory_resource_properties::large_page_size says otherwise: this
+  /// many times the granularity.
+  static constexpr std::size_t default_large_page_granules = 16;
 
   /// A resource over the default chunk pool of `where`.
   /// @throws vmm::invalid_argument the location does not exist, a property is bad

@@ -105,6 +105,32 @@ shared_chunk arena::unmap_page(std::size_t p) noexcept {
   return std::move(target.chunk);
 }
 
+shared_chunk arena::lend_page(std::size_t p, stream_record& on, std::uint64_t epoch) noexcept {
+  page& target = pages_[p];
+  target.retiring = std::move(target.mapped);
+  target.retiring_on = &on;
+  target.retiring_epoch = epoch;
+  ++retiring_count_;
+  mapped_bits_[p / 64] &= ~(std::uint64_t{1} << (p % 64));
+  return std::move(target.chunk);
+}
+
+std::size_t arena::retiring_pages(std::uint64_t offset, std::uint64_t size) const noexcept {
+  if (retiring_count_ == 0) return 0;
+  const auto [first, count] = page_span(offset, size);
+  std::size_t n = 0;
+  for (std::size_t p = first; p < first + count && p < pages_.size(); ++p) n += retiring(p) ? 1 : 0;
+  return n;
+}
+
+bool arena::drop_retiring(std::size_t p) noexcept {
+  page& target = pages_[p];
+  if (!target.retiring.reset()) return false;
+  target.retiring_on = nullptr;
+  --retiring_count_;
+  return true;
+}
+
 void arena::cover_pages(std::uint64_t offset, std::uint64_t size, bool in_pending) {
   const auto [first, count] = page_span(offset, size);
   if (first + count <= held_.size()) return;

@@ -39,10 +39,15 @@ struct stream_record {
 };
 
 // A mapped page of an arena: its chunk, and the mapping (with no access of its own: the
-// resource sets access over runs of pages at once).
+// resource sets access over runs of pages at once). A page whose chunk was moved elsewhere
+// while work queued on a stream may still use it here keeps its old mapping ("retiring")
+// until that stream passes the epoch of the free.
 struct page {
   shared_chunk chunk;  // null: not mapped
   mapping mapped;
+  mapping retiring;
+  stream_record* retiring_on = nullptr;
+  std::uint64_t retiring_epoch = 0;
 };
 
 // An arena's view of one stream: the blocks freed on it that have not passed yet.
@@ -101,6 +106,17 @@ class arena {
   // Unmaps page p (mapped) and gives its chunk back; null when the driver refused the unmap
   // (reported): the page stays mapped, and a later allocation uses it.
   shared_chunk unmap_page(std::size_t p) noexcept;
+  // Gives page p's chunk (mapped, no retiring mapping) to be mapped elsewhere now, for work
+  // ordered after `epoch` of `on`'s stream; its mapping here stays until drop_retiring(p).
+  shared_chunk lend_page(std::size_t p, stream_record& on, std::uint64_t epoch) noexcept;
+  [[nodiscard]] bool retiring(std::size_t p) const noexcept {
+    return p < pages_.size() && pages_[p].retiring_on != nullptr;
+  }
+  [[nodiscard]] const page& page_at(std::size_t p) const noexcept { return pages_[p]; }
+  // Pages of [offset, offset + size) with a retiring mapping.
+  [[nodiscard]] std::size_t retiring_pages(std::uint64_t offset, std::uint64_t size) const noexcept;
+  // Unmaps p's retiring mapping (its stream has passed); false when the driver refused.
+  bool drop_retiring(std::size_t p) noexcept;
 
   // Where a request of `size` bytes aligned to `alignment` would start in `b`, or ~0 when it
   // does not fit.
@@ -148,6 +164,7 @@ class arena {
   std::vector<std::uint64_t> held_;
   std::vector<std::uint64_t> mapped_bits_;
   std::vector<page> pages_;  // declared after range_: the mappings go first
+  std::size_t retiring_count_ = 0;
   free_index released_;
   std::vector<std::unique_ptr<stream_slot>> slots_;
   block_table allocated_;

@@ -36,6 +36,11 @@ constexpr std::uint32_t frees_per_point = 32;              // frees on a stream 
 constexpr std::size_t max_points = 64;                     // outstanding points per stream
 constexpr int candidates_weighed = 16;                     // free blocks compared per index
 constexpr std::size_t wake_run_pages = 32;                 // pages granted per call in wake()
+// Requests of at least this many large pages get large pages.
+constexpr std::uint64_t large_page_factor = 2;
+constexpr std::size_t largest_large_page = std::size_t{1} << 30;
+// choose(): a page lent away and not passed yet counts as this many pages to map.
+constexpr std::size_t retiring_penalty = std::size_t{1} << 16;
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 
@@ -129,7 +134,7 @@ class resource_state {
  private:
   struct stream_entry {
     std::unique_ptr<stream_record> record;
-    std::array<std::vector<arena*>, 2> arenas;  // small, large; the last is the home
+    std::array<std::vector<arena*>, 3> arenas;  // by kind_of(); the last is the home
   };
   // Locks every arena (after the resource's mutex) for the slow path.
   class all_locked {
@@ -145,7 +150,19 @@ class resource_state {
   arena* arena_containing(std::uintptr_t address) const noexcept;
   // Its index in arenas_, or max_arenas when no arena holds `address`.
   std::size_t arena_index_containing(std::uintptr_t address) const noexcept;
-  arena& add_arena(std::size_t bytes);  // under the resource's mutex
+  arena& add_arena(std::size_t bytes, std::size_t page_size);  // under the resource's mutex
+  // Which arenas a request of `size` bytes lands in: 0 small, 1 the rest, 2 large pages.
+  [[nodiscard]] std::size_t kind_of(std::uint64_t size) const noexcept {
+    return size < small_limit ? 0 : size < large_limit_ ? 1 : 2;
+  }
+  // Pages of the granularity (0) or large pages (1).
+  [[nodiscard]] std::size_t page_class(const arena& a) const noexcept {
+    return a.page_size() == page_ ? 0 : 1;
+  }
+  // Physical bytes mapped or spare.
+  [[nodiscard]] std::size_t reserved_bytes() const noexcept {
+    return mapped_bytes_ + spare_[0].size() * page_ + spare_[1].size() * large_page_;
+  }
   // The fast path: a block of `size` in `home` whose pages are all mapped, from the
   // stream's own pending blocks or the released ones.
   void* try_mapped(arena& home, stream_record* record, std::uint64_t size, std::uint64_t alignment,
@@ -180,6 +197,14 @@ class resource_state {
   // first + count)), from the top of each arena down.
   std::vector<shared_chunk> steal_idle_pages(const arena& target, std::size_t first, std::size_t count,
                                              std::size_t wanted);
+  // Unmaps idle pages of sizes other than `size`, up to `bytes`, and releases as much from
+  // the pool.
+  void give_back_idle_pages_of_other_sizes(std::size_t size, std::size_t bytes);
+  // Unmaps the old mappings of lent pages whose streams have passed the free (`wait`: all
+  // of them, waiting for the streams).
+  void unmap_passed_retiring(bool wait);
+  // Blocks until `record`'s stream has passed `epoch` (a point after it, else the device).
+  void wait_for_epoch(stream_record& record, std::uint64_t epoch);
   // Under all_locked: notes the points that have passed (waiting for them with `wait`) and
   // makes what was freed before them free for every stream. A point is recorded only on
   // `caller`'s stream: vmm records on a stream only while a call names it (the stream is
@@ -195,6 +220,8 @@ class resource_state {
   memory_resource_properties properties_;
   reuse_policies policies_;
   std::size_t page_;
+  std::size_t large_page_;     // the pages of requests of at least large_limit_ bytes
+  std::uint64_t large_limit_;  // ~0: large pages are off
   bool synchronous_;
   stream_executor& executor_;
 
@@ -205,10 +232,13 @@ class resource_state {
   std::vector<std::unique_ptr<stream_entry>> streams_;
   std::array<std::atomic<stream_entry*>, 64> stream_table_{};  // lock-free lookup
   std::atomic<stream_entry*> sync_entry_{nullptr};
-  std::uint64_t request_ = 0;  // the size the slow path is placing (counts as in use)
-  std::vector<shared_chunk> spare_;
+  std::uint64_t request_ = 0;        // the size the slow path is placing (counts as in use)
+  stream_record* caller_ = nullptr;  // the stream the slow path allocates for (null: none)
+  std::vector<std::pair<arena*, std::size_t>> retiring_;  // pages lent with their old mapping
+  std::array<std::vector<shared_chunk>, 2> spare_;        // by page_class()
   std::vector<access_grant> grants_;
-  std::size_t mapped_pages_ = 0;
+  std::size_t mapped_bytes_ = 0;
+  std::size_t mapped_handles_ = 0;
   std::size_t reserved_high_ = 0;
   std::size_t pages_stitched_ = 0;
   // Every page stitched lets the resource hold one page more before it stitches again (up
@@ -258,6 +288,11 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
       properties_(properties),
       policies_(policies),
       page_(pool_->granularity()),
+      large_page_(properties.large_page_size != 0 ? properties.large_page_size
+                  : properties.handle_type == handle_kind::none
+                      ? page_ * memory_resource::default_large_page_granules
+                      : page_),
+      large_limit_(large_page_ == page_ ? ~std::uint64_t{0} : std::uint64_t{large_page_} * large_page_factor),
       synchronous_(pool_->provider()->capabilities().synchronous),
       executor_(pool_->provider()->executor()) {
   const provider_capabilities& offered = provider()->capabilities();
@@ -272,12 +307,19 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
   if (properties_.max_size == 0) properties_.max_size = offered.physical_memory_size;
   properties_.max_size = round_up(properties_.max_size, page_);
   grants_ = offered.grants(access_mode::read_write);
+  if (large_page_ < page_ || large_page_ > largest_large_page || large_page_ % page_ != 0 ||
+      !power_of_two(large_page_ / page_))
+    throw invalid_argument(
+        fmt::format("memory_resource: large_page_size {} is not the granularity {} times a power of two "
+                    "of at most {} bytes",
+                    large_page_, page_, largest_large_page));
+  properties_.large_page_size = large_page_;
   const std::size_t initial = round_up(properties_.initial_size, page_) / page_;
   for (std::size_t i = 0; i < initial; ++i) {
-    spare_.push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
+    spare_[0].push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
     ++pages_created_;
   }
-  reserved_high_ = spare_.size() * page_;
+  reserved_high_ = reserved_bytes();
 }
 
 resource_state::~resource_state() {
@@ -311,7 +353,7 @@ resource_state::~resource_state() {
   }
   struct everything {
     std::vector<std::unique_ptr<arena>> arenas;
-    std::vector<shared_chunk> spare;
+    std::array<std::vector<shared_chunk>, 2> spare;
   };
   std::shared_ptr<void> held;
   try {
@@ -338,11 +380,11 @@ arena* resource_state::arena_containing(std::uintptr_t address) const noexcept {
   return i == max_arenas ? nullptr : arenas_[i].load(std::memory_order_acquire);
 }
 
-arena& resource_state::add_arena(std::size_t bytes) {
+arena& resource_state::add_arena(std::size_t bytes, std::size_t page_size) {
   const std::size_t count = arena_count_.load();
   if (count == max_arenas)
     throw out_of_memory(fmt::format("memory_resource: {} address ranges made already", max_arenas));
-  arena_storage_.push_back(std::make_unique<arena>(provider(), bytes, page_));
+  arena_storage_.push_back(std::make_unique<arena>(provider(), bytes, page_size));
   arena* made = arena_storage_.back().get();
   arenas_[count].store(made, std::memory_order_release);
   arena_count_.store(count + 1, std::memory_order_release);
@@ -370,8 +412,10 @@ resource_state::resource_state::stream_entry& resource_state::entry_of(stream_re
   entry->record = std::make_unique<stream_record>(stream);
   // Addresses are cheap: the large arena spans twice the memory the resource may reserve,
   // so that holes left by freed blocks never run it out; small blocks need far less.
-  entry->arenas[0].push_back(&add_arena(std::max(properties_.max_size / 8, std::size_t{64} << 20)));
-  entry->arenas[1].push_back(&add_arena(2 * properties_.max_size));
+  entry->arenas[0].push_back(&add_arena(std::max(properties_.max_size / 8, std::size_t{64} << 20), page_));
+  entry->arenas[1].push_back(&add_arena(2 * properties_.max_size, page_));
+  if (large_limit_ != ~std::uint64_t{0})
+    entry->arenas[2].push_back(&add_arena(round_up(2 * properties_.max_size, large_page_), large_page_));
   stream_entry* made = entry.get();
   streams_.push_back(std::move(entry));
   if (sync) {
@@ -439,7 +483,7 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
   const std::uint64_t size = round_to_unit(bytes);
   const std::uint64_t align = std::max<std::uint64_t>(alignment, unit);
   stream_entry& entry = entry_of(stream, sync);
-  const std::size_t kind = size < small_limit ? 0 : 1;
+  const std::size_t kind = kind_of(size);
   void* p = try_mapped(*entry.arenas[kind].back(), sync ? nullptr : entry.record.get(), size, align, tag);
   if (p == nullptr) p = slow_allocate(entry, size, align, sync, bytes, tag);
   note_used(size);
@@ -448,10 +492,13 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
 
 std::uint64_t resource_state::stitch_limit() const noexcept {
   // The reserved memory past which a page is stitched rather than created: the most ever
-  // in use, and 1/256 more for the pages shared at the edges of runs of blocks.
+  // in use, and 1/256 more for the pages shared at the edges of runs of blocks, and the
+  // headroom learned (up to 1/8 of the most in use; 1/128 when the blocks whose layout
+  // moves most, the large ones, have large pages, which move for 1/16 of the cost).
   const std::uint64_t high =
       std::max<std::uint64_t>(used_high_.load(std::memory_order_relaxed), used_.load() + request_);
-  return high + high / 256 + 2 * page_ + std::min<std::uint64_t>(learned_headroom_, high / 8);
+  const std::uint64_t most_headroom = large_page_ == page_ ? high / 8 : high / 128;
+  return high + high / 256 + 2 * page_ + std::min(learned_headroom_, most_headroom);
 }
 
 std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, std::size_t first,
@@ -462,50 +509,119 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
   // 2026-11-23): taking the pages of the smallest free blocks first instead stitched 7893
   // pages on llama_from_start and ended at 1.129x its peak live bytes, top down 577 pages
   // and 1.092x; gpt2_from_start went from 1.085x to 1.092x, the other traces stayed equal.
+  // Only pages of the target's size fit it. Moving a large page costs the driver about
+  // what a small one does, so only small pages teach the resource headroom.
   std::vector<shared_chunk> stolen;
+  const std::size_t size = target.page_size();
+  const auto skip = [&](const arena& a, std::size_t p) {
+    return &a == &target && p >= first && p < first + count;
+  };
+  const auto took = [&] {
+    ++pages_stitched_;
+    mapped_bytes_ -= size;
+    --mapped_handles_;
+    if (size == page_) learned_headroom_ += page_;
+  };
   for (std::size_t i = arena_count_.load(); i-- > 0 && stolen.size() < wanted;) {
     arena& a = *arenas_[i].load();
+    if (a.page_size() != size) continue;
     for (std::size_t p = a.idle_page_below(a.page_count()); p < a.page_count() && stolen.size() < wanted;
          p = a.idle_page_below(p)) {
-      if (&a == &target && p >= first && p < first + count) continue;
+      if (skip(a, p)) continue;
       shared_chunk chunk = a.unmap_page(p);
       if (chunk == nullptr) continue;  // could not be unmapped: leave it (reported)
-      ++pages_stitched_;
-      --mapped_pages_;
-      learned_headroom_ += page_;
+      took();
       stolen.push_back(std::move(chunk));
+    }
+  }
+  // Then pages that only blocks freed on the allocating stream hold, whose free that
+  // stream's queued work may not have passed yet: work queued on it from now on comes
+  // after the free, so the memory may serve this request at once (as a block freed on a
+  // stream is reused by that stream at once). The page is mapped here too and its old
+  // mapping stays until the stream passes the free (retiring_), since unmapping is not
+  // stream-ordered. Without this, a program running ahead of its GPU reserves anew what it
+  // has just freed. Whole pages inside one pending block only: no other block holds them.
+  if (caller_ == nullptr || synchronous_ || stolen.size() >= wanted) return stolen;
+  stream_record& record = *caller_;
+  std::lock_guard record_lock(record.mutex);
+  for (std::size_t i = arena_count_.load(); i-- > 0 && stolen.size() < wanted;) {
+    arena& a = *arenas_[i].load();
+    if (a.page_size() != size) continue;
+    for (auto& slot : a.slots()) {
+      if (slot->record != &record) continue;
+      for (block* b = slot->oldest; b != nullptr && stolen.size() < wanted; b = b->next_pending) {
+        // The free must be behind a recorded point, for the old mapping to wait for.
+        if (b->epoch >= record.epoch.load()) {
+          record_point(record);
+          if (b->epoch >= record.epoch.load()) return stolen;  // no point could be recorded
+        }
+        for (std::size_t p = (b->offset + size - 1) / size;
+             (p + 1) * size <= b->end() && stolen.size() < wanted; ++p) {
+          if (!a.mapped(p) || a.held(p) != size || a.retiring(p) || skip(a, p)) continue;
+          took();
+          stolen.push_back(a.lend_page(p, record, b->epoch));
+          retiring_.emplace_back(&a, p);
+        }
+      }
     }
   }
   return stolen;
 }
 
+void resource_state::give_back_idle_pages_of_other_sizes(std::size_t size, std::size_t bytes) {
+  // Idle pages of the other size go back to the device (unmapped, released from the
+  // pool), so that the memory is made again in pages of `size`: what one size frees, the
+  // other can take, at the cost of a release and a create instead of a stitch.
+  std::size_t freed = 0;
+  for (std::size_t i = arena_count_.load(); i-- > 0 && freed < bytes;) {
+    arena& a = *arenas_[i].load();
+    if (a.page_size() == size) continue;
+    for (std::size_t p = a.idle_page_below(a.page_count()); p < a.page_count() && freed < bytes;
+         p = a.idle_page_below(p)) {
+      if (a.unmap_page(p) == nullptr) continue;  // stays (reported)
+      mapped_bytes_ -= a.page_size();
+      --mapped_handles_;
+      ++pages_released_;
+      freed += a.page_size();
+      if (a.page_size() == page_) learned_headroom_ += page_;
+    }
+  }
+  if (freed == 0) return;
+  const std::size_t pool_reserved = pool_->statistics().reserved_current;
+  pool_->trim_to(pool_reserved > freed ? pool_reserved - freed : 0);
+}
+
 std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const arena& target, std::size_t first,
                                                                       std::size_t count, std::size_t wanted) {
   // Spare pages first, then pages stitched from idle places (once the resource holds as
-  // much as it ever needed, or at its maximum), then fresh ones from the pool; a full
-  // device lets idle pages be stitched after all.
+  // much as it ever needed, or at its maximum), then idle pages of the other size given
+  // back, then fresh ones from the pool; a full device lets idle pages be stitched after all.
   std::vector<std::pair<shared_chunk, bool>> taken;  // (page, created for this request)
-  while (taken.size() < wanted && !spare_.empty()) {
-    taken.emplace_back(std::move(spare_.back()), false);
-    spare_.pop_back();
+  const std::size_t size = target.page_size();
+  std::vector<shared_chunk>& spare = spare_[page_class(target)];
+  while (taken.size() < wanted && !spare.empty()) {
+    taken.emplace_back(std::move(spare.back()), false);
+    spare.pop_back();
   }
-  const auto reserved = [&] { return (mapped_pages_ + spare_.size() + taken.size()) * page_; };
+  const auto reserved = [&] { return reserved_bytes() + taken.size() * size; };
   const auto steal = [&](std::size_t n) {
     for (shared_chunk& chunk : steal_idle_pages(target, first, count, n))
       taken.emplace_back(std::move(chunk), false);
   };
-  const std::size_t growth_room = stitch_limit() > reserved() ? (stitch_limit() - reserved()) / page_ : 0;
+  const std::size_t growth_room = stitch_limit() > reserved() ? (stitch_limit() - reserved()) / size : 0;
   const std::size_t max_room =
-      properties_.max_size > reserved() ? (properties_.max_size - reserved()) / page_ : 0;
-  if (taken.size() < wanted && wanted - taken.size() > std::min(growth_room, max_room))
-    steal(wanted - taken.size() - std::min(growth_room, max_room));
+      properties_.max_size > reserved() ? (properties_.max_size - reserved()) / size : 0;
+  const std::size_t room = std::min(growth_room, max_room);
+  if (taken.size() < wanted && wanted - taken.size() > room) steal(wanted - taken.size() - room);
+  if (taken.size() < wanted && wanted - taken.size() > room && large_page_ != page_)
+    give_back_idle_pages_of_other_sizes(size, (wanted - taken.size() - room) * size);
   try {
     while (taken.size() < wanted) {
-      if (reserved() + page_ > properties_.max_size)
+      if (reserved() + size > properties_.max_size)
         throw out_of_memory(
             fmt::format("memory_resource: max_size of {} bytes reached", properties_.max_size));
       try {
-        taken.emplace_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)), true);
+        taken.emplace_back(std::make_shared<const pooled_chunk>(pool_->acquire(size)), true);
       } catch (const out_of_memory&) {
         const std::size_t before = taken.size();
         steal(wanted - taken.size());  // the device is full: idle pages of ours instead
@@ -514,10 +630,36 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
     }
   } catch (...) {
     for (auto& [chunk, fresh] : taken)
-      if (!fresh) spare_.push_back(std::move(chunk));
+      if (!fresh) spare.push_back(std::move(chunk));
     throw;
   }
   return taken;
+}
+
+void resource_state::unmap_passed_retiring(bool wait) {
+  // Old mappings of pages lent to their stream go once the stream has passed the free
+  // (`wait`: waiting for it).
+  std::erase_if(retiring_, [&](const std::pair<arena*, std::size_t>& entry) {
+    auto& [a, p] = entry;
+    const page& lent = a->page_at(p);
+    if (lent.retiring_on->passed.load() < lent.retiring_epoch) {
+      if (!wait) return false;
+      wait_for_epoch(*lent.retiring_on, lent.retiring_epoch);
+    }
+    return a->drop_retiring(p);
+  });
+}
+
+void resource_state::wait_for_epoch(stream_record& record, std::uint64_t epoch) {
+  std::lock_guard lock(record.mutex);
+  while (record.passed.load() < epoch && !record.points.empty()) {
+    auto& [closed, point] = record.points.front();
+    point.synchronize();
+    record.passed.store(closed);
+    record.points.pop_front();
+  }
+  record.outstanding.store(record.points.size());
+  if (record.passed.load() < epoch) executor_.synchronize_device();  // no point left: everything
 }
 
 void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t size) {
@@ -529,19 +671,30 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
   std::vector<std::size_t> missing;
   for (std::size_t p = first; p < first + count; ++p)
     if (!a.mapped(p)) missing.push_back(p);
+  // A page lent away with its old mapping still here: its stream must pass the free
+  // before the address is mapped again (choose() avoids this where it can).
+  for (std::size_t p : missing)
+    if (a.retiring(p)) {
+      const page& lent = a.page_at(p);
+      wait_for_epoch(*lent.retiring_on, lent.retiring_epoch);
+      if (!a.drop_retiring(p))
+        throw driver_error(0, "memory_resource: an address lent away could not be unmapped");
+      std::erase(retiring_, std::pair{&a, p});
+    }
   std::vector<std::pair<shared_chunk, bool>> taken = take_pages(a, first, count, missing.size());
   try {
     for (std::size_t i = 0; i < missing.size(); ++i) {
       const std::size_t p = missing[i];
       a.map_page(p, taken[i].first);
-      ++mapped_pages_;
+      mapped_bytes_ += a.page_size();
+      ++mapped_handles_;
       mapped_now.push_back(p);
     }
     // One access call per run of pages mapped now: the driver's cost is per call and handle.
     for (std::size_t i = 0; i < mapped_now.size();) {
       std::size_t j = i + 1;
       while (j < mapped_now.size() && mapped_now[j] == mapped_now[j - 1] + 1) ++j;
-      provider()->set_access(a.base() + mapped_now[i] * page_, (j - i) * page_, grants_);
+      provider()->set_access(a.base() + mapped_now[i] * a.page_size(), (j - i) * a.page_size(), grants_);
       i = j;
     }
   } catch (...) {
@@ -550,14 +703,15 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
         std::erase_if(taken, [&](const auto& t) { return t.first == a.chunk(p); });
         continue;
       }
-      --mapped_pages_;
+      mapped_bytes_ -= a.page_size();
+      --mapped_handles_;
     }
-    for (auto& [chunk, fresh] : taken)
-      if (!fresh) spare_.push_back(std::move(chunk));  // the fresh ones go back to the pool
+    for (auto& [chunk, fresh] : taken)  // the fresh ones go back to the pool
+      if (!fresh) spare_[page_class(a)].push_back(std::move(chunk));
     throw;
   }
   for (const auto& t : taken) pages_created_ += t.second ? 1 : 0;
-  const std::size_t reserved = (mapped_pages_ + spare_.size()) * page_;
+  const std::size_t reserved = reserved_bytes();
   reserved_high_ = std::max(reserved_high_, reserved);
   over_threshold_.store(reserved > properties_.release_threshold, std::memory_order_relaxed);
 }
@@ -570,7 +724,9 @@ resource_state::choice resource_state::choose(arena& a, free_index& index, std::
   index.candidates(size, [&](block* b) {
     const std::uint64_t at = arena::fit(b, size, alignment);
     if (at == ~std::uint64_t{0}) return ++weighed >= candidates_weighed * 4;
-    const std::size_t unmapped = a.unmapped_pages(at, size, best.unmapped);
+    std::size_t unmapped = a.unmapped_pages(at, size, best.unmapped);
+    // Pages lent away and not passed yet would make the stream wait: last resort.
+    if (unmapped != 0) unmapped += a.retiring_pages(at, size) * retiring_penalty;
     if (unmapped < best.unmapped) best = choice{&a, b, at, unmapped};
     return best.unmapped == 0 || ++weighed >= candidates_weighed;
   });
@@ -697,7 +853,7 @@ void* resource_state::place_with_dependency(stream_entry& entry, std::size_t kin
 
 void* resource_state::slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment,
                                     bool sync, std::size_t requested, std::uint32_t tag) {
-  const std::size_t kind = size < small_limit ? 0 : 1;
+  const std::size_t kind = kind_of(size);
   all_locked locked(*this);
   void* p = slow_allocate_locked(entry, kind, size, alignment, sync, requested);
   arena& a = *arena_containing(reinterpret_cast<std::uintptr_t>(p));
@@ -709,10 +865,15 @@ void* resource_state::slow_allocate(stream_entry& entry, std::uint64_t size, std
 void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind, std::uint64_t size,
                                            std::uint64_t alignment, bool sync, std::size_t requested) {
   request_ = size;
+  caller_ = sync ? nullptr : entry.record.get();
   struct forget {
     std::uint64_t& request;
-    ~forget() { request = 0; }
-  } forget_request{request_};
+    stream_record*& caller;
+    ~forget() {
+      request = 0;
+      caller = nullptr;
+    }
+  } forget_request{request_, caller_};
   std::string shortage;  // the last option's out-of-memory, for the message
   // Runs one way of placing the request; an out-of-memory of one way (no pages for it)
   // lets the next be tried.
@@ -727,6 +888,7 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
   for (int attempt = 0; attempt < 2; ++attempt) {
     // The points that have passed make blocks free for every stream.
     refresh_points(sync ? nullptr : entry.record.get(), attempt > 0);
+    unmap_passed_retiring(attempt > 0);
     arena& home = *entry.arenas[kind].back();
     if (!sync)
       for (auto& slot : home.slots())
@@ -751,7 +913,9 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
         return p;
     if (shortage.empty()) {
       // No address run fits anywhere: a new arena for this stream.
-      arena& added = add_arena(std::max<std::size_t>(2 * properties_.max_size, round_up(size, page_)));
+      const std::size_t page_size = kind == 2 ? large_page_ : page_;
+      arena& added =
+          add_arena(round_up(std::max<std::size_t>(2 * properties_.max_size, size), page_size), page_size);
       std::unique_lock<std::mutex> hold(added.mutex);
       entry.arenas[kind].push_back(&added);
       if (void* p = attempt_with([&] { return place(added, added.released(), size, alignment); })) return p;
@@ -763,8 +927,8 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
   throw out_of_memory(fmt::format(
       "memory_resource on {}: {} bytes requested ({} with rounding), {} reserved, {} in use, the largest "
       "free run of addresses is {} bytes{}{}",
-      to_string(provider()->capabilities().where), requested, size, (mapped_pages_ + spare_.size()) * page_,
-      used_.load(), largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
+      to_string(provider()->capabilities().where), requested, size, reserved_bytes(), used_.load(),
+      largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
 }
 
 // ---- deallocation -------------------------------------------------------------------------
@@ -833,21 +997,23 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
 
 void resource_state::release_idle(std::size_t bytes_to_keep) {
   refresh_points(nullptr, false);
-  const auto reserved = [&] { return (mapped_pages_ + spare_.size()) * page_; };
-  while (!spare_.empty() && reserved() > bytes_to_keep) {
-    spare_.pop_back();  // back to the chunk pool
-    ++pages_released_;
-  }
-  for (std::size_t i = 0; i < arena_count_.load() && reserved() > bytes_to_keep; ++i) {
+  unmap_passed_retiring(false);
+  for (std::vector<shared_chunk>& spare : spare_)
+    while (!spare.empty() && reserved_bytes() > bytes_to_keep) {
+      spare.pop_back();  // back to the chunk pool
+      ++pages_released_;
+    }
+  for (std::size_t i = 0; i < arena_count_.load() && reserved_bytes() > bytes_to_keep; ++i) {
     arena& a = *arenas_[i].load();
-    for (std::size_t p = a.page_count(); p-- > 0 && reserved() > bytes_to_keep;) {
+    for (std::size_t p = a.page_count(); p-- > 0 && reserved_bytes() > bytes_to_keep;) {
       if (!a.mapped(p) || a.held(p) != 0) continue;
       if (a.unmap_page(p) == nullptr) continue;  // the chunk goes back to the pool
-      --mapped_pages_;
+      mapped_bytes_ -= a.page_size();
+      --mapped_handles_;
       ++pages_released_;
     }
   }
-  over_threshold_.store(reserved() > properties_.release_threshold, std::memory_order_relaxed);
+  over_threshold_.store(reserved_bytes() > properties_.release_threshold, std::memory_order_relaxed);
 }
 
 void resource_state::trim_to(std::size_t bytes_to_keep) {
@@ -926,6 +1092,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
                      reinterpret_cast<void*>(run.address), run.bytes, stream);
   }
   executor_.synchronize(stream);
+  unmap_passed_retiring(true);  // the old mappings of lent pages too
 
   // Every page goes: the physical memory back to the pool, and the pool's idle memory back
   // to the device.
@@ -933,12 +1100,15 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
     arena& a = *arenas_[i].load();
     for (std::size_t p = 0; p < a.page_count(); ++p) {
       if (!a.mapped(p) || a.unmap_page(p) == nullptr) continue;  // a page that cannot be unmapped stays
-      --mapped_pages_;
+      mapped_bytes_ -= a.page_size();
+      --mapped_handles_;
       ++pages_released_;
     }
   }
-  pages_released_ += spare_.size();
-  spare_.clear();
+  for (std::vector<shared_chunk>& spare : spare_) {
+    pages_released_ += spare.size();
+    spare.clear();
+  }
   pool_->trim_to(0);
   saved_ = std::move(saved);
   saved_runs_ = std::move(runs);
@@ -975,19 +1145,23 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   // Take every page first: a wake that cannot have them all gives them back.
   std::vector<shared_chunk> taken;
   taken.reserve(needed.size());
+  std::size_t needed_bytes = 0;
+  for (const needed_page& n : needed) needed_bytes += n.where->page_size();
+  std::size_t taken_bytes = 0;
   try {
     while (taken.size() < needed.size()) {
-      if (properties_.max_size < (mapped_pages_ + taken.size() + 1) * page_)
+      const std::size_t size = needed[taken.size()].where->page_size();
+      if (properties_.max_size < mapped_bytes_ + taken_bytes + size)
         throw out_of_memory(fmt::format("max_size of {} bytes reached", properties_.max_size));
-      taken.push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
+      taken.push_back(std::make_shared<const pooled_chunk>(pool_->acquire(size)));
+      taken_bytes += size;
     }
   } catch (const out_of_memory& error) {
-    const std::size_t missing = (needed.size() - taken.size()) * page_;
     taken.clear();
     pool_->trim_to(0);
     throw out_of_memory(
         fmt::format("memory_resource: wake needs {} bytes ({} pages); {} bytes were missing: {}",
-                    needed.size() * page_, needed.size(), missing, error.what()));
+                    needed_bytes, needed.size(), needed_bytes - taken_bytes, error.what()));
   }
   // A pipeline: the pages are mapped and granted a run at a time (the driver's cost is per
   // handle, 20-40 us each), and the copy of a saved run is queued as soon as every page it
@@ -1029,10 +1203,12 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
         ++j;
       for (std::size_t k = i; k < j; ++k) {
         needed[k].where->map_page(needed[k].page, std::move(taken[k]));
-        ++mapped_pages_;
+        mapped_bytes_ += needed[k].where->page_size();
+        ++mapped_handles_;
         ++mapped_now;
       }
-      provider()->set_access(needed[i].where->base() + needed[i].page * page_, (j - i) * page_, grants_);
+      const std::size_t size = needed[i].where->page_size();
+      provider()->set_access(needed[i].where->base() + needed[i].page * size, (j - i) * size, grants_);
       copy_ready(j);
       i = j;
     }
@@ -1041,13 +1217,16 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     // Copies queued into the pages may still run: they finish before the pages go.
     if (copied != 0) cleanup("memory_resource: wake", [&] { executor_.synchronize(stream); });
     for (std::size_t i = 0; i < mapped_now; ++i)
-      if (needed[i].where->unmap_page(needed[i].page) != nullptr) --mapped_pages_;
+      if (needed[i].where->unmap_page(needed[i].page) != nullptr) {
+        mapped_bytes_ -= needed[i].where->page_size();
+        --mapped_handles_;
+      }
     throw;
   }
   pages_created_ += needed.size();
   std::erase_if(asleep_tags_, waking);
   std::erase_if(saved_runs_, [&](const saved_run& run) { return waking(run.tag); });
-  reserved_high_ = std::max(reserved_high_, (mapped_pages_ + spare_.size()) * page_);
+  reserved_high_ = std::max(reserved_high_, reserved_bytes());
   if (asleep_tags_.empty()) {
     // The host copies go back to their pool, and from it to the system, on a thread of
     // their own: unmapping and unpinning them costs as much as the rest of the wake (56 +
@@ -1113,7 +1292,7 @@ void resource_state::set_access(std::span<const access_grant> grants) {
       }
       std::size_t q = p + 1;
       while (a.mapped(q)) ++q;
-      provider()->set_access(a.base() + p * page_, (q - p) * page_, next);
+      provider()->set_access(a.base() + p * a.page_size(), (q - p) * a.page_size(), next);
       p = q;
     }
   }
@@ -1152,7 +1331,7 @@ std::size_t resource_state::largest_free_locked() const noexcept {
 memory_resource_statistics resource_state::statistics() const {
   all_locked locked(*this);
   memory_resource_statistics s;
-  s.reserved_current = (mapped_pages_ + spare_.size()) * page_;
+  s.reserved_current = reserved_bytes();
   s.reserved_high = reserved_high_;
   s.used_current = used_.load();
   s.used_high = used_high_.load();
@@ -1162,7 +1341,7 @@ memory_resource_statistics resource_state::statistics() const {
     s.allocations_total += a.allocations_made;
   }
   s.segments = arena_count_.load();
-  s.handles = mapped_pages_ + spare_.size();
+  s.handles = mapped_handles_ + spare_[0].size() + spare_[1].size();
   s.largest_free_block = largest_free_locked();
   s.pages_stitched = pages_stitched_;
   s.pages_created = pages_created_;
@@ -1185,7 +1364,7 @@ memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std:
                       "this resource",
                       address, bytes));
     const auto [first, pages] = a.page_span(b->offset, b->size);
-    memory_resource::allocation_pages result{i, a.base(), a.size(), first, page_, {}};
+    memory_resource::allocation_pages result{i, a.base(), a.size(), first, a.page_size(), {}};
     for (std::size_t p = first; p < first + pages; ++p) result.pages.push_back(a.chunk(p));
     return result;
   }
@@ -1194,7 +1373,7 @@ memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std:
 
 void resource_state::reset_high_water_marks() {
   std::lock_guard lock(mutex_);
-  reserved_high_ = (mapped_pages_ + spare_.size()) * page_;
+  reserved_high_ = reserved_bytes();
   used_high_.store(used_.load());
 }
 
