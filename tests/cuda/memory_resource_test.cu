@@ -260,7 +260,9 @@ TEST_F(resource_stream_order, pages_freed_under_a_running_kernel_are_lent_to_the
   cuda_stream a;
   auto resource = make({.max_size = 4 * page_, .large_page_size = page_});
   void* p = resource->allocate(a.get(), 3 * page_);
-  void* r = resource->allocate(a.get(), 256);  // pins the page after p: q cannot grow over p
+  // Pins the page after p, so that q cannot grow over p (1 MiB: p's arena, not the small one).
+  constexpr std::size_t r_bytes = std::size_t{1} << 20;
+  void* r = resource->allocate(a.get(), r_bytes);
   const std::vector<physical_handle> under_p = pages(*resource, p, 3 * page_);
   held_kernel kernel = hold(a.get(), static_cast<std::byte*>(p) + page_, 2);
   resource->deallocate(a.get(), p, 3 * page_);
@@ -288,7 +290,7 @@ TEST_F(resource_stream_order, pages_freed_under_a_running_kernel_are_lent_to_the
 
   // The old addresses take memory again once the stream has passed the free.
   resource->deallocate(a.get(), q, q_bytes);
-  resource->deallocate(a.get(), r, 256);
+  resource->deallocate(a.get(), r, r_bytes);
   a.synchronize();
   void* again = resource->allocate(a.get(), 4 * page_);
   fill_words<<<64, 256, 0, a.get()>>>(static_cast<std::uint32_t*>(again), 4 * words_, b_value + 1);
