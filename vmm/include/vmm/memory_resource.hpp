@@ -285,7 +285,7 @@ class memory_resource {
   void sleep(std::span<const allocation_tag> offload, stream_ref stream = {});
   /// Maps fresh physical memory under the allocations tagged with one of `tags` (empty: all)
   /// at their addresses and restores their saved bytes, in order on `stream`, which it then
-  /// waits for. The pages are mapped and granted a few dozen at a time, and each saved run
+  /// waits for. The pages are mapped and granted 64 MiB at a time, and each saved run
   /// is copied as soon as its pages are granted, so that the copies overlap the driver's
   /// work on the pages after them. Once every tag is awake the resource allocates again,
   /// and the host copies go back to the system on a thread of their own (unpinning them

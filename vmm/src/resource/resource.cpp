@@ -31,11 +31,11 @@ namespace detail {
 namespace {
 
 constexpr std::uint64_t unit = std::uint64_t{1} << free_index::unit_shift;
-constexpr std::size_t small_limit = std::size_t{1} << 20;  // smaller requests: small arenas
-constexpr std::uint32_t frees_per_point = 32;              // frees on a stream between points
-constexpr std::size_t max_points = 64;                     // outstanding points per stream
-constexpr int candidates_weighed = 16;                     // free blocks compared per index
-constexpr std::size_t wake_run_pages = 32;                 // pages granted per call in wake()
+constexpr std::size_t small_limit = std::size_t{1} << 20;      // smaller requests: small arenas
+constexpr std::uint32_t frees_per_point = 32;                  // frees on a stream between points
+constexpr std::size_t max_points = 64;                         // outstanding points per stream
+constexpr int candidates_weighed = 16;                         // free blocks compared per index
+constexpr std::size_t wake_run_bytes = std::size_t{64} << 20;  // bytes granted per call in wake()
 // Requests of at least this many large pages get large pages.
 constexpr std::uint64_t large_page_factor = 2;
 constexpr std::size_t largest_large_page = std::size_t{1} << 30;
@@ -1198,7 +1198,8 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     copy_ready(0);
     for (std::size_t i = 0; i < needed.size();) {
       std::size_t j = i + 1;
-      while (j < needed.size() && j - i < wake_run_pages && needed[j].where == needed[i].where &&
+      const std::size_t run_pages = std::max<std::size_t>(1, wake_run_bytes / needed[i].where->page_size());
+      while (j < needed.size() && j - i < run_pages && needed[j].where == needed[i].where &&
              needed[j].page == needed[j - 1].page + 1)
         ++j;
       for (std::size_t k = i; k < j; ++k) {
