@@ -148,35 +148,48 @@ class nccl_two_gpus : public ::testing::Test {
     for (auto& buffer : registered) buffer->deregister();
   }
 
+  // Allocations of `bytes` (at least floats' worth) from a resource on each GPU, made with
+  // `properties`: their first floats are registered and all-reduced.
+  void reduce_over_resource_allocations(memory_resource_properties properties, std::size_t bytes) {
+    std::vector<std::unique_ptr<memory_resource>> resources;
+    std::vector<float*> send;
+    std::vector<float*> receive;
+    for (int r = 0; r < ranks; ++r) {
+      resources.push_back(std::make_unique<memory_resource>(location::device(r), properties));
+      // A buffer that starts at a page (the recommended granularity here): the resource hands
+      // out allocations of at least a page at page boundaries when asked to align so.
+      const std::size_t page = resources.back()->pool()->granularity();
+      ASSERT_EQ(page, granularity_[r]) << "gpu " << r << ": vmm's page is not the recommended granularity";
+      send.push_back(static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page)));
+      receive.push_back(static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page)));
+      ASSERT_EQ(reinterpret_cast<std::uintptr_t>(send.back()) % page, 0U);
+      ASSERT_EQ(reinterpret_cast<std::uintptr_t>(receive.back()) % page, 0U);
+      ASSERT_EQ(resources.back()->pages_of(send.back(), bytes).page_size,
+                properties.large_page_size == 0 ? page : properties.large_page_size);
+    }
+    reduce_and_check(send, receive);
+    for (int r = 0; r < ranks; ++r) {
+      const std::size_t page = resources[r]->pool()->granularity();
+      resources[r]->deallocate(streams_[r]->get(), send[r], bytes, page);
+      resources[r]->deallocate(streams_[r]->get(), receive[r], bytes, page);
+      streams_[r]->synchronize();
+    }
+  }
+
   ncclComm_t comms_[ranks] = {};
   std::vector<std::unique_ptr<cuda_stream>> streams_;
   std::vector<std::size_t> granularity_;
 };
 
 TEST_F(nccl_two_gpus, all_reduce_over_registered_memory_resource_allocations) {
-  std::vector<std::unique_ptr<memory_resource>> resources;
-  std::vector<float*> send;
-  std::vector<float*> receive;
-  const std::size_t bytes = floats * sizeof(float);
-  for (int r = 0; r < ranks; ++r) {
-    resources.push_back(std::make_unique<memory_resource>(
-        location::device(r), memory_resource_properties{.handle_type = handle_kind::posix_fd}));
-    // A buffer that starts at a page (the recommended granularity here): the resource hands
-    // out allocations of at least a page at page boundaries when asked to align so.
-    const std::size_t page = resources.back()->pool()->granularity();
-    ASSERT_EQ(page, granularity_[r]) << "gpu " << r << ": vmm's page is not the recommended granularity";
-    send.push_back(static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page)));
-    receive.push_back(static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page)));
-    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(send.back()) % page, 0U);
-    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(receive.back()) % page, 0U);
-  }
-  reduce_and_check(send, receive);
-  for (int r = 0; r < ranks; ++r) {
-    const std::size_t page = resources[r]->pool()->granularity();
-    resources[r]->deallocate(streams_[r]->get(), send[r], bytes, page);
-    resources[r]->deallocate(streams_[r]->get(), receive[r], bytes, page);
-    streams_[r]->synchronize();
-  }
+  reduce_over_resource_allocations({.handle_type = handle_kind::posix_fd}, floats * sizeof(float));
+}
+
+// vmm_torch's resources: large pages (16 times the granularity) under requests of two or more.
+TEST_F(nccl_two_gpus, all_reduce_over_registered_large_page_allocations) {
+  const std::size_t large = granularity_[0] * memory_resource::default_large_page_granules;
+  reduce_over_resource_allocations({.handle_type = handle_kind::posix_fd, .large_page_size = large},
+                                   2 * large + floats * sizeof(float));
 }
 
 TEST_F(nccl_two_gpus, all_reduce_over_registered_growable_buffers) {
