@@ -49,7 +49,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <cub/device/device_reduce.cuh>
 #include <cub/device/device_select.cuh>
 #include <map>
@@ -529,15 +528,10 @@ void compaction(benchmark::State& state, contender who, allocation how) {
 
 int main(int argc, char** argv) {
   // --size=N (keys; K, M, G suffixes), taken out before the benchmark library sees argv.
-  int kept = 1;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--size=", 7) == 0) {
-      key_count = vmm::bench::parse_size("--size=", argv[i] + 7);
-    } else {
-      argv[kept++] = argv[i];
-    }
-  }
-  argc = kept;
+  if (!vmm::bench::take_options(
+          argc, argv, "vmm_bench_append",
+          {{"--size=", [](const char* v) { key_count = vmm::bench::parse_size("--size=", v); }}}))
+    return 1;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (key_count < keys_per_warp) {

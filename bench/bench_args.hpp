@@ -3,12 +3,17 @@
 /// Command-line sizes and counts of the benchmark programs' own options (--size=, --append=, ...), taken
 /// out of argv before Google Benchmark sees it. Shared by C++ and CUDA C++ translation units.
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
+#include <cstdio>
+#include <functional>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 namespace vmm::bench {
 
@@ -57,6 +62,35 @@ inline int parse_count(const char* option, const char* text, int least) {
     throw std::invalid_argument(std::string(option) + text + ": expected a whole number of at least " +
                                 std::to_string(least));
   return static_cast<int>(value);
+}
+
+/// One of a program's own options: "--size=" and what to do with the text after it (which
+/// may throw std::invalid_argument, as parse_size and parse_count do).
+struct option {
+  std::string_view name;
+  std::function<void(const char*)> take;
+};
+
+/// Takes the program's own options out of argv, leaving the rest for Google Benchmark.
+/// Returns false after printing "program: why" when one is bad.
+inline bool take_options(int& argc, char** argv, const char* program, std::initializer_list<option> options) {
+  int kept = 1;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg(argv[i]);
+      const auto found = std::find_if(options.begin(), options.end(),
+                                      [&](const option& o) { return arg.starts_with(o.name); });
+      if (found != options.end())
+        found->take(argv[i] + found->name.size());
+      else
+        argv[kept++] = argv[i];
+    }
+  } catch (const std::invalid_argument& error) {
+    std::fprintf(stderr, "%s: %s\n", program, error.what());
+    return false;
+  }
+  argc = kept;
+  return true;
 }
 
 }  // namespace vmm::bench

@@ -43,7 +43,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -249,26 +248,15 @@ void append_loop(benchmark::State& state, contender which) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int kept = 1;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      if (std::strncmp(argv[i], "--append=", 9) == 0) {
-        append_bytes = vmm::bench::parse_size("--append=", argv[i] + 9);
-      } else if (std::strncmp(argv[i], "--total=", 8) == 0) {
-        total_bytes = vmm::bench::parse_size("--total=", argv[i] + 8);
-      } else if (std::strncmp(argv[i], "--settle_ms=", 12) == 0) {
-        settle_ms = vmm::bench::parse_count("--settle_ms=", argv[i] + 12, 0);
-      } else if (std::strncmp(argv[i], "--passes=", 9) == 0) {
-        passes = vmm::bench::parse_count("--passes=", argv[i] + 9, 1);
-      } else {
-        argv[kept++] = argv[i];
-      }
-    }
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "vmm_bench_growth_ahead: %s\n", e.what());
+  using vmm::bench::parse_count;
+  using vmm::bench::parse_size;
+  if (!vmm::bench::take_options(
+          argc, argv, "vmm_bench_growth_ahead",
+          {{"--append=", [](const char* v) { append_bytes = parse_size("--append=", v); }},
+           {"--total=", [](const char* v) { total_bytes = parse_size("--total=", v); }},
+           {"--settle_ms=", [](const char* v) { settle_ms = parse_count("--settle_ms=", v, 0); }},
+           {"--passes=", [](const char* v) { passes = parse_count("--passes=", v, 1); }}}))
     return 1;
-  }
-  argc = kept;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (append_bytes == 0 || total_bytes < append_bytes) {

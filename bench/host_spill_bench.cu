@@ -236,19 +236,12 @@ void run(benchmark::State& state, row which) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int kept = 1;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--cap=", 6) == 0) {
-      cap_bytes = vmm::bench::parse_size("--cap=", argv[i] + 6);
-    } else if (std::strncmp(argv[i], "--host=", 7) == 0) {
-      host_bytes = vmm::bench::parse_size("--host=", argv[i] + 7);
-    } else if (std::strncmp(argv[i], "--oversubscribe=", 16) == 0) {
-      oversubscribe = std::atof(argv[i] + 16);
-    } else {
-      argv[kept++] = argv[i];
-    }
-  }
-  argc = kept;
+  using vmm::bench::parse_size;
+  if (!vmm::bench::take_options(argc, argv, "vmm_bench_host_spill",
+                                {{"--cap=", [](const char* v) { cap_bytes = parse_size("--cap=", v); }},
+                                 {"--host=", [](const char* v) { host_bytes = parse_size("--host=", v); }},
+                                 {"--oversubscribe=", [](const char* v) { oversubscribe = std::atof(v); }}}))
+    return 1;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
