@@ -161,7 +161,8 @@ class resource_state {
   }
   // Physical bytes mapped or spare.
   [[nodiscard]] std::size_t reserved_bytes() const noexcept {
-    return mapped_bytes_ + spare_[0].size() * page_ + spare_[1].size() * large_page_;
+    return (mapped_pages_[0] + spare_[0].size()) * page_ +
+           (mapped_pages_[1] + spare_[1].size()) * large_page_;
   }
   // The fast path: a block of `size` in `home` whose pages are all mapped, from the
   // stream's own pending blocks or the released ones.
@@ -200,8 +201,10 @@ class resource_state {
   // Unmaps idle pages of sizes other than `size`, up to `bytes`, and releases as much from
   // the pool.
   void give_back_idle_pages_of_other_sizes(std::size_t size, std::size_t bytes);
-  // Unmaps the old mappings of lent pages whose streams have passed the free (`wait`: all
-  // of them, waiting for the streams).
+  // Unmaps the old mapping of lent page p once its stream has passed the free (`wait`:
+  // waiting for it); false when it has not (or the driver refused). Keeps retiring_ as is.
+  bool unmap_retiring(arena& a, std::size_t p, bool wait);
+  // The same for every lent page, taking those unmapped out of retiring_.
   void unmap_passed_retiring(bool wait);
   // Blocks until `record`'s stream has passed `epoch` (a point after it, else the device).
   void wait_for_epoch(stream_record& record, std::uint64_t epoch);
@@ -237,8 +240,7 @@ class resource_state {
   std::vector<std::pair<arena*, std::size_t>> retiring_;  // pages lent with their old mapping
   std::array<std::vector<shared_chunk>, 2> spare_;        // by page_class()
   std::vector<access_grant> grants_;
-  std::size_t mapped_bytes_ = 0;
-  std::size_t mapped_handles_ = 0;
+  std::array<std::size_t, 2> mapped_pages_{};  // by page_class()
   std::size_t reserved_high_ = 0;
   std::size_t pages_stitched_ = 0;
   // Every page stitched lets the resource hold one page more before it stitches again (up
@@ -518,8 +520,7 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
   };
   const auto took = [&] {
     ++pages_stitched_;
-    mapped_bytes_ -= size;
-    --mapped_handles_;
+    --mapped_pages_[page_class(target)];
     if (size == page_) learned_headroom_ += page_;
   };
   for (std::size_t i = arena_count_.load(); i-- > 0 && stolen.size() < wanted;) {
@@ -579,8 +580,7 @@ void resource_state::give_back_idle_pages_of_other_sizes(std::size_t size, std::
     for (std::size_t p = a.idle_page_below(a.page_count()); p < a.page_count() && freed < bytes;
          p = a.idle_page_below(p)) {
       if (a.unmap_page(p) == nullptr) continue;  // stays (reported)
-      mapped_bytes_ -= a.page_size();
-      --mapped_handles_;
+      --mapped_pages_[page_class(a)];
       ++pages_released_;
       freed += a.page_size();
       if (a.page_size() == page_) learned_headroom_ += page_;
@@ -636,17 +636,18 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
   return taken;
 }
 
+bool resource_state::unmap_retiring(arena& a, std::size_t p, bool wait) {
+  const page& lent = a.page_at(p);
+  if (lent.retiring_on->passed.load() < lent.retiring_epoch) {
+    if (!wait) return false;
+    wait_for_epoch(*lent.retiring_on, lent.retiring_epoch);
+  }
+  return a.drop_retiring(p);
+}
+
 void resource_state::unmap_passed_retiring(bool wait) {
-  // Old mappings of pages lent to their stream go once the stream has passed the free
-  // (`wait`: waiting for it).
   std::erase_if(retiring_, [&](const std::pair<arena*, std::size_t>& entry) {
-    auto& [a, p] = entry;
-    const page& lent = a->page_at(p);
-    if (lent.retiring_on->passed.load() < lent.retiring_epoch) {
-      if (!wait) return false;
-      wait_for_epoch(*lent.retiring_on, lent.retiring_epoch);
-    }
-    return a->drop_retiring(p);
+    return unmap_retiring(*entry.first, entry.second, wait);
   });
 }
 
@@ -675,9 +676,7 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
   // before the address is mapped again (choose() avoids this where it can).
   for (std::size_t p : missing)
     if (a.retiring(p)) {
-      const page& lent = a.page_at(p);
-      wait_for_epoch(*lent.retiring_on, lent.retiring_epoch);
-      if (!a.drop_retiring(p))
+      if (!unmap_retiring(a, p, true))
         throw driver_error(0, "memory_resource: an address lent away could not be unmapped");
       std::erase(retiring_, std::pair{&a, p});
     }
@@ -686,8 +685,7 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
     for (std::size_t i = 0; i < missing.size(); ++i) {
       const std::size_t p = missing[i];
       a.map_page(p, taken[i].first);
-      mapped_bytes_ += a.page_size();
-      ++mapped_handles_;
+      ++mapped_pages_[page_class(a)];
       mapped_now.push_back(p);
     }
     // One access call per run of pages mapped now: the driver's cost is per call and handle.
@@ -703,8 +701,7 @@ void resource_state::map_pages(arena& a, std::uint64_t offset, std::uint64_t siz
         std::erase_if(taken, [&](const auto& t) { return t.first == a.chunk(p); });
         continue;
       }
-      mapped_bytes_ -= a.page_size();
-      --mapped_handles_;
+      --mapped_pages_[page_class(a)];
     }
     for (auto& [chunk, fresh] : taken)  // the fresh ones go back to the pool
       if (!fresh) spare_[page_class(a)].push_back(std::move(chunk));
@@ -1008,8 +1005,7 @@ void resource_state::release_idle(std::size_t bytes_to_keep) {
     for (std::size_t p = a.page_count(); p-- > 0 && reserved_bytes() > bytes_to_keep;) {
       if (!a.mapped(p) || a.held(p) != 0) continue;
       if (a.unmap_page(p) == nullptr) continue;  // the chunk goes back to the pool
-      mapped_bytes_ -= a.page_size();
-      --mapped_handles_;
+      --mapped_pages_[page_class(a)];
       ++pages_released_;
     }
   }
@@ -1100,8 +1096,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
     arena& a = *arenas_[i].load();
     for (std::size_t p = 0; p < a.page_count(); ++p) {
       if (!a.mapped(p) || a.unmap_page(p) == nullptr) continue;  // a page that cannot be unmapped stays
-      mapped_bytes_ -= a.page_size();
-      --mapped_handles_;
+      --mapped_pages_[page_class(a)];
       ++pages_released_;
     }
   }
@@ -1151,7 +1146,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   try {
     while (taken.size() < needed.size()) {
       const std::size_t size = needed[taken.size()].where->page_size();
-      if (properties_.max_size < mapped_bytes_ + taken_bytes + size)
+      if (properties_.max_size < reserved_bytes() + taken_bytes + size)
         throw out_of_memory(fmt::format("max_size of {} bytes reached", properties_.max_size));
       taken.push_back(std::make_shared<const pooled_chunk>(pool_->acquire(size)));
       taken_bytes += size;
@@ -1204,8 +1199,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
         ++j;
       for (std::size_t k = i; k < j; ++k) {
         needed[k].where->map_page(needed[k].page, std::move(taken[k]));
-        mapped_bytes_ += needed[k].where->page_size();
-        ++mapped_handles_;
+        ++mapped_pages_[page_class(*needed[k].where)];
         ++mapped_now;
       }
       const std::size_t size = needed[i].where->page_size();
@@ -1219,8 +1213,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     if (copied != 0) cleanup("memory_resource: wake", [&] { executor_.synchronize(stream); });
     for (std::size_t i = 0; i < mapped_now; ++i)
       if (needed[i].where->unmap_page(needed[i].page) != nullptr) {
-        mapped_bytes_ -= needed[i].where->page_size();
-        --mapped_handles_;
+        --mapped_pages_[page_class(*needed[i].where)];
       }
     throw;
   }
@@ -1342,7 +1335,7 @@ memory_resource_statistics resource_state::statistics() const {
     s.allocations_total += a.allocations_made;
   }
   s.segments = arena_count_.load();
-  s.handles = mapped_handles_ + spare_[0].size() + spare_[1].size();
+  s.handles = mapped_pages_[0] + mapped_pages_[1] + spare_[0].size() + spare_[1].size();
   s.largest_free_block = largest_free_locked();
   s.pages_stitched = pages_stitched_;
   s.pages_created = pages_created_;
