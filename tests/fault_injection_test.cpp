@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "fault_sweep.hpp"
+#include "resource/host_copies.hpp"
 #include "memory_io.hpp"
 #include "provider_kinds.hpp"
 #include "vmm/chunk_view.hpp"
@@ -733,6 +734,57 @@ class wake_path : public sweep_path {
   std::vector<allocation> allocations_;
 };
 
+// sleep() of a resource: the host copies are had first, so a failure anywhere leaves the
+// resource awake, its pages mapped and its bytes as they were, and no host copy kept.
+class sleep_path : public sweep_path {
+ public:
+  explicit sleep_path(const sweep_context& context)
+      : provider_(context.provider), g_(context.granularity()), resource_(context.pool) {
+    for (const std::size_t bytes : {9 * g_ + g_ / 2, 3 * g_ + 4096}) {
+      allocations_.push_back({resource_.allocate({}, bytes, 256, saved), bytes,
+                              pattern(bytes, static_cast<std::uint32_t>(allocations_.size() + 80))});
+      write_through(*provider_, allocations_.back().data, allocations_.back().bytes);
+    }
+    reserved_ = resource_.statistics().reserved_current;
+  }
+  sleep_path(const sleep_path&) = delete;
+  sleep_path& operator=(const sleep_path&) = delete;
+  ~sleep_path() {
+    for (const allocation& a : allocations_) resource_.deallocate({}, a.data, a.size);
+  }
+
+  void operator()() {
+    during("memory_resource::sleep", fails_out_of_memory | fails_os_error | fails_driver_error);
+    const allocation_tag tags[] = {saved};
+    resource_.sleep(tags);
+  }
+
+  void check(const outcome& result) {
+    if (!result.succeeded()) {
+      EXPECT_FALSE(resource_.asleep());
+      EXPECT_EQ(resource_.statistics().reserved_current, reserved_) << "the failed sleep gave pages back";
+      EXPECT_EQ(vmm::detail::host_copies::bytes_in_process(), host_before_) << "the failed sleep kept host copies";
+    } else {
+      resource_.wake();
+    }
+    for (const allocation& a : allocations_) EXPECT_EQ(read_through(*provider_, a.data, a.size), a.bytes);
+  }
+
+ private:
+  static constexpr allocation_tag saved{1};
+  struct allocation {
+    void* data;
+    std::size_t size;
+    std::vector<std::uint8_t> bytes;
+  };
+  std::shared_ptr<memory_provider> provider_;
+  std::size_t g_;
+  memory_resource resource_;
+  std::vector<allocation> allocations_;
+  std::size_t reserved_ = 0;
+  std::size_t host_before_ = vmm::detail::host_copies::bytes_in_process();
+};
+
 // ---- the OS provider: every OS site, ENOMEM / EINVAL / EINTR -----------------------------------
 
 class os_fault_sweep : public ::testing::Test {
@@ -762,6 +814,15 @@ TEST_F(os_fault_sweep, wake_of_a_memory_resource) {
     warm_up.check({});
   }
   EXPECT_GT(run<wake_path>("wake").total_points(), 0u);
+}
+
+TEST_F(os_fault_sweep, sleep_of_a_memory_resource) {
+  {  // as for wake: what the first wake leaves for the rest of the process, before the sweep
+    sleep_path warm_up(sweep_context{provider_, chunk_pool::create(provider_)});
+    warm_up();
+    warm_up.check({});
+  }
+  EXPECT_GT(run<sleep_path>("sleep").total_points(), 0u);
 }
 
 TEST_F(os_fault_sweep, grow_with_geometric_chunks) {

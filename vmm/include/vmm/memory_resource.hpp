@@ -279,9 +279,14 @@ class memory_resource {
   /// Puts the resource to sleep (see the file comment): copies the allocations tagged with
   /// one of `offload` to pinned host memory (plain host memory on the OS provider) in order
   /// on `stream`, waits for `stream` (not for the device), unmaps every page and gives the
-  /// physical memory back (the chunk pool is trimmed of what it holds idle).
+  /// physical memory back (the chunk pool is trimmed of what it holds idle). The host
+  /// memory is fresh anonymous memory (huge pages where the kernel has them), touched by up
+  /// to 16 threads at once and pinned 64 MiB at a time (cuMemHostRegister); each piece's
+  /// copies are queued as soon as it is pinned, so that they overlap the work on the rest.
   /// @throws vmm::invalid_argument the resource is asleep already.
-  /// @throws vmm::out_of_memory the host copies cannot be had; nothing changed.
+  /// @throws vmm::out_of_memory the host copies cannot be had (more than the host can
+  ///         commit safely, or refused); nothing changed.
+  /// @throws vmm::os_error, vmm::driver_error mapping or pinning them failed; nothing changed.
   void sleep(std::span<const allocation_tag> offload, stream_ref stream = {});
   /// Maps fresh physical memory under the allocations tagged with one of `tags` (empty: all)
   /// at their addresses and restores their saved bytes, in order on `stream`, which it then

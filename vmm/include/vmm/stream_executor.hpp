@@ -43,6 +43,18 @@ class stream_executor {
   virtual void copy(void* destination, const void* source, std::size_t n, stream_ref stream) = 0;
   /// Sets n bytes to `value`, in order on `stream`.
   virtual void fill(void* destination, std::uint8_t value, std::size_t n, stream_ref stream) = 0;
+  /// Page-locks [p, p + n) of host memory for the executor's device, so that copies to
+  /// and from it run at full speed and in stream order (cuMemHostRegister). Undo it with
+  /// unpin_host() before the memory goes. The host executor does nothing.
+  virtual void pin_host(void* p, std::size_t n) {
+    (void)p;
+    (void)n;
+  }
+  /// Undoes pin_host(p, n). Never throws: a failure is reported.
+  virtual void unpin_host(void* p, std::size_t n) noexcept {
+    (void)p;
+    (void)n;
+  }
   /// Blocks until all work queued on `stream` is done.
   virtual void synchronize(stream_ref stream) = 0;
   /// Blocks until all work queued on the executor's device is done, on every stream (a

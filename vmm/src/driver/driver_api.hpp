@@ -41,6 +41,8 @@ namespace vmm::driver {
   X(cuMemGetAllocationGranularity, 10020)  \
   X(cuMemExportToShareableHandle, 10020)   \
   X(cuMemImportFromShareableHandle, 10020) \
+  X(cuMemHostRegister, 6050)               \
+  X(cuMemHostUnregister, 4000)             \
   X(cuMemcpyAsync, 4000)                   \
   X(cuMemsetD8Async, 3020)                 \
   X(cuStreamCreate, 2000)                  \

@@ -51,6 +51,10 @@ int mprotect(void* address, std::size_t length, int protection) noexcept {
   return ::mprotect(address, length, protection);
 }
 
+int madvise(void* address, std::size_t length, int advice) noexcept {
+  return ::madvise(address, length, advice);  // advice only: no fault site
+}
+
 int fcntl(int fd, int command, int argument) noexcept {
   if (injected(detail::fault::fcntl)) return -1;
   return ::fcntl(fd, command, argument);

@@ -20,6 +20,7 @@ int ftruncate(int fd, off_t length) noexcept;  // counted as the fallocate site
 void* mmap(void* address, std::size_t length, int protection, int flags, int fd, off_t offset) noexcept;
 int munmap(void* address, std::size_t length) noexcept;
 int mprotect(void* address, std::size_t length, int protection) noexcept;
+int madvise(void* address, std::size_t length, int advice) noexcept;  // not a fault site: advice
 // fcntl with an int argument (F_DUPFD_CLOEXEC, F_ADD_SEALS, F_GET_SEALS, F_GETFL, ...).
 int fcntl(int fd, int command, int argument = 0) noexcept;
 int fstat(int fd, struct stat* status) noexcept;

@@ -113,6 +113,19 @@ class driver_executor final : public stream_executor {
           CUdeviceptr{piece.first}, static_cast<unsigned char>(value), piece.second, stream.get());
   }
 
+  void pin_host(void* p, std::size_t n) override {
+    driver::scoped_context current(context_.get());
+    VMM_DRIVER_CHECK(
+        cuMemHostRegister,
+        [&] { return fmt::format("cuMemHostRegister(bytes={}, PORTABLE) on {}", n, name_); }, p, n,
+        static_cast<unsigned>(CU_MEMHOSTREGISTER_PORTABLE));
+  }
+
+  void unpin_host(void* p, std::size_t) noexcept override {
+    if (driver::try_call(driver::api().cuMemHostUnregister, p) != CUDA_SUCCESS)
+      report_cleanup_failure("cuMemHostUnregister failed");
+  }
+
   void synchronize(stream_ref stream) override {
     driver::scoped_context current(context_.get());
     VMM_DRIVER_CHECK(

@@ -19,16 +19,17 @@
 #include "vmm/error.hpp"
 
 namespace vmm::detail {
-namespace {
 
-constexpr const char* provider_name = "os host";
-constexpr int required_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-
-[[noreturn]] void throw_errno(int error, const std::string& call) {
+void throw_errno(int error, const std::string& call) {
   if (error == ENOMEM || error == ENOSPC)
     throw out_of_memory(fmt::format("{} failed: {}", call, std::strerror(error)));
   throw os_error(error, fmt::format("{} failed", call));
 }
+
+namespace {
+
+constexpr const char* provider_name = "os host";
+constexpr int required_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 int fd_of(physical_handle handle) {
   return static_cast<int>(handle);

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <unordered_map>
+#include <string>
 
 #include "vmm/provider.hpp"
 
@@ -51,6 +52,9 @@ class os_host_provider final : public memory_provider {
   std::atomic<std::size_t> committed_{0};
   std::unordered_map<physical_handle, std::size_t> created_;  // ours (not imported): budgeted
 };
+
+// Throws out_of_memory for ENOMEM and ENOSPC, os_error otherwise: "<call> failed ...".
+[[noreturn]] void throw_errno(int error, const std::string& call);
 
 // The bytes of host memory that can be committed safely now: MemAvailable and what the
 // memory cgroup (v2 or v1) still allows, whichever is less, less headroom (1/8, at least

@@ -22,7 +22,7 @@
 
 #include "cleanup.hpp"
 #include "resource/arena.hpp"
-#include "vmm/growable_buffer.hpp"
+#include "resource/host_copies.hpp"
 #include "retirement.hpp"
 #include "vmm/error.hpp"
 
@@ -264,7 +264,7 @@ class resource_state {
   };
   std::atomic<bool> asleep_{false};
   std::vector<std::uint32_t> asleep_tags_;
-  std::unique_ptr<growable_buffer> saved_;
+  std::unique_ptr<host_copies> saved_;
   std::vector<saved_run> saved_runs_;
   // The host copies of the last wake are given back on a detached thread of their own (a
   // resource may live until the process exits, so nothing may have to join it), counted
@@ -272,10 +272,6 @@ class resource_state {
   // them asks nothing (a resource destroyed at exit then touches no static).
   bool released_on_a_thread_ = false;
   void wait_for_host_release() noexcept;
-  // Where the host copies of sleep() live: pinned host memory, plain host memory on the OS
-  // provider.
-  location host_location() const;
-  static void give_back_host_copies(std::unique_ptr<growable_buffer> saved, chunk_pool& pool) noexcept;
 };
 
 resource_state::all_locked::all_locked(const resource_state& state) : resource_(state.mutex_) {
@@ -327,9 +323,7 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
 resource_state::~resource_state() {
   wait_for_host_release();
   // Destroyed asleep: the host copies go back to the system now, as a wake would.
-  if (saved_ != nullptr)
-    cleanup("memory_resource: giving back the host copies",
-            [&] { give_back_host_copies(std::move(saved_), *default_pool(host_location())); });
+  saved_.reset();
   std::size_t live = 0;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) live += arenas_[i].load()->allocated_count();
   if (live != 0)
@@ -1078,14 +1072,28 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   }
   for (std::size_t i = 1; i < runs.size(); ++i) runs[i].offset = runs[i - 1].offset + runs[i - 1].bytes;
 
-  // The host copies first: if they cannot be had, nothing has changed.
-  std::unique_ptr<growable_buffer> saved;
+  // The host copies first: if they cannot be had, nothing has changed. Each run is copied
+  // piece by piece as the host memory under it becomes ready.
+  std::unique_ptr<host_copies> saved;
   if (total != 0) {
-    saved = std::make_unique<growable_buffer>(host_location(), growable_buffer_options{.max_size = total});
-    saved->resize(total);
-    for (const saved_run& run : runs)
-      executor_.copy(static_cast<std::byte*>(saved->data()) + run.offset,
-                     reinterpret_cast<void*>(run.address), run.bytes, stream);
+    saved = std::make_unique<host_copies>(total, executor_);
+    std::size_t next_run = 0;
+    try {
+      saved->prepare([&](std::size_t begin, std::size_t n) {
+        for (; next_run < runs.size() && runs[next_run].offset < begin + n; ++next_run) {
+          const saved_run& run = runs[next_run];
+          const std::size_t from = std::max(begin, run.offset);
+          const std::size_t to = std::min(begin + n, run.offset + run.bytes);
+          executor_.copy(saved->data() + from,
+                         reinterpret_cast<std::byte*>(run.address) + (from - run.offset), to - from, stream);
+          if (to < run.offset + run.bytes) break;  // the rest of it lies in the next piece
+        }
+      });
+    } catch (...) {
+      // Copies queued into the host memory may still run: they finish before it goes.
+      cleanup("memory_resource: sleep", [&] { executor_.synchronize(stream); });
+      throw;
+    }
   }
   executor_.synchronize(stream);
   unmap_passed_retiring(true);  // the old mappings of lent pages too
@@ -1184,8 +1192,10 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   const auto copy_ready = [&](std::size_t granted) {
     for (; copied < copies.size() && copies[copied].first <= granted; ++copied) {
       const saved_run& run = *copies[copied].second;
-      executor_.copy(reinterpret_cast<void*>(run.address),
-                     static_cast<std::byte*>(saved_->data()) + run.offset, run.bytes, stream);
+      saved_->for_each_piece(run.offset, run.bytes, [&](std::size_t from, std::size_t n) {
+        executor_.copy(reinterpret_cast<std::byte*>(run.address) + (from - run.offset), saved_->data() + from,
+                       n, stream);
+      });
     }
   };
   std::size_t mapped_now = 0;
@@ -1222,16 +1232,13 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   std::erase_if(saved_runs_, [&](const saved_run& run) { return waking(run.tag); });
   reserved_high_ = std::max(reserved_high_, reserved_bytes());
   if (asleep_tags_.empty()) {
-    // The host copies go back to their pool, and from it to the system, on a thread of
-    // their own: unmapping and unpinning them costs as much as the rest of the wake (56 +
-    // 64 ms for 2 GiB of pinned memory on an H100, against 125 ms for everything else), and
-    // nothing waits for it. The next sleep() and the destructor wait for it.
+    // The host copies go back to the system on a thread of their own: unpinning and
+    // unmapping them costs about as much as the rest of the wake (50-65 ms for 2 GiB on an
+    // H100), and nothing waits for it. The next sleep() and the destructor wait for it.
     saved_runs_.clear();
-    // The thread holds what it uses (the copies hold their pool): it may outlive the
-    // resource and the process's own references.
-    auto give_back = [saved = std::move(saved_), pool = default_pool(host_location())]() mutable noexcept {
-      give_back_host_copies(std::move(saved), *pool);
-    };
+    // The thread holds what it uses (the copies use the executor, a static): it may outlive
+    // the resource.
+    auto give_back = [saved = std::move(saved_)]() mutable noexcept { saved.reset(); };
     wait_for_host_release();
     host_releases_running& running = host_releases_running::instance();
     running.add(this);
@@ -1247,24 +1254,9 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
     } catch (const std::system_error&) {
       // No thread to be had: the copies went with the closure that could not start.
       running.remove(this);
-      cleanup("memory_resource: giving back the host copies",
-              [&] { default_pool(host_location())->trim_to(0); });
     }
     asleep_.store(false);
   }
-}
-
-location resource_state::host_location() const {
-  return provider()->capabilities().where.kind == memory_kind::os_host ? location::os_host()
-                                                                       : location::pinned_host(0);
-}
-
-void resource_state::give_back_host_copies(std::unique_ptr<growable_buffer> saved,
-                                           chunk_pool& pool) noexcept {
-  cleanup("memory_resource: giving back the host copies", [&] {
-    saved.reset();
-    pool.trim_to(0);
-  });
 }
 
 void resource_state::wait_for_host_release() noexcept {
