@@ -151,7 +151,7 @@ def test_sleep_and_wake_keep_offloaded_tensors_bit_identical_and_every_pointer()
         cache.fill_(3)  # dropped, but mapped again and usable
         assert int(cache.sum()) == 3 * (16 << 20)
         # tags by id work too, and a partial wake keeps the rest asleep
-        vmm_torch.sleep(offload_tags=["weights", "kv"])
+        vmm_torch.sleep(offload_tags=["weights", "kv"], collect_garbage=False)
         vmm_torch.wake(tags=["weights"])
         assert vmm_torch.asleep()
         assert torch.equal(weights[1].cpu(), saved[1])  # awake already
@@ -160,6 +160,36 @@ def test_sleep_and_wake_keep_offloaded_tensors_bit_identical_and_every_pointer()
         assert int(cache.sum()) == 3 * (16 << 20)
         for w, s in zip(weights, saved):
             assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8))
+        """
+    )
+
+
+def test_sleep_frees_tensors_only_cycles_keep_alive_unless_told_not_to():
+    run(
+        """
+        import gc
+        vmm_torch.use()
+        gc.disable()  # only sleep() collects
+
+        def make_garbage():
+            holder = {}
+            holder["self"] = holder  # a cycle: only gc.collect() frees the tensor
+            holder["tensor"] = torch.empty(1 << 20, device="cuda")
+
+        def live():
+            return vmm_torch.memory_stats()["allocation.all.current"]
+
+        kept = torch.ones(1 << 20, device="cuda")
+        base = live()
+        make_garbage()
+        assert live() == base + 1
+        vmm_torch.sleep(offload_tags=("default",), collect_garbage=False)
+        assert live() == base + 1  # saved or dropped with the rest
+        vmm_torch.wake()
+        vmm_torch.sleep(offload_tags=("default",))
+        assert live() == base  # collected before the sleep
+        vmm_torch.wake()
+        assert float(kept.sum()) == float(1 << 20)
         """
     )
 
