@@ -763,7 +763,8 @@ class sleep_path : public sweep_path {
     if (!result.succeeded()) {
       EXPECT_FALSE(resource_.asleep());
       EXPECT_EQ(resource_.statistics().reserved_current, reserved_) << "the failed sleep gave pages back";
-      EXPECT_EQ(vmm::detail::host_copies::bytes_in_process(), host_before_) << "the failed sleep kept host copies";
+      EXPECT_EQ(vmm::detail::host_copies::bytes_in_process(), host_before_)
+          << "the failed sleep kept host copies";
     } else {
       resource_.wake();
     }

@@ -71,7 +71,8 @@ TEST(host_copies, every_piece_is_pinned_before_it_is_handed_out_in_order_and_unp
     EXPECT_EQ(copies.size(), bytes);
     EXPECT_EQ(host_copies::bytes_in_process(), before + bytes);
     copies.prepare([&](std::size_t offset, std::size_t n) {
-      EXPECT_EQ(executor.pinned_.size(), handed.size() + 1) << "piece " << handed.size() << " not pinned first";
+      EXPECT_EQ(executor.pinned_.size(), handed.size() + 1)
+          << "piece " << handed.size() << " not pinned first";
       std::memset(copies.data() + offset, static_cast<int>(handed.size() + 1), n);  // writable, whole
       handed.emplace_back(offset, n);
     });
@@ -82,11 +83,13 @@ TEST(host_copies, every_piece_is_pinned_before_it_is_handed_out_in_order_and_unp
     for (std::size_t k = 0; k < 3; ++k) {
       EXPECT_EQ(executor.pinned_[k].first, copies.data() + k * piece);
       EXPECT_EQ(executor.pinned_[k].second, expected[k].second);
-      EXPECT_EQ(static_cast<int>(copies.data()[expected[k].first + expected[k].second - 1]), static_cast<int>(k + 1));
+      EXPECT_EQ(static_cast<int>(copies.data()[expected[k].first + expected[k].second - 1]),
+                static_cast<int>(k + 1));
     }
     // A copy never crosses from one pinned piece into the next.
     std::vector<std::pair<std::size_t, std::size_t>> parts;
-    copies.for_each_piece(piece - 100, piece + 300, [&](std::size_t o, std::size_t n) { parts.emplace_back(o, n); });
+    copies.for_each_piece(piece - 100, piece + 300,
+                          [&](std::size_t o, std::size_t n) { parts.emplace_back(o, n); });
     const std::vector<std::pair<std::size_t, std::size_t>> split = {
         {piece - 100, 100}, {piece, piece}, {2 * piece, 200}};
     EXPECT_EQ(parts, split);

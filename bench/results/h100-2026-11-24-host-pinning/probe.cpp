@@ -6,9 +6,20 @@
 #include <cstring>
 #include <thread>
 #include <vector>
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s; cuGetErrorString(r_, &s); std::printf("%s: %s\n", #x, s); std::exit(1);} } while (0)
+#define CK(x)                         \
+  do {                                \
+    CUresult r_ = (x);                \
+    if (r_ != CUDA_SUCCESS) {         \
+      const char* s;                  \
+      cuGetErrorString(r_, &s);       \
+      std::printf("%s: %s\n", #x, s); \
+      std::exit(1);                   \
+    }                                 \
+  } while (0)
 using clk = std::chrono::steady_clock;
-static double ms(clk::time_point a) { return std::chrono::duration<double, std::milli>(clk::now() - a).count(); }
+static double ms(clk::time_point a) {
+  return std::chrono::duration<double, std::milli>(clk::now() - a).count();
+}
 static const size_t total = size_t{2} << 30;
 CUcontext ctx;
 
@@ -90,7 +101,8 @@ int main() {
   for (int threads : {1, 8, 16})
     for (int huge : {0, 1}) {
       auto t0 = clk::now();
-      char* p = static_cast<char*>(mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      char* p = static_cast<char*>(
+          mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
       if (huge) madvise(p, total, MADV_HUGEPAGE);
       std::vector<std::thread> ts;
       for (int t = 0; t < threads; ++t)
@@ -109,8 +121,9 @@ int main() {
       t0 = clk::now();
       CK(cuMemHostUnregister(p));
       munmap(p, total);
-      std::printf("mmap+touch threads %2d huge %d: touch %.1f ms, register %.1f ms, D2H %.1f ms, release %.1f ms\n",
-                  threads, huge, touch, reg, cc, ms(t0));
+      std::printf(
+          "mmap+touch threads %2d huge %d: touch %.1f ms, register %.1f ms, D2H %.1f ms, release %.1f ms\n",
+          threads, huge, touch, reg, cc, ms(t0));
     }
   return 0;
 }

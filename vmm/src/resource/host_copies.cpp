@@ -39,7 +39,8 @@ host_copies::host_copies(std::size_t bytes, stream_executor& executor) : executo
   mapped_ = os::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped_ == MAP_FAILED) {
     mapped_ = nullptr;
-    throw_errno(errno, fmt::format("memory_resource: mmap of {} bytes for the host copies of sleep", mapped_bytes_));
+    throw_errno(errno,
+                fmt::format("memory_resource: mmap of {} bytes for the host copies of sleep", mapped_bytes_));
   }
   const auto start = reinterpret_cast<std::uintptr_t>(mapped_);
   data_ = reinterpret_cast<std::byte*>((start + huge_page - 1) / huge_page * huge_page);
@@ -86,13 +87,11 @@ void host_copies::prepare(const std::function<void(std::size_t, std::size_t)>& r
     threads.reserve(helpers);
     for (std::size_t i = 0; i < helpers; ++i)
       threads.emplace_back([&] {
-        while (touch_one()) {
-        }
+        while (touch_one()) {}
       });
   } catch (const std::system_error&) {
     // Fewer helpers (or none): this thread touches what they would have.
-  } catch (const std::bad_alloc&) {
-  }
+  } catch (const std::bad_alloc&) {}
   // Declared after `threads`: destroyed first, so the helpers stop before they are joined.
   const stop_claims stop{next, count};
   for (std::size_t k = 0; k < count; ++k) {
