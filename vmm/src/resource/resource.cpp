@@ -272,6 +272,9 @@ class resource_state {
   // them asks nothing (a resource destroyed at exit then touches no static).
   bool released_on_a_thread_ = false;
   void wait_for_host_release() noexcept;
+  // After the last wake: gives saved_ back (on a thread of its own unless the executor is
+  // synchronous).
+  void give_back_host_copies();
 };
 
 resource_state::all_locked::all_locked(const resource_state& state) : resource_(state.mutex_) {
@@ -1232,30 +1235,39 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   std::erase_if(saved_runs_, [&](const saved_run& run) { return waking(run.tag); });
   reserved_high_ = std::max(reserved_high_, reserved_bytes());
   if (asleep_tags_.empty()) {
-    // The host copies go back to the system on a thread of their own: unpinning and
-    // unmapping them costs about as much as the rest of the wake (50-65 ms for 2 GiB on an
-    // H100), and nothing waits for it. The next sleep() and the destructor wait for it.
     saved_runs_.clear();
-    // The thread holds what it uses (the copies use the executor, a static): it may outlive
-    // the resource.
-    auto give_back = [saved = std::move(saved_)]() mutable noexcept { saved.reset(); };
-    wait_for_host_release();
-    host_releases_running& running = host_releases_running::instance();
-    running.add(this);
-    released_on_a_thread_ = true;
-    try {
-      std::thread([owner = this, &running, give_back = std::move(give_back)]() mutable noexcept {
-        {
-          auto work = std::move(give_back);  // what it holds goes at the end of this scope
-          work();
-        }
-        running.remove(owner);  // last: the resource's destructor waits for this
-      }).detach();
-    } catch (const std::system_error&) {
-      // No thread to be had: the copies went with the closure that could not start.
-      running.remove(this);
-    }
+    give_back_host_copies();
     asleep_.store(false);
+  }
+}
+
+void resource_state::give_back_host_copies() {
+  if (synchronous_) {
+    // Host memory (the OS provider): nothing to unpin, so the copies go back here, and no
+    // thread is left running behind the call.
+    saved_.reset();
+    return;
+  }
+  // Pinned copies go back to the system on a thread of their own: unpinning and unmapping
+  // them costs about as much as the rest of the wake (40-65 ms for 2 GiB on an H100), and
+  // nothing waits for it. The next sleep() and the destructor wait for it. The thread holds
+  // what it uses (the copies use the executor, a static): it may outlive the resource.
+  auto give_back = [saved = std::move(saved_)]() mutable noexcept { saved.reset(); };
+  wait_for_host_release();
+  host_releases_running& running = host_releases_running::instance();
+  running.add(this);
+  released_on_a_thread_ = true;
+  try {
+    std::thread([owner = this, &running, give_back = std::move(give_back)]() mutable noexcept {
+      {
+        auto work = std::move(give_back);  // what it holds goes at the end of this scope
+        work();
+      }
+      running.remove(owner);  // last: the resource's destructor waits for this
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had: the copies went with the closure that could not start.
+    running.remove(this);
   }
 }
 
