@@ -295,7 +295,8 @@ class memory_resource {
   /// work on the pages after them. Once every tag is awake the resource allocates again,
   /// and pinned host copies go back to the system on a thread of their own (unpinning them
   /// costs about as much as the rest of the wake); the next sleep() and the destructor wait
-  /// for that. On the OS provider they go back before wake() returns. A resource destroyed asleep gives its host copies back at once.
+  /// for that. On the OS provider they go back before wake() returns. A resource destroyed asleep gives its
+  /// host copies back at once.
   /// @throws vmm::invalid_argument the resource is not asleep.
   /// @throws vmm::out_of_memory not enough memory: what was mapped is given back, and the
   ///         message says how many bytes were missing; the tags stay asleep.
