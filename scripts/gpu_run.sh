@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (its image has cmake, ninja, nvcc, gtest, benchmark, fmt):
-# configure with Ninja, build, print vmm-info, run the tests (and with --bench, the
+# configure with Ninja, build, print vmm-info, run the tests (ctest, then pytest on
+# tests/python where pytest is installed; and with --bench, the
 # benchmarks). Full logs go to $OUT/gpu-logs.tar.gz; a summary is printed last.
 #   bash scripts/gpu_run.sh [--bench [--quick]]
 set -uo pipefail
@@ -26,6 +27,16 @@ fi
 # another), then the summary of each GoogleTest program run whole.
 ctest --test-dir "$build" -j 4 --output-on-failure >"$out/ctest.log" 2>&1
 ctest_rc=$?
+# vmm_torch with PyTorch and CuPy (tests/python/test_vmm_torch.py; it skips with the reason
+# where torch, CuPy or a GPU is missing), where pytest is installed.
+pytest_rc=0
+if python3 -c "import pytest" 2>/dev/null; then
+  VMM_TORCH_LIBRARY="$PWD/$build/python/libvmm_torch_allocator.so" python3 -m pytest -q -rs tests/python \
+    >"$out/pytest.log" 2>&1
+  pytest_rc=$?
+else
+  echo "pytest is not installed: tests/python not run" >"$out/pytest.log"
+fi
 for program in "$build"/tests/vmm_*tests "$build"/tests/cuda/vmm_*tests; do
   [ -x "$program" ] && "$program" >"$out/gtest-$(basename "$program").log" 2>&1
 done
@@ -42,4 +53,7 @@ for log in "$out"/gtest-*.log; do
 done
 echo "=== ctest"
 grep -E 'tests passed|tests failed|\*\*\*Failed|Not Run' "$out/ctest.log"
-exit $ctest_rc
+echo "=== pytest tests/python"
+tail -3 "$out/pytest.log"
+[ "$ctest_rc" -ne 0 ] && exit "$ctest_rc"
+exit $pytest_rc
