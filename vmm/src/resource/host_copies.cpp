@@ -38,8 +38,9 @@ host_copies::host_copies(std::size_t bytes, stream_executor& executor) : executo
   mapped_bytes_ = (bytes + huge_page - 1) / huge_page * huge_page + huge_page;
   mapped_ = os::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped_ == MAP_FAILED) {
+    const int error = errno;  // before anything else may change it
     mapped_ = nullptr;
-    throw_errno(errno,
+    throw_errno(error,
                 fmt::format("memory_resource: mmap of {} bytes for the host copies of sleep", mapped_bytes_));
   }
   const auto start = reinterpret_cast<std::uintptr_t>(mapped_);
