@@ -1252,17 +1252,13 @@ void resource_state::give_back_host_copies() {
   // them costs about as much as the rest of the wake (40-65 ms for 2 GiB on an H100), and
   // nothing waits for it. The next sleep() and the destructor wait for it. The thread holds
   // what it uses (the copies use the executor, a static): it may outlive the resource.
-  auto give_back = [saved = std::move(saved_)]() mutable noexcept { saved.reset(); };
   wait_for_host_release();
   host_releases_running& running = host_releases_running::instance();
   running.add(this);
   released_on_a_thread_ = true;
   try {
-    std::thread([owner = this, &running, give_back = std::move(give_back)]() mutable noexcept {
-      {
-        auto work = std::move(give_back);  // what it holds goes at the end of this scope
-        work();
-      }
+    std::thread([owner = this, &running, saved = std::move(saved_)]() mutable noexcept {
+      saved.reset();
       running.remove(owner);  // last: the resource's destructor waits for this
     }).detach();
   } catch (const std::system_error&) {
