@@ -45,6 +45,7 @@ class scripted_executor final : public stream_executor {
   event_handle create_event() override {
     std::lock_guard lock(mutex_);
     events_.emplace(++next_event_, point{});
+    ++events_created_;
     return next_event_;
   }
   void destroy_event(event_handle event) noexcept override {
@@ -92,6 +93,14 @@ class scripted_executor final : public stream_executor {
     std::lock_guard lock(mutex_);
     return streams_[stream.get()].completed;
   }
+  [[nodiscard]] std::size_t events_created() {
+    std::lock_guard lock(mutex_);
+    return events_created_;
+  }
+  [[nodiscard]] std::size_t events_alive() {
+    std::lock_guard lock(mutex_);
+    return events_.size();
+  }
   [[nodiscard]] std::vector<wait> waits() {
     std::lock_guard lock(mutex_);
     return waits_;
@@ -111,6 +120,7 @@ class scripted_executor final : public stream_executor {
   std::map<event_handle, point> events_;
   std::vector<wait> waits_;
   event_handle next_event_ = 0;
+  std::size_t events_created_ = 0;
   std::uintptr_t next_stream_ = 4096;
 };
 
@@ -226,6 +236,38 @@ TEST_F(stream_order, memory_freed_on_a_stream_is_reused_at_once_by_that_stream) 
     EXPECT_EQ(resource->allocate(a_, 5000, alignment), q) << alignment;
     resource->deallocate(a_, q, 5000, alignment);
   }
+}
+
+TEST_F(stream_order, points_that_have_passed_give_their_events_to_later_points) {
+  auto resource = make();
+  const std::size_t before = executor_.events_created();
+  // 64 points' worth of frees, the stream catching up after each: one event serves them all
+  // (the first point of a stream may find none spare yet, so two at most).
+  for (int i = 0; i < 64 * 32; ++i) {
+    void* p = resource->allocate(a_, 4096);
+    executor_.enqueue(a_);
+    resource->deallocate(a_, p, 4096);
+    executor_.advance(a_);
+  }
+  EXPECT_LE(executor_.events_created() - before, 2u);
+  // A stream far behind holds its points' events; once it catches up they serve again.
+  for (int i = 0; i < 16 * 32; ++i) {
+    void* p = resource->allocate(a_, 4096);
+    executor_.enqueue(a_);
+    resource->deallocate(a_, p, 4096);
+  }
+  const std::size_t behind = executor_.events_created() - before;
+  EXPECT_GE(behind, 16u);
+  executor_.advance(a_);
+  for (int i = 0; i < 16 * 32; ++i) {
+    void* p = resource->allocate(a_, 4096);
+    executor_.enqueue(a_);
+    resource->deallocate(a_, p, 4096);
+    executor_.advance(a_);
+  }
+  EXPECT_EQ(executor_.events_created() - before, behind);
+  resource.reset();
+  EXPECT_EQ(executor_.events_alive(), 0u);
 }
 
 TEST_F(stream_order, another_stream_gets_it_only_once_the_free_has_passed) {

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "vmm/error.hpp"
+
 namespace vmm {
 namespace {
 
@@ -48,6 +50,11 @@ stream_event::stream_event(stream_executor& executor, stream_ref stream)
     reset();
     throw;
   }
+}
+
+void stream_event::record_again(stream_ref stream) {
+  if (event_ == 0) throw invalid_argument("stream_event: record_again() of an empty event");
+  executor_->record(event_, stream);
 }
 
 }  // namespace vmm

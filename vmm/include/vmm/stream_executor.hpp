@@ -151,6 +151,9 @@ class stream_event {
   void synchronize() const {
     if (event_ != 0) executor_->synchronize_event(event_);
   }
+  /// Moves the point to the current end of `stream`'s queued work, reusing the event (one
+  /// driver call, where a new point costs creating an event too). Not on an empty one.
+  void record_again(stream_ref stream);
   /// Makes work queued on `stream` from now on wait for the point.
   void enqueue_wait(stream_ref stream) const {
     if (event_ != 0) executor_->enqueue_wait(stream, event_);

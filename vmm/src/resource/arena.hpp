@@ -34,8 +34,20 @@ struct stream_record {
   std::atomic<std::size_t> outstanding{0};                    // points recorded and not seen passed
   std::mutex mutex;                                           // guards points and waited_by
   std::deque<std::pair<std::uint64_t, stream_event>> points;  // (epoch it closed, its event)
+  std::vector<stream_event> spare_events;                     // of points passed, recorded again
   // Streams ordered after a point of this one, through wait_for(): (stream, epoch).
   std::vector<std::pair<stream_ref, std::uint64_t>> waited_by;
+
+  // Under the mutex: the oldest point has passed; its event is kept for a later point
+  // (record_again costs one driver call, a new event three: create, record, destroy).
+  void pass_oldest() noexcept {
+    passed.store(points.front().first);
+    try {
+      spare_events.push_back(std::move(points.front().second));
+    } catch (...) {  // no memory for the list: the event is destroyed instead
+    }
+    points.pop_front();
+  }
 };
 
 // A mapped page of an arena: its chunk, and the mapping (with no access of its own: the

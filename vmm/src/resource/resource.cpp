@@ -651,10 +651,8 @@ void resource_state::unmap_passed_retiring(bool wait) {
 void resource_state::wait_for_epoch(stream_record& record, std::uint64_t epoch) {
   std::lock_guard lock(record.mutex);
   while (record.passed.load() < epoch && !record.points.empty()) {
-    auto& [closed, point] = record.points.front();
-    point.synchronize();
-    record.passed.store(closed);
-    record.points.pop_front();
+    record.points.front().second.synchronize();
+    record.pass_oldest();
   }
   record.outstanding.store(record.points.size());
   if (record.passed.load() < epoch) executor_.synchronize_device();  // no point left: everything
@@ -757,16 +755,19 @@ void resource_state::record_point(stream_record& record) {
   // Points that have passed go first, so that the list stays short however long the
   // program runs without a slow path; a stream far behind its host keeps its epoch open
   // rather than piling up events.
-  while (!record.points.empty() && record.points.front().second.done()) {
-    record.passed.store(record.points.front().first);
-    record.points.pop_front();
-  }
+  while (!record.points.empty() && record.points.front().second.done()) record.pass_oldest();
   record.outstanding.store(record.points.size());
   if (record.points.size() >= max_points) return;
   const std::uint64_t closed = record.epoch.fetch_add(1);
   record.frees.store(0, std::memory_order_relaxed);
   try {
-    record.points.emplace_back(closed, stream_event(executor_, record.stream));
+    if (record.spare_events.empty()) {
+      record.points.emplace_back(closed, stream_event(executor_, record.stream));
+    } else {
+      record.spare_events.back().record_again(record.stream);
+      record.points.emplace_back(closed, std::move(record.spare_events.back()));
+      record.spare_events.pop_back();
+    }
   } catch (...) {
     record.epoch.fetch_sub(1);  // the epoch stays open
     throw;
@@ -782,11 +783,10 @@ void resource_state::refresh_points(stream_record* caller, bool wait) {
     std::lock_guard lock(record.mutex);
     if (&record == caller && record.frees.load() != 0) record_point(record);
     while (!record.points.empty()) {
-      auto& [epoch, point] = record.points.front();
+      const stream_event& point = record.points.front().second;
       if (wait) point.synchronize();
       if (!point.done()) break;
-      record.passed.store(epoch);
-      record.points.pop_front();
+      record.pass_oldest();
     }
     record.outstanding.store(record.points.size());
   }
