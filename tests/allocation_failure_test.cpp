@@ -4,12 +4,18 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <new>
 
 #include "vmm/chunk_pool.hpp"
+#include "vmm/ipc/fd_channel.hpp"
 #include "vmm/provider.hpp"
+#include "vmm/store/protocol.hpp"
+#include "vmm/store/server.hpp"
 
 namespace {
 
@@ -65,6 +71,74 @@ TEST(allocation_failure, a_give_back_that_cannot_allocate_keeps_the_books_right)
   pooled_chunk a = pool->acquire(g);
   pooled_chunk b = pool->acquire(g);
   EXPECT_EQ(pool->statistics().reserved_current, 2 * g);
+}
+
+// 12. The daemon of vmm-store ran out of memory for a hold's node: bad_alloc left
+// serve_once and the daemon died, taking every client's buffers with it; closing a
+// connection allocated inside a noexcept function. Now a failure closes the one connection
+// whose request or reply could not be made, and the daemon serves on. Every allocation of
+// one turn is made to fail, one after another.
+TEST(allocation_failure, the_store_daemon_serves_on_when_a_request_cannot_allocate) {
+  using namespace std::chrono_literals;
+  const auto send = [](int socket, const store::request& r) { ipc::send_message(socket, store::encode(r)); };
+  const auto answer = [](int socket) {
+    return store::decode_reply(ipc::receive_message(socket, {}, 1000ms).payload);
+  };
+  int failures = 0;
+  for (int n = 1;; ++n) {
+    store::server daemon({.cap = std::size_t{64} << 20, .client_cap = std::size_t{32} << 20});
+    const auto serve = [&] {
+      for (int turn = 0; turn < 4; ++turn) ASSERT_TRUE(daemon.serve_once(0ms)) << "allocation " << n;
+    };
+    auto [client, served] = ipc::make_socket_pair();
+    daemon.add_connection(std::move(served), ::getpid(), ::getuid());
+    // A sealed entry the client holds (entry 1), made with nothing failing.
+    send(client.get(), {.op = store::operation::create,
+                        .name = "kept",
+                        .where = location::os_host(),
+                        .size = 4096,
+                        .max_size = std::size_t{2} << 20});
+    serve();
+    const store::reply created = answer(client.get());
+    ASSERT_EQ(created.code, store::status::ok) << created.message;
+    (void)ipc::receive_message(client.get(), {}, 1000ms);  // the manifest (its fds close)
+    send(client.get(), {.op = store::operation::seal, .name = "kept"});
+    serve();
+    ASSERT_EQ(answer(client.get()).code, store::status::ok);
+    // A hold (no reply) and a statistics request, with the nth allocation failing.
+    send(client.get(), {.op = store::operation::hold, .entry = 1});
+    send(client.get(), {.op = store::operation::statistics});
+    fail_countdown = n;
+    serve();
+    const bool failed = fail_countdown.exchange(0) == 0;
+    failures += failed ? 1 : 0;
+    // Either the client was served whole, or its connection was closed and its holds went.
+    const store::daemon_statistics s = daemon.statistics();
+    if (s.connections == 1) {
+      EXPECT_EQ(s.holds, 2u) << "allocation " << n;
+      const store::status code = answer(client.get()).code;
+      EXPECT_TRUE(code == store::status::ok || (failed && code == store::status::out_of_memory))
+          << "allocation " << n << ": " << store::to_string(code);
+    } else {
+      EXPECT_TRUE(failed);
+      EXPECT_EQ(s.connections, 0u) << "allocation " << n;
+      EXPECT_EQ(s.holds, 0u) << "allocation " << n;
+    }
+    EXPECT_EQ(s.entries, 1u) << "allocation " << n;  // sealed and named: it stays
+    // Another client is served either way.
+    auto [second, served_second] = ipc::make_socket_pair();
+    daemon.add_connection(std::move(served_second), ::getpid(), ::getuid());
+    send(second.get(), {.op = store::operation::stat, .name = "kept"});
+    serve();
+    const store::reply stat = answer(second.get());
+    ASSERT_EQ(stat.code, store::status::ok) << "allocation " << n;
+    EXPECT_EQ(store::decode_buffer_info(stat.body).holders, s.holds) << "allocation " << n;
+    client.reset();
+    serve();
+    EXPECT_EQ(daemon.statistics().holds, 0u);
+    if (!failed) break;  // the turn needed fewer than n allocations: each one has failed
+  }
+  EXPECT_GT(failures, 5);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <vmm/ipc/fd_channel.hpp>
 #include <vmm/provider.hpp>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -18,7 +19,7 @@
 #include <climits>
 #include <cstring>
 #include <deque>
-#include <filesystem>
+#include <new>
 #include <random>
 
 #include "../continuation.hpp"
@@ -55,12 +56,15 @@ std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::
   return capacity;
 }
 
+// Not std::filesystem: its error_code overloads are noexcept yet allocate, and a daemon out
+// of memory would terminate in them.
 std::size_t open_fd_count() {
+  DIR* listing = ::opendir("/proc/self/fd");
+  if (listing == nullptr) return 0;
   std::size_t count = 0;
-  std::error_code ignored;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ignored);
-       it != std::filesystem::directory_iterator(); it.increment(ignored))
-    ++count;
+  while (const dirent* found = ::readdir(listing))
+    if (found->d_name[0] != '.') ++count;
+  ::closedir(listing);
   return count;
 }
 
@@ -244,6 +248,16 @@ void server::accept_pending() {
 }
 
 bool server::serve_once(std::chrono::milliseconds timeout) {
+  try {
+    return turn(timeout);
+  } catch (const std::bad_alloc&) {
+    // No memory for the turn's own lists (a connection's requests fail apart, in turn()):
+    // nothing was served, and the next turn tries again.
+    return !stopped_;
+  }
+}
+
+bool server::turn(std::chrono::milliseconds timeout) {
   if (stopped_) return false;
   std::vector<pollfd> polled;
   std::vector<std::uint64_t> ids;
@@ -276,8 +290,14 @@ bool server::serve_once(std::chrono::milliseconds timeout) {
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const auto found = connections_.find(ids[i]);
     if (found == connections_.end()) continue;
-    if ((polled[first_client + i].revents & POLLOUT) != 0) flush(*found->second);
-    if ((polled[first_client + i].revents & POLLIN) != 0) receive(*found->second);
+    try {
+      if ((polled[first_client + i].revents & POLLOUT) != 0) flush(*found->second);
+      if ((polled[first_client + i].revents & POLLIN) != 0) receive(*found->second);
+    } catch (const std::exception&) {
+      // No memory for this client's request or reply (serve() answers every other failure):
+      // its connection closes, which drops its holds, and the daemon serves on.
+      close_connection(ids[i]);
+    }
   }
   // Then what is done: refused clients whose reply is written, and every connection whose
   // request or reply is past its deadline, whether or not it was ready in this turn.
@@ -314,15 +334,13 @@ void server::destroy_if_unused(std::uint64_t entry_id) noexcept {
 }
 
 void server::close_connection(std::uint64_t id) noexcept {
+  // Nothing here allocates: a daemon out of memory still closes connections.
   const auto found = connections_.find(id);
   if (found == connections_.end()) return;
   connection& client = *found->second;
-  std::vector<std::uint64_t> touched;
-  for (auto& [entry_id, holds] : client.holds) {
+  for (auto& [entry_id, holds] : client.holds)
     if (const auto e = entries_.find(entry_id); e != entries_.end()) e->second->holders -= holds;
-    touched.push_back(entry_id);
-  }
-  client.holds.clear();
+  bool changed = !client.holds.empty();
   for (auto& [entry_id, e] : entries_) {
     if (e->charged_to == id) e->charged_to = 0;
     if (e->creator != id) continue;
@@ -331,11 +349,17 @@ void server::close_connection(std::uint64_t id) noexcept {
       names_.erase(e->name);
       e->named = false;
       versions_->bump(e->slot);
-      touched.push_back(entry_id);
+      changed = true;
     }
   }
   connections_.erase(found);
-  for (const std::uint64_t entry_id : touched) destroy_if_unused(entry_id);
+  if (!changed) return;
+  // Every entry is named or held, but those this connection held or created: destroy what
+  // is neither now.
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const std::uint64_t entry_id = (it++)->first;
+    destroy_if_unused(entry_id);
+  }
 }
 
 // The request handlers. Each returns the reply body, and may set `manifest` to a manifest
@@ -690,6 +714,10 @@ void server::serve(connection& client, std::span<const std::byte> payload) {
     handler.manifest = nullptr;
   } catch (const invalid_argument& error) {
     reply = encode_error(status::invalid, error.what());
+    handler.manifest = nullptr;
+  } catch (const std::bad_alloc&) {
+    reply =
+        encode_error(status::out_of_memory, "vmm-store: the daemon ran out of host memory for this request");
     handler.manifest = nullptr;
   } catch (const std::exception& error) {
     reply = encode_error(status::internal, error.what());

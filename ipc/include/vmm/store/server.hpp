@@ -127,6 +127,8 @@ class server {
   /// Serves until stop(). @throws vmm::os_error poll failed.
   void run();
   /// Serves what is ready within `timeout` (one turn of run()'s loop). False once stopped.
+  /// Running out of memory ends the turn, or closes the connection whose request or reply
+  /// could not be made (dropping its holds); the daemon serves on.
   bool serve_once(std::chrono::milliseconds timeout);
   /// Makes run() return; callable from another thread or a signal handler.
   void stop() noexcept;
@@ -144,6 +146,7 @@ class server {
   struct connection;
   class dispatch;
 
+  bool turn(std::chrono::milliseconds timeout);  // serve_once, but for running out of memory
   void accept_pending();
   void close_connection(std::uint64_t id) noexcept;
   // Reads what has arrived of `client`'s next request, and serves it once it is whole.
