@@ -64,6 +64,20 @@ inline int parse_count(const char* option, const char* text, int least) {
   return static_cast<int>(value);
 }
 
+/// A decimal number greater than `above` and at most `most` ("1.5"); `option` names the flag.
+/// @throws std::invalid_argument anything else (empty, trailing text, inf, nan, out of range).
+inline double parse_ratio(const char* option, const char* text, double above, double most) {
+  char* rest = nullptr;
+  errno = 0;
+  const double value = std::strtod(text, &rest);
+  if (rest == text || *rest != '\0' || errno != 0 || !(value > above && value <= most)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "a number greater than %g and at most %g", above, most);
+    throw std::invalid_argument(std::string(option) + text + ": expected " + range);
+  }
+  return value;
+}
+
 /// One of a program's own options: "--size=" and what to do with the text after it (which
 /// may throw std::invalid_argument, as parse_size and parse_count do).
 struct option {

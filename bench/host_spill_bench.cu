@@ -240,7 +240,9 @@ int main(int argc, char** argv) {
   if (!vmm::bench::take_options(argc, argv, "vmm_bench_host_spill",
                                 {{"--cap=", [](const char* v) { cap_bytes = parse_size("--cap=", v); }},
                                  {"--host=", [](const char* v) { host_bytes = parse_size("--host=", v); }},
-                                 {"--oversubscribe=", [](const char* v) { oversubscribe = std::atof(v); }}}))
+                                 {"--oversubscribe=", [](const char* v) {
+                                    oversubscribe = vmm::bench::parse_ratio("--oversubscribe=", v, 0, 64);
+                                  }}}))
     return 1;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
