@@ -27,7 +27,7 @@
 /// idle pages of an arena first, before it creates any new memory. A page stitched costs
 /// the driver 57-79 us on an H100 (unmap, map, access), so the resource learns headroom: it
 /// keeps one page more for every small page it has had to stitch, up to 1/8 of the most
-/// ever in use, 1/128 with large pages, which move for the cost of one small page each
+/// ever in use, 1/256 with large pages, which move for the cost of one small page each
 /// (docs/GPU-FACTS.md, "Moving pages"). Idle pages of one size are given back to the
 /// device to be made again in the other size rather than reserving more. A page that only
 /// blocks freed on the allocating stream hold is taken even before that stream's queued
