@@ -43,6 +43,7 @@ constexpr std::size_t largest_large_page = std::size_t{1} << 30;
 constexpr std::size_t retiring_penalty = std::size_t{1} << 16;
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
+constexpr auto no_skip = [](const arena&, std::size_t) { return false; };
 
 // The threads that give host copies back after a wake (memory_resource::wake), each counted
 // under the resource that started it. A resource waits for its own before it sleeps again
@@ -194,6 +195,12 @@ class resource_state {
   // (each with whether it was created for this request). Nothing changes if it throws.
   std::vector<std::pair<shared_chunk, bool>> take_pages(const arena& target, std::size_t first,
                                                         std::size_t count, std::size_t wanted);
+  // Unmaps idle pages (mapped, no block holds a byte of them) of the arenas whose page size
+  // `size_fits` accepts, the newest arena first and each from its top down, passing over
+  // pages `skip(arena, p)` names, while `more()`; gives each unmapped chunk to
+  // `take(arena, chunk)`. A page the driver would not unmap stays mapped (reported).
+  template <class SizeFits, class Skip, class More, class Take>
+  void unmap_idle_pages(SizeFits size_fits, Skip skip, More more, Take take);
   // Up to `wanted` idle pages, unmapped from where they are (not `target`'s pages [first,
   // first + count)), from the top of each arena down.
   std::vector<shared_chunk> steal_idle_pages(const arena& target, std::size_t first, std::size_t count,
@@ -504,6 +511,19 @@ std::uint64_t resource_state::stitch_limit() const noexcept {
   return high + high / 256 + 2 * page_ + std::min(learned_headroom_, most_headroom);
 }
 
+template <class SizeFits, class Skip, class More, class Take>
+void resource_state::unmap_idle_pages(SizeFits size_fits, Skip skip, More more, Take take) {
+  for (std::size_t i = arena_count_.load(); i-- > 0 && more();) {
+    arena& a = *arenas_[i].load();
+    if (!size_fits(a.page_size())) continue;
+    for (std::size_t p = a.idle_page_below(a.page_count()); p < a.page_count() && more();
+         p = a.idle_page_below(p)) {
+      if (skip(a, p)) continue;
+      if (shared_chunk chunk = a.unmap_page(p)) take(a, std::move(chunk));
+    }
+  }
+}
+
 std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, std::size_t first,
                                                            std::size_t count, std::size_t wanted) {
   // Idle pages go from the top of each arena down, the newest arena first. The pages
@@ -524,18 +544,11 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
     --mapped_pages_[page_class(target)];
     if (size == page_) learned_headroom_ += page_;
   };
-  for (std::size_t i = arena_count_.load(); i-- > 0 && stolen.size() < wanted;) {
-    arena& a = *arenas_[i].load();
-    if (a.page_size() != size) continue;
-    for (std::size_t p = a.idle_page_below(a.page_count()); p < a.page_count() && stolen.size() < wanted;
-         p = a.idle_page_below(p)) {
-      if (skip(a, p)) continue;
-      shared_chunk chunk = a.unmap_page(p);
-      if (chunk == nullptr) continue;  // could not be unmapped: leave it (reported)
-      took();
-      stolen.push_back(std::move(chunk));
-    }
-  }
+  unmap_idle_pages([&](std::size_t s) { return s == size; }, skip, [&] { return stolen.size() < wanted; },
+                   [&](const arena&, shared_chunk chunk) {
+                     took();
+                     stolen.push_back(std::move(chunk));
+                   });
   // Then pages that only blocks freed on the allocating stream hold, whose free that
   // stream's queued work may not have passed yet: work queued on it from now on comes
   // after the free, so the memory may serve this request at once (as a block freed on a
@@ -575,18 +588,13 @@ void resource_state::give_back_idle_pages_of_other_sizes(std::size_t size, std::
   // pool), so that the memory is made again in pages of `size`: what one size frees, the
   // other can take, at the cost of a release and a create instead of a stitch.
   std::size_t freed = 0;
-  for (std::size_t i = arena_count_.load(); i-- > 0 && freed < bytes;) {
-    arena& a = *arenas_[i].load();
-    if (a.page_size() == size) continue;
-    for (std::size_t p = a.idle_page_below(a.page_count()); p < a.page_count() && freed < bytes;
-         p = a.idle_page_below(p)) {
-      if (a.unmap_page(p) == nullptr) continue;  // stays (reported)
-      --mapped_pages_[page_class(a)];
-      ++pages_released_;
-      freed += a.page_size();
-      if (a.page_size() == page_) learned_headroom_ += page_;
-    }
-  }
+  unmap_idle_pages([&](std::size_t s) { return s != size; }, no_skip, [&] { return freed < bytes; },
+                   [&](const arena& a, shared_chunk) {  // back to the pool as it goes
+                     --mapped_pages_[page_class(a)];
+                     ++pages_released_;
+                     freed += a.page_size();
+                     if (a.page_size() == page_) learned_headroom_ += page_;
+                   });
   if (freed == 0) return;
   const std::size_t pool_reserved = pool_->statistics().reserved_current;
   pool_->trim_to(pool_reserved > freed ? pool_reserved - freed : 0);
@@ -1001,15 +1009,12 @@ void resource_state::release_idle(std::size_t bytes_to_keep) {
       spare.pop_back();  // back to the chunk pool
       ++pages_released_;
     }
-  for (std::size_t i = 0; i < arena_count_.load() && reserved_bytes() > bytes_to_keep; ++i) {
-    arena& a = *arenas_[i].load();
-    for (std::size_t p = a.page_count(); p-- > 0 && reserved_bytes() > bytes_to_keep;) {
-      if (!a.mapped(p) || a.held(p) != 0) continue;
-      if (a.unmap_page(p) == nullptr) continue;  // the chunk goes back to the pool
-      --mapped_pages_[page_class(a)];
-      ++pages_released_;
-    }
-  }
+  unmap_idle_pages([](std::size_t) { return true; }, no_skip,
+                   [&] { return reserved_bytes() > bytes_to_keep; },
+                   [&](const arena& a, shared_chunk) {  // back to the pool
+                     --mapped_pages_[page_class(a)];
+                     ++pages_released_;
+                   });
   over_threshold_.store(reserved_bytes() > properties_.release_threshold, std::memory_order_relaxed);
 }
 
