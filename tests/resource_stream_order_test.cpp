@@ -9,6 +9,7 @@
 #include <random>
 #include <cstring>
 #include <set>
+#include <string>
 
 #include "vmm/error.hpp"
 #include "vmm/memory_resource.hpp"
@@ -268,6 +269,24 @@ TEST_F(stream_order, points_that_have_passed_give_their_events_to_later_points) 
   EXPECT_EQ(executor_.events_created() - before, behind);
   resource.reset();
   EXPECT_EQ(executor_.events_alive(), 0u);
+}
+
+TEST_F(stream_order, an_event_recorded_again_marks_the_new_end_of_its_stream) {
+  stream_event point(executor_, a_);
+  EXPECT_TRUE(point.done());  // nothing was queued
+  executor_.enqueue(a_);
+  point.record_again(a_);
+  EXPECT_FALSE(point.done());
+  executor_.advance(a_);
+  EXPECT_TRUE(point.done());
+  stream_event empty;
+  try {
+    empty.record_again(a_);
+    ADD_FAILURE() << "record_again of an empty event was taken";
+  } catch (const invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("empty event"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(empty.done());
 }
 
 TEST_F(stream_order, another_stream_gets_it_only_once_the_free_has_passed) {
