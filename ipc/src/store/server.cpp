@@ -338,28 +338,24 @@ void server::close_connection(std::uint64_t id) noexcept {
   const auto found = connections_.find(id);
   if (found == connections_.end()) return;
   connection& client = *found->second;
-  for (auto& [entry_id, holds] : client.holds)
-    if (const auto e = entries_.find(entry_id); e != entries_.end()) e->second->holders -= holds;
-  bool changed = !client.holds.empty();
-  for (auto& [entry_id, e] : entries_) {
-    if (e->charged_to == id) e->charged_to = 0;
-    if (e->creator != id) continue;
-    e->creator = 0;
-    if (!e->sealed && e->named) {  // an uncommitted creation: its name goes with its creator
-      names_.erase(e->name);
-      e->named = false;
-      versions_->bump(e->slot);
-      changed = true;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const std::uint64_t entry_id = it->first;
+    entry& e = *(it++)->second;  // the next one first: this one may be destroyed below
+    if (e.charged_to == id) e.charged_to = 0;
+    if (e.creator != id) continue;
+    e.creator = 0;
+    if (!e.sealed && e.named) {  // an uncommitted creation: its name goes with its creator
+      names_.erase(e.name);
+      e.named = false;
+      versions_->bump(e.slot);
+      destroy_if_unused(entry_id);
     }
   }
-  connections_.erase(found);
-  if (!changed) return;
-  // Every entry is named or held, but those this connection held or created: destroy what
-  // is neither now.
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    const std::uint64_t entry_id = (it++)->first;
+  for (const auto& [entry_id, holds] : client.holds) {
+    if (const auto e = entries_.find(entry_id); e != entries_.end()) e->second->holders -= holds;
     destroy_if_unused(entry_id);
   }
+  connections_.erase(found);
 }
 
 // The request handlers. Each returns the reply body, and may set `manifest` to a manifest
