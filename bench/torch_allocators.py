@@ -27,7 +27,11 @@ Workloads (random weights, fixed seeds: every allocator runs the same sequence):
          x = torch.cat([x, chunk]) (what transformers' DynamicCache does to the KV cache at
          every generated token): each append allocates the new size and frees the old one.
 
-For each: median time per step after warm-up, and peak reserved / peak allocated
+For each: median (and mean) time per step after warm-up, with Python's garbage collector off
+inside the timed step (a collection takes 70-200 ms here and comes at random steps), the
+host's share of each step (issued_ms: until the step's Python returned, before it waited
+for the GPU; close to the step time means the host, not the GPU, sets the pace), and peak
+reserved / peak allocated
 (torch.cuda.max_memory_reserved/max_memory_allocated for torch's allocators; vmm_torch's for
 vmm), the caches emptied and the peaks reset before each workload. Also: torch.empty + del
 (median microseconds a pair, 4 KiB and 1 MiB), the largest batch of gpt2 at sequence length
@@ -190,12 +194,26 @@ class Child:
     def is_oom(self, error):
         return isinstance(error, self.torch.OutOfMemoryError) or "out of memory" in str(error)
 
-    def timed(self, fn):
+    def timed(self, fn, issued=None):
+        """Seconds from a synchronized start to the end of fn's GPU work, and fn's result.
+        Python's garbage collector is off meanwhile: a collection of the heap of torch and
+        transformers takes 70-200 ms and comes at random steps, which would hide the
+        allocators' differences in its noise (cyclic garbage is collected between steps, the
+        same for every allocator). issued, a list, gets the seconds until fn returned: the
+        host's share of the step, before it waited for the GPU."""
         self.torch.cuda.synchronize()
-        start = time.perf_counter()
-        result = fn()
-        self.torch.cuda.synchronize()
-        return time.perf_counter() - start, result
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            result = fn()
+            returned = time.perf_counter()
+            self.torch.cuda.synchronize()
+            end = time.perf_counter()
+        finally:
+            gc.enable()
+        if issued is not None:
+            issued.append(returned - start)
+        return end - start, result
 
 
 def lengths(seed, count, low, high):
@@ -206,16 +224,21 @@ def lengths(seed, count, low, high):
 
 def train_steps(child, model, optimizer, batches, warmup):
     """Runs one training step per maker of inputs; returns the median step time after warm-up."""
-    times = []
+    times, issued = [], []
     for make in batches:
         inputs = make()
-        seconds, loss = child.timed(lambda: _step(model, optimizer, inputs))
+        seconds, loss = child.timed(lambda: _step(model, optimizer, inputs), issued)
         if not math.isfinite(float(loss)):
             raise RuntimeError(f"the loss is {float(loss)}")
         times.append(seconds)
         del inputs
     measured = times[warmup:] or times
-    return {"step_ms_median": 1000 * statistics.median(measured), "step_ms": [round(1000 * t, 3) for t in times]}
+    return {
+        "step_ms_median": 1000 * statistics.median(measured),
+        "step_ms_mean": 1000 * statistics.fmean(measured),
+        "step_ms": [round(1000 * t, 3) for t in times],
+        "issued_ms": [round(1000 * t, 3) for t in issued],
+    }
 
 
 def _step(model, optimizer, inputs):
