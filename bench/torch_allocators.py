@@ -223,7 +223,8 @@ def lengths(seed, count, low, high):
 
 
 def train_steps(child, model, optimizer, batches, warmup):
-    """Runs one training step per maker of inputs; returns the median step time after warm-up."""
+    """Runs one training step per maker of inputs; returns the median and mean step time after
+    warm-up, and every step's time and host share."""
     times, issued = [], []
     for make in batches:
         inputs = make()
