@@ -4,6 +4,7 @@
     python3 bench/torch_allocators.py                 # about 6-8 minutes on an H100
     python3 bench/torch_allocators.py --quick         # about 2 minutes, no largest-batch search
     python3 bench/torch_allocators.py --allocators native,vmm --workloads gpt2,grow
+    python3 bench/torch_allocators.py --quick --rounds 3   # every process three times, interleaved
 
 Allocators, each in a process of its own (this script runs itself with --child):
   native           torch's caching allocator (PYTORCH_CUDA_ALLOC_CONF unset)
@@ -40,6 +41,13 @@ of memory never poisons a measurement), and for vmm a sleep/wake of 8 GiB of wei
 4 GiB dropped), two cycles, against a pinned-memory copy of the same bytes in the same
 process (the sleep is timed without the gc.collect() vmm_torch.sleep() runs by default,
 which is timed on its own).
+
+--rounds N runs every allocator's process N times, in alternating order (A B C D, then
+D C B A, ...), so that the machine's drift (clocks, temperature, the host's other guests:
+the same code's step moved by up to 8 % between runs) falls on every allocator alike. A
+workload's step time is then the median of the rounds' medians, its reserved / allocated
+the largest of the rounds', torch.empty + del the median; each round's figures are kept
+(*_rounds).
 
 Writes one JSON (--json) and prints a table with the targets checked.
 """
@@ -592,6 +600,36 @@ def measure(allocator, arguments, folder):
     return result
 
 
+def combine(rounds):
+    """One allocator's result over --rounds processes (see the file comment)."""
+    ok = [r for r in rounds if "error" not in r]
+    if len(ok) < len(rounds):
+        return next(r for r in rounds if "error" in r)  # a failed process is the result
+    result = dict(ok[0])
+    result["rounds"] = len(ok)
+    result["process_seconds"] = sum(r.get("process_seconds", 0) for r in ok)
+    workloads = {}
+    for name, first in ok[0].get("workloads", {}).items():
+        each = [r.get("workloads", {}).get(name, {}) for r in ok]
+        failed = [w for w in each if "error" in w or "step_ms_median" not in w]
+        if failed:
+            workloads[name] = failed[0]
+            continue
+        w = dict(first)
+        w["step_ms_median_rounds"] = [x["step_ms_median"] for x in each]
+        w["step_ms_median"] = statistics.median(w["step_ms_median_rounds"])
+        ratios = [x.get("reserved_over_allocated") for x in each]
+        if all(r is not None for r in ratios):
+            w["reserved_over_allocated_rounds"] = ratios
+            w["reserved_over_allocated"] = max(ratios)
+        workloads[name] = w
+    result["workloads"] = workloads
+    if all("empty_del_us" in r for r in ok):
+        result["empty_del_us_rounds"] = [r["empty_del_us"] for r in ok]
+        result["empty_del_us"] = {size: statistics.median(r["empty_del_us"][size] for r in ok) for size in ok[0]["empty_del_us"]}
+    return result
+
+
 def largest_batch(allocator, arguments, start):
     """The largest gpt2 batch at --sequence that fits: grow by 1.5x from `start`, then bisect to 2 %."""
     probes = []
@@ -736,6 +774,7 @@ def main():
     parser.add_argument("--no-sleep-wake", action="store_true")
     parser.add_argument("--record", metavar="DIR", help="native allocator only: also write each workload's allocation trace (from before its model is built) to DIR/NAME.trace.gz, for vmm-replay")
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
+    parser.add_argument("--rounds", type=int, default=1, help="every allocator's process this many times, in alternating order")
     # the children
     parser.add_argument("--allocator", choices=ALLOCATORS)
     parser.add_argument("--child", choices=("measure", "probe"))
@@ -759,11 +798,17 @@ def main():
             parser.error(f"unknown workload {w}")
     if arguments.record and "native" not in allocators:
         parser.error("--record records under the native allocator: add native to --allocators")
+    if not 1 <= arguments.rounds <= 100:
+        parser.error(f"--rounds {arguments.rounds}: expected 1 to 100")
+    if arguments.record and arguments.rounds != 1:
+        parser.error("--record writes one trace per workload: use it with --rounds 1")
     started = time.time()
-    results = {}
+    runs = {allocator: [] for allocator in allocators}
     with tempfile.TemporaryDirectory() as folder:
-        for allocator in allocators:
-            results[allocator] = measure(allocator, arguments, folder)
+        for round_index in range(arguments.rounds):
+            for allocator in allocators if round_index % 2 == 0 else allocators[::-1]:
+                runs[allocator].append(measure(allocator, arguments, folder))
+    results = {allocator: combine(runs[allocator]) for allocator in allocators}
     search = arguments.max_batch == "on" or (arguments.max_batch == "auto" and not arguments.quick)
     if search:
         guess = first_guess(results, arguments.sequence)
@@ -777,6 +822,7 @@ def main():
     document = {
         "benchmark": "bench/torch_allocators.py",
         "quick": arguments.quick,
+        "rounds": arguments.rounds,
         "settings": settings(arguments.quick),
         "seconds": time.time() - started,
         "results": results,
