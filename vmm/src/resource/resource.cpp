@@ -198,7 +198,8 @@ class resource_state {
   // Unmaps idle pages (mapped, no block holds a byte of them) of the arenas whose page size
   // `size_fits` accepts, the newest arena first and each from its top down, passing over
   // pages `skip(arena, p)` names, while `more()`; gives each unmapped chunk to
-  // `take(arena, chunk)`. A page the driver would not unmap stays mapped (reported).
+  // `take(arena, chunk)` (mapped_pages_ counts it out already). A page the driver would
+  // not unmap stays mapped (reported).
   template <class SizeFits, class Skip, class More, class Take>
   void unmap_idle_pages(SizeFits size_fits, Skip skip, More more, Take take);
   // Up to `wanted` idle pages, unmapped from where they are (not `target`'s pages [first,
@@ -519,7 +520,10 @@ void resource_state::unmap_idle_pages(SizeFits size_fits, Skip skip, More more, 
     for (std::size_t p = a.idle_page_below(a.page_count()); p < a.page_count() && more();
          p = a.idle_page_below(p)) {
       if (skip(a, p)) continue;
-      if (shared_chunk chunk = a.unmap_page(p)) take(a, std::move(chunk));
+      shared_chunk chunk = a.unmap_page(p);
+      if (chunk == nullptr) continue;
+      --mapped_pages_[page_class(a)];
+      take(a, std::move(chunk));
     }
   }
 }
@@ -541,7 +545,6 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
   };
   const auto took = [&] {
     ++pages_stitched_;
-    --mapped_pages_[page_class(target)];
     if (size == page_) learned_headroom_ += page_;
   };
   unmap_idle_pages([&](std::size_t s) { return s == size; }, skip, [&] { return stolen.size() < wanted; },
@@ -574,6 +577,7 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
              (p + 1) * size <= b->end() && stolen.size() < wanted; ++p) {
           if (!a.mapped(p) || a.held(p) != size || a.retiring(p) || skip(a, p)) continue;
           took();
+          --mapped_pages_[page_class(a)];
           stolen.push_back(a.lend_page(p, record, b->epoch));
           retiring_.emplace_back(&a, p);
         }
@@ -590,7 +594,6 @@ void resource_state::give_back_idle_pages_of_other_sizes(std::size_t size, std::
   std::size_t freed = 0;
   unmap_idle_pages([&](std::size_t s) { return s != size; }, no_skip, [&] { return freed < bytes; },
                    [&](const arena& a, shared_chunk) {  // back to the pool as it goes
-                     --mapped_pages_[page_class(a)];
                      ++pages_released_;
                      freed += a.page_size();
                      if (a.page_size() == page_) learned_headroom_ += page_;
@@ -1011,10 +1014,7 @@ void resource_state::release_idle(std::size_t bytes_to_keep) {
     }
   unmap_idle_pages([](std::size_t) { return true; }, no_skip,
                    [&] { return reserved_bytes() > bytes_to_keep; },
-                   [&](const arena& a, shared_chunk) {  // back to the pool
-                     --mapped_pages_[page_class(a)];
-                     ++pages_released_;
-                   });
+                   [&](const arena&, shared_chunk) { ++pages_released_; });  // back to the pool
   over_threshold_.store(reserved_bytes() > properties_.release_threshold, std::memory_order_relaxed);
 }
 
