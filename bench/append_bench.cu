@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "bench_args.hpp"
+#include "cuda_check.hpp"
 #include "vmm/append.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
@@ -74,15 +75,8 @@ constexpr std::uint64_t keys_per_warp = 32 * keys_per_lane;  // 1024
 
 std::uint64_t key_count = std::uint64_t{1} << 30;  // --size
 
-struct bench_failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(cudaError_t result, const std::string& call) {
-  if (result != cudaSuccess)
-    throw bench_failure(call + " failed: " + cudaGetErrorName(result) + " (" + cudaGetErrorString(result) +
-                        ")");
-}
+using vmm::bench::bench_failure;
+using vmm::bench::check;
 
 __host__ __device__ std::uint64_t mix(std::uint64_t x) {
   x ^= x >> 31;

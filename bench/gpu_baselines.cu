@@ -17,6 +17,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda_check.hpp"
 #include "grow_bench.hpp"
 #include "raw_driver.hpp"
 #include "settle.hpp"
@@ -24,20 +25,6 @@
 
 namespace vmm::bench {
 namespace {
-
-std::string describe(cudaError_t result) {
-  return std::string(cudaGetErrorName(result)) + " (" + cudaGetErrorString(result) + ")";
-}
-
-void check(cudaError_t result, const std::string& call) {
-  if (result != cudaSuccess) throw bench_failure(call + " failed: " + describe(result));
-}
-
-// For cleanup paths: reports instead of throwing.
-void report(cudaError_t result, const char* call) noexcept {
-  if (result != cudaSuccess)
-    std::fprintf(stderr, "vmm_bench_grow: %s failed: %s\n", call, cudaGetErrorName(result));
-}
 
 std::string bytes(std::size_t n) {
   return std::to_string(n) + " bytes";

@@ -24,19 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "failure.hpp"
 #include "vmm/growable_buffer.hpp"
 
 namespace vmm::bench {
 
 inline constexpr std::size_t mib = std::size_t{1} << 20;
 inline constexpr std::size_t gib = std::size_t{1} << 30;
-
-/// A failure of a benchmark's own setup or of a baseline's CUDA call; the body turns it
-/// into SkipWithError with this message.
-class bench_failure : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 /// Where the bytes live and how they are written: a GPU through the CUDA runtime, or host
 /// memory. All contenders of a run write through the same target.

@@ -50,6 +50,7 @@
 #include <thread>
 
 #include "bench_args.hpp"
+#include "cuda_check.hpp"
 #include "grow_bench.hpp"
 #include "settle.hpp"
 #include "vmm/capabilities.hpp"
@@ -65,10 +66,7 @@ int settle_ms = -1;  // < 0: settle_after_release(total_bytes)
 std::string no_gpu_reason;
 std::map<std::string, double> seconds_of;  // rows measured so far, for the ratios
 
-void check(cudaError_t result, const char* call) {
-  if (result != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(result));
-}
+using vmm::bench::check;
 
 __global__ void write_slice(std::uint32_t* slice, std::size_t count, int passes, std::uint32_t seed) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;

@@ -34,6 +34,7 @@
 #include <string>
 
 #include "bench_args.hpp"
+#include "cuda_check.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/device_vector.hpp"
@@ -45,10 +46,7 @@ std::size_t host_bytes = std::size_t{4} << 30;
 double oversubscribe = 0;  // 0: use cap and host
 constexpr std::size_t max_staging = std::size_t{16} << 30;
 
-void check(cudaError_t result, const char* call) {
-  if (result != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(result));
-}
+using vmm::bench::check;
 
 __global__ void fill_indices(std::uint32_t* data, std::size_t count) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;

@@ -39,10 +39,7 @@
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -56,6 +53,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
+#include "importer_process.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/growable_buffer.hpp"
 #include "vmm/ipc/exporter.hpp"
@@ -63,24 +62,19 @@
 #include "vmm/ipc/handoff.hpp"
 #include "vmm/ipc/importer.hpp"
 
-extern char** environ;
-
 namespace {
 
+using vmm::bench::bench_failure;
+using vmm::bench::check;
+using vmm::bench::importer_process;
+using vmm::bench::peer_socket_fd;
+using vmm::bench::receive_value;
+using vmm::bench::send_value;
+
 constexpr std::size_t mib = std::size_t{1} << 20;
-constexpr int peer_socket_fd = 3;
 constexpr const char* peer_flag = "--ipc-bench-peer";
 constexpr std::uint32_t fill_word = 0x5a5a5a5a;
 
-struct bench_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(cudaError_t result, const char* call) {
-  if (result != cudaSuccess)
-    throw bench_error(std::string(call) + " failed: " + cudaGetErrorName(result) + " (" +
-                      cudaGetErrorString(result) + ")");
-}
 #define CHECK(call) check((call), #call)
 
 using clock_type = std::chrono::steady_clock;
@@ -102,21 +96,6 @@ struct ready_message {
 struct idle_message {
   std::uint64_t mismatches;
 };
-
-template <class T>
-void send_value(int socket, const T& value, std::span<const int> fds = {}) {
-  vmm::ipc::send_message(socket, std::as_bytes(std::span(&value, 1)), fds);
-}
-
-template <class T>
-T receive_value(int socket, std::size_t fds = 0, std::vector<vmm::unique_fd>* received_fds = nullptr) {
-  vmm::ipc::message message = vmm::ipc::receive_message(socket, fds);
-  T value{};
-  if (message.payload.size() != sizeof value) throw bench_error("a message of the wrong size");
-  std::memcpy(&value, message.payload.data(), sizeof value);
-  if (received_fds != nullptr) *received_fds = std::move(message.fds);
-  return value;
-}
 
 // ---- the importer ------------------------------------------------------------------------
 
@@ -142,7 +121,7 @@ int run_peer() {
 
   vmm::ipc::message setup_raw = vmm::ipc::receive_message(socket);
   setup_message setup{};
-  if (setup_raw.payload.size() != sizeof setup) throw bench_error("a setup message of the wrong size");
+  if (setup_raw.payload.size() != sizeof setup) throw bench_failure("a setup message of the wrong size");
   std::memcpy(&setup, setup_raw.payload.data(), sizeof setup);
   // vmm_handoff: the buffer is imported once, then handed over with events.
   std::optional<vmm::ipc::imported_buffer> kept;
@@ -153,7 +132,7 @@ int run_peer() {
   }
   cudaMemPool_t shared_pool = nullptr;
   if (setup.kind == method::mempool_warm) {
-    if (setup_raw.fds.size() != 1) throw bench_error("the pool's fd is missing");
+    if (setup_raw.fds.size() != 1) throw bench_failure("the pool's fd is missing");
     CHECK(cudaMemPoolImportFromShareableHandle(
         &shared_pool, reinterpret_cast<void*>(static_cast<std::uintptr_t>(setup_raw.fds[0].get())),
         cudaMemHandleTypePosixFileDescriptor, 0));
@@ -237,39 +216,6 @@ int run_peer() {
 }
 
 // ---- the exporter ------------------------------------------------------------------------
-
-// This program again, as the importer, with a socket pair's end as its descriptor 3.
-class importer_process {
- public:
-  importer_process() {
-    auto [mine, theirs] = vmm::ipc::make_socket_pair();
-    const vmm::unique_fd child_end(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10));
-    if (!child_end) throw bench_error("fcntl(F_DUPFD_CLOEXEC) failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, child_end.get(), peer_socket_fd);
-    std::string self = "/proc/self/exe";
-    std::string flag = peer_flag;
-    char* argv[] = {self.data(), flag.data(), nullptr};
-    const int result = ::posix_spawn(&pid_, self.c_str(), &actions, nullptr, argv, environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (result != 0) throw bench_error(std::string("posix_spawn of the importer: ") + std::strerror(result));
-    socket_ = std::move(mine);
-  }
-  importer_process(const importer_process&) = delete;
-  importer_process& operator=(const importer_process&) = delete;
-  ~importer_process() {
-    socket_.reset();  // the importer sees the end and exits
-    int status = 0;
-    if (pid_ > 0 && ::waitpid(pid_, &status, 0) == pid_ && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-      std::fprintf(stderr, "vmm_bench_ipc: the importer ended with status %d\n", status);
-  }
-  [[nodiscard]] int socket() const noexcept { return socket_.get(); }
-
- private:
-  pid_t pid_ = -1;
-  vmm::unique_fd socket_;
-};
 
 // One way of handing memory over. hand_off() is timed; the rest is not.
 class contender {
@@ -463,7 +409,7 @@ void run_hand_off(benchmark::State& state, const std::string& name, std::size_t 
   try {
     CHECK(cudaSetDevice(0));
     std::unique_ptr<contender> way = make();
-    importer_process importer;
+    importer_process importer(peer_flag);
     way->setup(importer.socket(), size);
     double total_seconds = 0;
     double first_seconds = -1;

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "raw_driver.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
@@ -53,20 +54,9 @@ constexpr std::uint64_t segment_bytes = 256 * 1024;  // one block's piece of a s
 constexpr int threads = 256;
 constexpr int reference_repetitions = 20;  // for the in-run figures the ratios divide by
 
-struct bench_failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(cudaError_t result, const std::string& call) {
-  if (result != cudaSuccess)
-    throw bench_failure(call + " failed: " + cudaGetErrorName(result) + " (" + cudaGetErrorString(result) +
-                        ")");
-}
-
-void report(cudaError_t result, const char* call) noexcept {
-  if (result != cudaSuccess)
-    std::fprintf(stderr, "vmm_bench_multi_gpu: %s failed: %s\n", call, cudaGetErrorName(result));
-}
+using vmm::bench::bench_failure;
+using vmm::bench::check;
+using vmm::bench::report;
 
 int gpu_count = 0;  // visible GPUs, set in main
 

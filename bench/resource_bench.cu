@@ -48,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/error.hpp"
@@ -66,20 +67,10 @@ constexpr double target_pair_us = 0.3;  // vmm's target for the median pair on t
 
 using host_clock = std::chrono::steady_clock;
 
-struct bench_failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::string describe(cudaError_t result) {
-  return std::string(cudaGetErrorName(result)) + " (" + cudaGetErrorString(result) + ")";
-}
-void check(cudaError_t result, const std::string& call) {
-  if (result != cudaSuccess) throw bench_failure(call + " failed: " + describe(result));
-}
-void report(cudaError_t result, const char* call) noexcept {  // cleanup paths
-  if (result != cudaSuccess)
-    std::fprintf(stderr, "vmm_bench_resource: %s failed: %s\n", call, cudaGetErrorName(result));
-}
+using vmm::bench::bench_failure;
+using vmm::bench::check;
+using vmm::bench::describe;
+using vmm::bench::report;
 
 void skip(benchmark::State& state, const std::string& why) {
   state.SkipWithError(why.c_str());  // const char* in benchmark 1.7, std::string in 1.8

@@ -47,11 +47,8 @@
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,31 +63,28 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
+#include "importer_process.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/ipc/fd_channel.hpp"
 #include "vmm/ipc/resource_sharing.hpp"
 #include "vmm/memory_resource.hpp"
 #include "vmm/retirement.hpp"
 
-extern char** environ;
-
 namespace {
 
+using vmm::bench::bench_failure;
+using vmm::bench::check;
+using vmm::bench::importer_process;
+using vmm::bench::peer_socket_fd;
+using vmm::bench::receive_value;
+using vmm::bench::send_value;
+
 constexpr std::size_t mib = std::size_t{1} << 20;
-constexpr int peer_socket_fd = 3;
 constexpr const char* peer_flag = "--resource-ipc-bench-peer";
 constexpr std::uint8_t fill_byte = 0x5a;
 constexpr std::size_t edge_bytes = 4096;
 
-struct bench_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(cudaError_t result, const char* call) {
-  if (result != cudaSuccess)
-    throw bench_error(std::string(call) + " failed: " + cudaGetErrorName(result) + " (" +
-                      cudaGetErrorString(result) + ")");
-}
 #define CHECK(call) check((call), #call)
 
 using clock_type = std::chrono::steady_clock;
@@ -147,21 +141,6 @@ struct idle_message {
   std::uint64_t mismatches;
 };
 
-template <class T>
-void send_value(int socket, const T& value, std::span<const int> fds = {}) {
-  vmm::ipc::send_message(socket, std::as_bytes(std::span(&value, 1)), fds);
-}
-
-template <class T>
-T receive_value(int socket, std::size_t fds = 0, std::vector<vmm::unique_fd>* received_fds = nullptr) {
-  vmm::ipc::message message = vmm::ipc::receive_message(socket, fds);
-  T value{};
-  if (message.payload.size() != sizeof value) throw bench_error("a message of the wrong size");
-  std::memcpy(&value, message.payload.data(), sizeof value);
-  if (received_fds != nullptr) *received_fds = std::move(message.fds);
-  return value;
-}
-
 vmm::location location_of(bool on_gpu) {
   return on_gpu ? vmm::location::device(0) : vmm::location::os_host();
 }
@@ -200,7 +179,7 @@ int run_peer() {
   const int socket = peer_socket_fd;
   vmm::ipc::message setup_raw = vmm::ipc::receive_message(socket);
   setup_message setup{};
-  if (setup_raw.payload.size() != sizeof setup) throw bench_error("a setup message of the wrong size");
+  if (setup_raw.payload.size() != sizeof setup) throw bench_failure("a setup message of the wrong size");
   std::memcpy(&setup, setup_raw.payload.data(), sizeof setup);
   const bool on_gpu = setup.on_gpu != 0;
   unsigned long long* device_counter = nullptr;
@@ -221,7 +200,7 @@ int run_peer() {
         socket, {.provider = vmm::provider_for(location_of(on_gpu)), .keep_mapped_bytes = keep}));
     if (setup.kind == method::vmm_still_mapped) kept = shared->receive_pointer(socket);
   } else if (setup.kind != method::round_trip) {
-    if (setup_raw.fds.size() != 1) throw bench_error("the pool's fd is missing");
+    if (setup_raw.fds.size() != 1) throw bench_failure("the pool's fd is missing");
     CHECK(cudaMemPoolImportFromShareableHandle(
         &pool, reinterpret_cast<void*>(static_cast<std::uintptr_t>(setup_raw.fds[0].get())),
         cudaMemHandleTypePosixFileDescriptor, 0));
@@ -274,39 +253,6 @@ int run_peer() {
 }
 
 // ---- the exporter ------------------------------------------------------------------------
-
-// This program again, as the importer, with a socket pair's end as its descriptor 3.
-class importer_process {
- public:
-  importer_process() {
-    auto [mine, theirs] = vmm::ipc::make_socket_pair();
-    const vmm::unique_fd child_end(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10));
-    if (!child_end) throw bench_error("fcntl(F_DUPFD_CLOEXEC) failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, child_end.get(), peer_socket_fd);
-    std::string self = "/proc/self/exe";
-    std::string flag = peer_flag;
-    char* argv[] = {self.data(), flag.data(), nullptr};
-    const int result = ::posix_spawn(&pid_, self.c_str(), &actions, nullptr, argv, environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (result != 0) throw bench_error(std::string("posix_spawn of the importer: ") + std::strerror(result));
-    socket_ = std::move(mine);
-  }
-  importer_process(const importer_process&) = delete;
-  importer_process& operator=(const importer_process&) = delete;
-  ~importer_process() {
-    socket_.reset();  // the importer sees the end and exits
-    int status = 0;
-    if (pid_ > 0 && ::waitpid(pid_, &status, 0) == pid_ && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-      std::fprintf(stderr, "vmm_bench_resource_ipc: the importer ended with status %d\n", status);
-  }
-  [[nodiscard]] int socket() const noexcept { return socket_.get(); }
-
- private:
-  pid_t pid_ = -1;
-  vmm::unique_fd socket_;
-};
 
 // One way of sharing a pointer. hand_off() is timed; the rest is not.
 class contender {
@@ -471,7 +417,7 @@ void run_pointer(benchmark::State& state, bool on_gpu, method kind, std::size_t 
   try {
     if (on_gpu) CHECK(cudaSetDevice(0));
     std::unique_ptr<contender> way = make();
-    importer_process importer;
+    importer_process importer(peer_flag);
     way->setup(importer.socket());
     double total_seconds = 0;
     double first_seconds = -1;

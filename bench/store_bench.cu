@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/ipc/fd_channel.hpp"
 #include "vmm/retirement.hpp"
@@ -82,9 +83,7 @@ std::string legacy_socket() {
   return directory + "/legacy";
 }
 
-void check(cudaError_t result, const char* what) {
-  if (result != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(result));
-}
+using vmm::bench::check;
 
 // ---- the server process ------------------------------------------------------------------
 

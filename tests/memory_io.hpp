@@ -1,8 +1,13 @@
 #pragma once
 // Reading and writing any provider's memory from a test, through the provider itself.
 
+#include <setjmp.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <vector>
 
 #include "vmm/provider.hpp"
@@ -51,6 +56,42 @@ inline std::uint64_t sampled_checksum(memory_provider& provider, std::uintptr_t 
     bytes.insert(bytes.end(), part.begin(), part.end());
   }
   return checksum(bytes.data(), bytes.size());
+}
+
+namespace write_fault {
+inline sigjmp_buf jump;
+inline void on_signal(int) {
+  siglongjmp(jump, 1);
+}
+}  // namespace write_fault
+
+// Writes over [data, data + n) through the provider; true when the write faulted (a
+// signal, for host memory) or was refused (an exception, for a GPU: the driver refuses a
+// write to a read-only mapping, CUDA_ERROR_INVALID_VALUE, or faults on it later). `who`
+// prefixes the line that says so on stderr. For peer processes checking read-only access.
+inline bool write_faults(memory_provider& provider, void* data, std::size_t n, const char* who) {
+  struct sigaction action {};
+  action.sa_handler = write_fault::on_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_segv {};
+  struct sigaction old_bus {};
+  sigaction(SIGSEGV, &action, &old_segv);
+  sigaction(SIGBUS, &action, &old_bus);
+  volatile bool faulted = false;
+  if (sigsetjmp(write_fault::jump, 1) == 0) {
+    try {
+      provider.executor().fill(data, 0xff, n, {});
+      provider.executor().synchronize({});
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "%s: the write failed as it must: %s\n", who, error.what());
+      faulted = true;
+    }
+  } else {
+    faulted = true;
+  }
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  sigaction(SIGBUS, &old_bus, nullptr);
+  return faulted;
 }
 
 }  // namespace vmm::testing

@@ -23,8 +23,6 @@
 //                     the test to close the socket, then exit
 // Exit status: 0 when the mode completed, 2 on bad usage, 1 on any error (printed).
 
-#include <setjmp.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -63,39 +61,6 @@ peer_report report_of(const vmm::ipc::imported_buffer& imported) {
   report.capacity = imported.capacity();
   report.address = reinterpret_cast<std::uintptr_t>(imported.data());
   return report;
-}
-
-sigjmp_buf fault_jump;
-void on_fault(int) {
-  siglongjmp(fault_jump, 1);
-}
-
-// Writes over [data, data + n) through the provider; true when the write faulted.
-bool write_faults(vmm::memory_provider& provider, void* data, std::size_t n) {
-  struct sigaction action {};
-  action.sa_handler = on_fault;
-  sigemptyset(&action.sa_mask);
-  struct sigaction old_segv {};
-  struct sigaction old_bus {};
-  sigaction(SIGSEGV, &action, &old_segv);
-  sigaction(SIGBUS, &action, &old_bus);
-  volatile bool faulted = false;
-  if (sigsetjmp(fault_jump, 1) == 0) {
-    try {
-      provider.executor().fill(data, 0xff, n, {});
-      provider.executor().synchronize({});
-    } catch (const std::exception& error) {
-      // The driver refuses the write (CUDA_ERROR_INVALID_VALUE from cuMemsetD8Async on a
-      // read-only mapping: vmm::invalid_argument) or faults on it later (a driver_error).
-      std::fprintf(stderr, "ipc_peer: the write failed as it must: %s\n", error.what());
-      faulted = true;
-    }
-  } else {
-    faulted = true;
-  }
-  sigaction(SIGSEGV, &old_segv, nullptr);
-  sigaction(SIGBUS, &old_bus, nullptr);
-  return faulted;
 }
 
 int run_export(const std::shared_ptr<vmm::memory_provider>& provider, int socket, std::uint32_t seed,
@@ -196,7 +161,8 @@ int run(int argc, char** argv) {
     }
   } else if (mode == "write_read_only") {
     peer_report report = report_of(imported);
-    const bool faulted = write_faults(*provider, imported.data(), imported.capacity());
+    const bool faulted =
+        vmm::testing::write_faults(*provider, imported.data(), imported.capacity(), "ipc_peer");
     report.status = faulted ? peer_status::write_faulted : peer_status::write_succeeded;
     send_report(socket, report);
     // A GPU context that took a fault cannot tear down cleanly: leave that to the driver.

@@ -15,7 +15,6 @@
 //                            uncommitted creation) until the test closes the socket or kills it
 // Exit status: 0 done, 2 bad usage, 1 any error (printed).
 
-#include <setjmp.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -52,36 +51,6 @@ bool wait_word(int socket) {
   }
 }
 
-sigjmp_buf fault_jump;
-void on_fault(int) {
-  siglongjmp(fault_jump, 1);
-}
-
-bool write_faults(vmm::memory_provider& provider, void* data, std::size_t n) {
-  struct sigaction action {};
-  action.sa_handler = on_fault;
-  sigemptyset(&action.sa_mask);
-  struct sigaction old_segv {};
-  struct sigaction old_bus {};
-  sigaction(SIGSEGV, &action, &old_segv);
-  sigaction(SIGBUS, &action, &old_bus);
-  volatile bool faulted = false;
-  if (sigsetjmp(fault_jump, 1) == 0) {
-    try {
-      provider.executor().fill(data, 0xff, n, {});
-      provider.executor().synchronize({});
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "store_peer: the write failed as it must: %s\n", error.what());
-      faulted = true;
-    }
-  } else {
-    faulted = true;
-  }
-  sigaction(SIGSEGV, &old_segv, nullptr);
-  sigaction(SIGBUS, &old_bus, nullptr);
-  return faulted;
-}
-
 int run(int argc, char** argv) {
   const auto arg = [&](int i) -> std::string {
     if (i >= argc) throw vmm::invalid_argument("too few arguments for this mode");
@@ -104,7 +73,8 @@ int run(int argc, char** argv) {
   if (mode == "write") {
     vmm::store::buffer held = store.get(arg(4));
     store_report report = report_of(held);
-    report.write_faulted = write_faults(*held.provider(), held.data(), held.capacity()) ? 1 : 0;
+    report.write_faulted =
+        vmm::testing::write_faults(*held.provider(), held.data(), held.capacity(), "store_peer") ? 1 : 0;
     send_store_report(socket, report);
     // A GPU context that took a fault cannot tear down cleanly: leave that to the driver.
     if (report.write_faulted != 0 && where.kind != vmm::memory_kind::os_host) std::_Exit(0);
