@@ -309,6 +309,37 @@ TEST_F(stream_order, another_stream_gets_it_only_once_the_free_has_passed) {
   resource->deallocate(b_, r, 4 * mib);
 }
 
+TEST_F(stream_order, a_page_lent_from_a_pending_block_is_mapped_there_again_once_the_stream_passes) {
+  // At its maximum, the resource lends a page of a block its stream has freed but not
+  // passed; a request that lands on that page later makes the host wait for the stream
+  // (counted in host_waits) before the old mapping goes.
+  const std::size_t g = 2 * mib;
+  auto resource = make({.max_size = 4 * g});
+  void* block = resource->allocate(a_, 4 * g);  // all the resource may have
+  executor_.enqueue(a_);                        // a kernel using it, still running
+  resource->deallocate(a_, block, 4 * g);
+  void* small = resource->allocate(a_, 4096);  // another arena: a page of the pending block, lent
+  memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.pages_stitched, 1u);
+  EXPECT_EQ(s.pages_created, 4u);
+  EXPECT_EQ(s.host_waits, 0u);
+  EXPECT_EQ(executor_.completed(a_), 0u) << "nothing waited for the kernel yet";
+  // The kernel still writes through the old mapping: it must be there.
+  static_cast<volatile unsigned char*>(block)[0] = 1;
+  void* again = resource->allocate(a_, g);  // the block's first page, lent away
+  EXPECT_EQ(again, block);
+  s = resource->statistics();
+  EXPECT_EQ(s.host_waits, 1u);
+  EXPECT_EQ(executor_.completed(a_), 1u) << "the host waited for the kernel before mapping the page again";
+  EXPECT_EQ(s.pages_created, 4u) << "the resource stayed within its maximum";
+  EXPECT_EQ(s.reserved_current, 4 * g);
+  std::memset(again, 0x5a, g);  // mapped, and writable
+  std::memset(small, 0x5a, 4096);
+  resource->deallocate(a_, again, g);
+  resource->deallocate(a_, small, 4096);
+  EXPECT_EQ(resource->statistics().host_waits, 1u) << "frees never wait";
+}
+
 TEST_F(stream_order, an_internal_dependency_makes_the_allocating_stream_wait_for_the_free) {
   const std::size_t g = 2 * mib;
   auto resource = make({.max_size = 4 * g});
@@ -332,10 +363,12 @@ TEST_F(stream_order, without_internal_dependencies_the_busy_block_is_not_taken) 
   void* p = resource->allocate(a_, 4 * g);
   executor_.enqueue(a_);
   resource->deallocate(a_, p, 4 * g);
+  EXPECT_EQ(resource->statistics().host_waits, 0u);
   // The last resort waits for A's points on the host (advancing A here), then reuses.
   void* q = resource->allocate(b_, 4 * g);
   EXPECT_GE(executor_.completed(a_), 1u);
   EXPECT_TRUE(executor_.waits().empty());
+  EXPECT_EQ(resource->statistics().host_waits, 1u);
   resource->deallocate(b_, q, 4 * g);
 }
 

@@ -383,6 +383,7 @@ int vmm_torch_statistics_of(int device, vmm_torch_statistics* out) {
         out->handles = s.handles;
         out->largest_free_block = s.largest_free_block;
         out->pages_stitched = s.pages_stitched;
+        out->host_waits = s.host_waits;
         out->pages_created = s.pages_created;
         out->pages_released = s.pages_released;
         out->bad_deallocations = s.bad_deallocations;

@@ -58,6 +58,7 @@ typedef struct vmm_torch_statistics {
   uint64_t pages_stitched;
   uint64_t pages_created;
   uint64_t pages_released;
+  uint64_t host_waits;        /* times an allocation waited for a stream to pass a free */
   uint64_t bad_deallocations; /* frees refused by the resource */
   uint64_t out_of_memory;     /* allocations that failed for want of memory */
   uint64_t failed;            /* allocations that failed otherwise (asleep, bad argument) */

@@ -18,6 +18,8 @@
 // an empty reading is printed beside them). Calls are timed with the TSC where it is
 // invariant, otherwise with steady_clock (call_clock below). --repeat replays the trace N
 // times in one resource (the steady state of a training loop); the figures cover every pass.
+// Also the pages created, stitched and released, and the resource's host waits
+// (memory_resource_statistics::host_waits: allocations that blocked for a stream).
 //
 // --simulate BYTES (OS host only; a number with an optional KiB/MiB/GiB suffix): the OS
 // provider's commit budget is BYTES and its pages come at first touch, so that a trace
@@ -578,8 +580,11 @@ int main(int argc, char** argv) try {
   fmt::print("  pair         {:8.0f} {:8.0f}\n", p.median, p.p99);
   fmt::print("  (timed with the {}; each timing includes {:.0f} ns of clock reads, the pair twice)\n",
              timer.name(), clock_ns);
-  fmt::print("pages: {} created, {} stitched, {} released; {} address ranges; replay {:.2f} s\n",
-             after.pages_created, after.pages_stitched, after.pages_released, after.segments, seconds);
+  fmt::print(
+      "pages: {} created, {} stitched, {} released; {} address ranges; {} host waits of the resource; replay "
+      "{:.2f} s\n",
+      after.pages_created, after.pages_stitched, after.pages_released, after.segments, after.host_waits,
+      seconds);
   const auto [waits, waited] = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
   if (device)
     fmt::print(
@@ -595,11 +600,12 @@ int main(int argc, char** argv) try {
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
         "\"clock\": \"{}\", "
         "\"pages_created\": {}, "
-        "\"pages_stitched\": {}, \"segments\": {}, \"lag_events\": {}, \"device_waits\": {}, "
+        "\"pages_stitched\": {}, \"segments\": {}, \"host_waits\": {}, \"lag_events\": {}, \"device_waits\": "
+        "{}, "
         "\"events_waited\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
         after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
-        clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.segments,
+        clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.segments, after.host_waits,
         device ? device->lag() : 0, waits, waited);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }

@@ -150,6 +150,13 @@ struct memory_resource_statistics {
   std::size_t pages_created = 0;       ///< pages taken from the chunk pool (lifetime)
   std::size_t pages_released = 0;      ///< pages given back to the chunk pool (lifetime)
   std::size_t bad_deallocations = 0;   ///< refused deallocations: unknown pointers, double frees
+  /// Times an allocation (or sleep()) made the calling thread wait for a stream to pass a
+  /// free (lifetime): to map a page again at an address whose old mapping work queued
+  /// before the free may still use (its memory was lent to a request when the resource held
+  /// all it may), or, out of memory, for every stream before the second try. Each costs
+  /// the host as long as the stream's queued work takes to get there; synchronize() and
+  /// the destructor are not counted.
+  std::size_t host_waits = 0;
   /// reserved_current - used_current: what a caching allocator calls "inactive split" plus
   /// the free pages.
   [[nodiscard]] std::size_t reserved_unused() const noexcept { return reserved_current - used_current; }

@@ -257,6 +257,7 @@ class resource_state {
   std::uint64_t learned_headroom_ = 0;
   std::size_t pages_created_ = 0;
   std::size_t pages_released_ = 0;
+  std::size_t host_waits_ = 0;
 
   std::atomic<std::size_t> used_{0};
   std::atomic<std::size_t> used_high_{0};
@@ -652,6 +653,7 @@ bool resource_state::unmap_retiring(arena& a, std::size_t p, bool wait) {
   const page& lent = a.page_at(p);
   if (lent.retiring_on->passed.load() < lent.retiring_epoch) {
     if (!wait) return false;
+    ++host_waits_;
     wait_for_epoch(*lent.retiring_on, lent.retiring_epoch);
   }
   return a.drop_retiring(p);
@@ -792,6 +794,7 @@ void resource_state::record_point(stream_record& record) {
 
 void resource_state::refresh_points(stream_record* caller, bool wait) {
   if (synchronous_) return;
+  bool waited = false;
   for (const auto& entry : streams_) {
     if (entry.get() == sync_entry_.load()) continue;
     stream_record& record = *entry->record;
@@ -799,12 +802,16 @@ void resource_state::refresh_points(stream_record* caller, bool wait) {
     if (&record == caller && record.frees.load() != 0) record_point(record);
     while (!record.points.empty()) {
       const stream_event& point = record.points.front().second;
-      if (wait) point.synchronize();
-      if (!point.done()) break;
+      if (!point.done()) {
+        if (!wait) break;
+        point.synchronize();
+        waited = true;
+      }
       record.pass_oldest();
     }
     record.outstanding.store(record.points.size());
   }
+  host_waits_ += waited ? 1 : 0;
   if (!policies_.allow_opportunistic) return;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
     arena& a = *arenas_[i].load();
@@ -1349,6 +1356,7 @@ memory_resource_statistics resource_state::statistics() const {
   s.pages_stitched = pages_stitched_;
   s.pages_created = pages_created_;
   s.pages_released = pages_released_;
+  s.host_waits = host_waits_;
   s.bad_deallocations = bad_deallocations_.load();
   return s;
 }
