@@ -34,7 +34,9 @@ host's share of each step (issued_ms: until the step's Python returned, before i
 for the GPU; close to the step time means the host, not the GPU, sets the pace), and peak
 reserved / peak allocated
 (torch.cuda.max_memory_reserved/max_memory_allocated for torch's allocators; vmm_torch's for
-vmm), the caches emptied and the peaks reset before each workload. Also: torch.empty + del
+vmm), the caches emptied and the peaks reset before each workload; for vmm also its own
+figures (vmm_torch.memory_stats()'s "vmm." keys and num_ooms; the counts, such as pages
+stitched and host_waits, over that workload alone). Also: torch.empty + del
 (median microseconds a pair, 4 KiB and 1 MiB), the largest batch of gpt2 at sequence length
 2048 that fits (a search over batch sizes, each probe a process of its own so that an out
 of memory never poisons a measurement), and for vmm a sleep/wake of 8 GiB of weights (plus
@@ -66,6 +68,17 @@ import traceback
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "vmm", "pluggable_floor")
+# vmm_torch.memory_stats() keys that count over the process's life: reported per workload.
+VMM_COUNTS = (
+    "num_ooms",
+    "vmm.pages_stitched",
+    "vmm.pages_created",
+    "vmm.pages_released",
+    "vmm.host_waits",
+    "vmm.bad_deallocations",
+    "vmm.failed_allocations",
+    "vmm.frees_deferred",
+)
 TORCH_ALLOCATORS = ("native", "expandable", "cudaMallocAsync")
 WORKLOADS = ("gpt2", "llama", "vit", "grow")
 OOM_EXIT = 3
@@ -148,6 +161,7 @@ class Child:
     def __init__(self, allocator):
         self.allocator = allocator
         self.vmm = None
+        self.vmm_before = {}
         if allocator == "pluggable_floor":
             import torch
 
@@ -178,6 +192,7 @@ class Child:
         if self.vmm is not None:
             self.vmm.trim()
             self.vmm.reset_peak_memory_stats()
+            self.vmm_before = self.vmm.memory_stats()  # the counts, for peaks() to take from
         else:
             self.torch.cuda.empty_cache()
             self.torch.cuda.reset_peak_memory_stats()
@@ -196,7 +211,11 @@ class Child:
         }
         if self.vmm is not None:
             stats = self.vmm.memory_stats()
-            result["vmm"] = {key: value for key, value in stats.items() if key.startswith("vmm.") or key == "num_ooms"}
+            result["vmm"] = {
+                key: value - self.vmm_before.get(key, 0) if key in VMM_COUNTS else value
+                for key, value in stats.items()
+                if key.startswith("vmm.") or key == "num_ooms"
+            }
         return result
 
     def is_oom(self, error):
