@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <chrono>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -404,6 +405,36 @@ TYPED_TEST(memory_resources, properties_are_checked_and_initial_size_is_spare) {
     EXPECT_THROW(this->make({.large_page_size = bad}), invalid_argument) << bad;
   EXPECT_EQ(this->make({.large_page_size = g})->properties().large_page_size, g);  // off
   EXPECT_EQ(this->make()->properties().large_page_size, g * memory_resource::default_large_page_granules);
+  // Headroom: a share from 0 to 1; 0 is the default, which properties() says.
+  for (double bad : {-0.01, 1.01, std::numeric_limits<double>::quiet_NaN()})
+    EXPECT_THROW(this->make({.headroom = bad}), invalid_argument) << bad;
+  EXPECT_EQ(this->make()->properties().headroom, 1.0 / 256);                      // large pages on
+  EXPECT_EQ(this->make({.large_page_size = g})->properties().headroom, 1.0 / 8);  // off
+  EXPECT_EQ(this->make({.headroom = 0.25})->properties().headroom, 0.25);
+}
+
+TYPED_TEST(memory_resources, more_headroom_stitches_fewer_pages_and_keeps_more) {
+  const std::size_t g = this->granularity_;
+  // Each round scatters idle pages and then asks for a run none of its holes fits: pages
+  // move (stitched) or are made. A resource allowed more headroom learns to keep pages
+  // instead of moving them every round.
+  const auto run = [&](double headroom) {
+    auto resource = this->make({.headroom = headroom});
+    for (int round = 0; round < 12; ++round) {
+      std::vector<void*> blocks;
+      for (int i = 0; i < 16; ++i) blocks.push_back(resource->allocate({}, 2 * g));
+      for (int i = 0; i < 16; i += 2) resource->deallocate({}, blocks[i], 2 * g);
+      void* big = resource->allocate({}, (16 + round % 3) * g);
+      resource->deallocate({}, big, (16 + round % 3) * g);
+      for (int i = 1; i < 16; i += 2) resource->deallocate({}, blocks[i], 2 * g);
+    }
+    return resource->statistics();
+  };
+  const memory_resource_statistics least = run(0);
+  const memory_resource_statistics most = run(1);
+  EXPECT_LT(most.pages_stitched, least.pages_stitched);
+  EXPECT_GT(most.reserved_high, least.reserved_high);
+  EXPECT_EQ(most.used_current, 0u);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 #include <thread>
@@ -28,7 +29,7 @@ class host_memory_environment : public ::testing::Environment {
   static constexpr std::size_t limit = std::size_t{256} << 20;
   void SetUp() override {
     ASSERT_EQ(vmm_torch_testing_use_host_memory(), 0) << last_error();
-    ASSERT_EQ(vmm_torch_configure(limit, SIZE_MAX), 0) << last_error();
+    ASSERT_EQ(vmm_torch_configure(limit, SIZE_MAX, 0), 0) << last_error();
   }
   static std::string last_error() {
     std::string message(vmm_torch_last_error(nullptr, 0) + 1, '\0');
@@ -336,8 +337,12 @@ TEST(torch_allocator, devices_lists_the_resources_made_and_settings_come_first) 
   ASSERT_EQ(vmm_torch_devices(devices.data(), devices.size()), devices.size());
   EXPECT_NE(std::find(devices.begin(), devices.end(), 11), devices.end());
   EXPECT_TRUE(std::is_sorted(devices.begin(), devices.end()));
-  EXPECT_EQ(vmm_torch_configure(0, SIZE_MAX), -1);
+  EXPECT_EQ(vmm_torch_configure(0, SIZE_MAX, 0), -1);
   EXPECT_NE(last_error().find("configure before"), std::string::npos) << last_error();
+  for (const double bad : {-0.5, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_EQ(vmm_torch_configure(0, SIZE_MAX, bad), -1) << bad;
+    EXPECT_NE(last_error().find("headroom"), std::string::npos) << last_error();
+  }
   EXPECT_EQ(vmm_torch_testing_use_host_memory(), -1);
 }
 

@@ -156,7 +156,7 @@ def _library():
         signatures = {
             "vmm_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
             "vmm_torch_allocate": (c_int, [c_int, c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
-            "vmm_torch_configure": (c_int, [c_size_t, c_size_t]),
+            "vmm_torch_configure": (c_int, [c_size_t, c_size_t, ctypes.c_double]),
             "vmm_torch_set_tag": (c_uint32, [c_uint32]),
             "vmm_torch_tag": (c_uint32, []),
             "vmm_torch_statistics_of": (c_int, [c_int, ctypes.POINTER(_Statistics)]),
@@ -200,15 +200,17 @@ def _check(status, what):
     raise VmmError(message)
 
 
-def _configure(max_size, release_threshold):
-    if max_size is None and release_threshold is None:
+def _configure(max_size, release_threshold, headroom=None):
+    if max_size is None and release_threshold is None and headroom is None:
         return
     lib = _library()
     _check(
         lib.vmm_torch_configure(
-            0 if max_size is None else int(max_size), _SIZE_MAX if release_threshold is None else int(release_threshold)
+            0 if max_size is None else int(max_size),
+            _SIZE_MAX if release_threshold is None else int(release_threshold),
+            0.0 if headroom is None else float(headroom),
         ),
-        "vmm_torch: max_size and release_threshold must be set before the first allocation",
+        "vmm_torch: max_size, release_threshold and headroom must be set before the first allocation",
     )
 
 
@@ -234,7 +236,7 @@ def _too_late_message(torch, cause=None):
     return text
 
 
-def use(*, max_size=None, release_threshold=None):
+def use(*, max_size=None, release_threshold=None, headroom=None):
     """Makes vmm PyTorch's CUDA allocator for the whole process (every device).
 
     Must run before CUDA is initialized. A second call does nothing. PyTorch's own
@@ -244,6 +246,10 @@ def use(*, max_size=None, release_threshold=None):
         max_size: the most physical memory each device's resource reserves (None: the GPU's).
         release_threshold: reserved bytes above which a free gives idle pages back at once
             (None: keep them for reuse until trim()).
+        headroom: the most idle memory each resource learns to keep mapped, as a share of
+            its peak use, from 0 to 1 (None: 1/256). More is faster where shapes change
+            every step (fewer pages moved) and reserves more; see
+            vmm::memory_resource_properties::headroom.
 
     Raises:
         VmmError: CUDA is initialized already (the message says what to do instead), or
@@ -263,7 +269,7 @@ def use(*, max_size=None, release_threshold=None):
         if torch.cuda.is_initialized():
             raise VmmError(_too_late_message(torch))
         path = library_path()
-        _configure(max_size, release_threshold)
+        _configure(max_size, release_threshold, headroom)
         # vmm_alloc_throwing: torch does not check a pluggable allocator's result for NULL
         # here (see vmm_torch.h); a failure must be an exception to reach Python.
         allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_alloc_throwing", "vmm_free")
@@ -367,12 +373,13 @@ def _cupy_malloc(nbytes):
     return cupy.cuda.MemoryPointer(memory, 0)
 
 
-def use_cupy(*, max_size=None, release_threshold=None):
+def use_cupy(*, max_size=None, release_threshold=None, headroom=None):
     """Makes vmm CuPy's device allocator (cupy.cuda.set_allocator) on every device.
 
     CuPy arrays then come from the same resource per GPU as PyTorch's tensors (after use(),
     or inside a mem_pool()), and count in the same statistics. Frees are stream-ordered on
-    the stream each array was allocated on. A second call does nothing.
+    the stream each array was allocated on. A second call does nothing. max_size,
+    release_threshold and headroom: as for use().
     """
     global _cupy_in_use
     import cupy
@@ -381,7 +388,7 @@ def use_cupy(*, max_size=None, release_threshold=None):
         if _cupy_in_use:
             return
         _library()
-        _configure(max_size, release_threshold)
+        _configure(max_size, release_threshold, headroom)
         cupy.cuda.set_allocator(_cupy_malloc)
         _cupy_in_use = True
 

@@ -80,6 +80,7 @@ struct library_state {
   bool any_made = false;
   std::size_t max_size = 0;
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+  double headroom = 0;  // vmm::memory_resource_properties::headroom
   std::atomic<vmm::cleanup_failure_handler> previous_handler{nullptr};
   std::mutex error_mutex;
   std::string last_error;
@@ -180,6 +181,7 @@ vmm::memory_resource& resource_of(int device, device_state& state) {
   vmm::memory_resource_properties properties;
   properties.max_size = shared.max_size;
   properties.release_threshold = shared.release_threshold;
+  properties.headroom = shared.headroom;
   // Exportable pages where the memory allows it: NCCL registration and vmm::ipc need them.
   // The driver provider already creates every GPU chunk with POSIX-fd handles when the
   // device supports them; this states it, and checks it.
@@ -342,15 +344,18 @@ int vmm_torch_allocate(int device, CUstream_st* stream, size_t size, void** out)
   return status_of(done);
 }
 
-int vmm_torch_configure(size_t max_size, size_t release_threshold) {
+int vmm_torch_configure(size_t max_size, size_t release_threshold, double headroom) {
   return status_of(guarded(
       [&] {
         library_state& state = library();
         std::lock_guard lock(state.settings_mutex);
+        if (!(headroom >= 0 && headroom <= 1))  // NaN too
+          throw vmm::invalid_argument(fmt::format("headroom {} is not a share from 0 to 1", headroom));
         if (state.any_made)
           throw vmm::invalid_argument("a resource exists already; configure before the first allocation");
         state.max_size = max_size;
         state.release_threshold = release_threshold;
+        state.headroom = headroom;
       },
       [] { return std::string("vmm_torch_configure"); }));
 }

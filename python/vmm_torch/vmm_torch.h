@@ -96,10 +96,11 @@ VMM_TORCH_API void* vmm_alloc_throwing(size_t size, int device, struct CUstream_
  * failure (message in vmm_torch_last_error()). */
 VMM_TORCH_API int vmm_torch_allocate(int device, struct CUstream_st* stream, size_t size, void** out);
 
-/* Settings for resources made from now on: max_size (0: the GPU's memory) and the release
- * threshold (SIZE_MAX: keep idle pages; see vmm::memory_resource_properties). Returns 0,
- * or -1 once a resource has been made (the settings would not apply to it). */
-VMM_TORCH_API int vmm_torch_configure(size_t max_size, size_t release_threshold);
+/* Settings for resources made from now on: max_size (0: the GPU's memory), the release
+ * threshold (SIZE_MAX: keep idle pages) and the headroom (0: the default; a share from 0
+ * to 1), as in vmm::memory_resource_properties. Returns 0, or -1 once a resource has been
+ * made (the settings would not apply to it) or for a headroom outside [0, 1]. */
+VMM_TORCH_API int vmm_torch_configure(size_t max_size, size_t release_threshold, double headroom);
 
 /* The calling thread's tag for its later allocations; returns the previous one. */
 VMM_TORCH_API uint32_t vmm_torch_set_tag(uint32_t tag);

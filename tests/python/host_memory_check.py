@@ -29,7 +29,13 @@ def allocate(lib, size, device=0):
 def main():
     lib = vmm_torch._library()
     assert ctypes.CDLL(vmm_torch.library_path()).vmm_torch_testing_use_host_memory() == 0, vmm_torch.last_error()
-    vmm_torch._configure(256 * MIB, None)
+    for bad in (-0.5, 1.5, float("nan")):
+        try:
+            vmm_torch._configure(256 * MIB, None, bad)
+            raise AssertionError(f"headroom {bad} accepted")
+        except vmm_torch.VmmError as error:
+            assert "headroom" in str(error), error
+    vmm_torch._configure(256 * MIB, None, 0.25)
     assert vmm_torch.devices() == []
 
     with vmm_torch.tag("weights"):

@@ -324,6 +324,10 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
                     "of at most {} bytes",
                     large_page_, page_, largest_large_page));
   properties_.large_page_size = large_page_;
+  if (!(properties_.headroom >= 0 && properties_.headroom <= 1))  // NaN too
+    throw invalid_argument(
+        fmt::format("memory_resource: headroom {} is not a share from 0 to 1", properties_.headroom));
+  if (properties_.headroom == 0) properties_.headroom = large_page_ == page_ ? 1.0 / 8 : 1.0 / 256;
   const std::size_t initial = round_up(properties_.initial_size, page_) / page_;
   for (std::size_t i = 0; i < initial; ++i) {
     spare_[0].push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
@@ -501,15 +505,17 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
 std::uint64_t resource_state::stitch_limit() const noexcept {
   // The reserved memory past which a page is stitched rather than created: the most ever
   // in use, and 1/256 more for the pages shared at the edges of runs of blocks, and the
-  // headroom learned (up to 1/8 of the most in use; 1/256 when the blocks whose layout
-  // moves most, the large ones, have large pages, which move for 1/16 of the cost). 1/256
+  // headroom learned (up to memory_resource_properties::headroom of the most in use: by
+  // default 1/8; 1/256 when the blocks whose layout moves most, the large ones, have large
+  // pages, which move for 1/16 of the cost). 1/256
   // rather than 1/128: on the five traces of bench/data replayed with no lag, reserved /
   // live 1.0079-1.0083 instead of 1.0079-1.0125, for 0-5 % more pages moved or made (up
   // to 40 % more on gpt2_from_start with the device 500 events behind); further behind,
   // the headroom is not what decides (vmm-replay --lag, 2026-11-24).
   const std::uint64_t high =
       std::max<std::uint64_t>(used_high_.load(std::memory_order_relaxed), used_.load() + request_);
-  const std::uint64_t most_headroom = large_page_ == page_ ? high / 8 : high / 256;
+  const auto most_headroom =
+      static_cast<std::uint64_t>(static_cast<long double>(high) * properties_.headroom);
   return high + high / 256 + 2 * page_ + std::min(learned_headroom_, most_headroom);
 }
 
