@@ -51,6 +51,10 @@ workload's step time is then the median of the rounds' medians, its reserved / a
 the largest of the rounds', torch.empty + del the median; each round's figures are kept
 (*_rounds).
 
+--vmm-headroom X runs vmm with vmm_torch.use(headroom=X): the idle share of its peak use a
+resource may learn to keep mapped (vmm's default 1/256 reserves the least; more moves fewer
+pages when shapes change every step).
+
 Writes one JSON (--json) and prints a table with the targets checked.
 """
 
@@ -158,7 +162,7 @@ def build_floor_allocator():
 class Child:
     """Sets up one allocator before CUDA starts, and measures with its statistics."""
 
-    def __init__(self, allocator):
+    def __init__(self, allocator, vmm_headroom=None):
         self.allocator = allocator
         self.vmm = None
         self.vmm_before = {}
@@ -175,7 +179,7 @@ class Child:
             sys.path.insert(0, os.path.join(REPOSITORY, "python"))
             import vmm_torch
 
-            vmm_torch.use()
+            vmm_torch.use(headroom=vmm_headroom)
             self.vmm = vmm_torch
         import torch
 
@@ -496,7 +500,7 @@ def sleep_wake(child, s):
 
 
 def run_child(arguments):
-    child = Child(arguments.allocator)
+    child = Child(arguments.allocator, arguments.vmm_headroom)
     s = settings(arguments.quick)
     torch = child.torch
     properties = torch.cuda.get_device_properties(0)
@@ -571,7 +575,7 @@ def recorded(child, name, run, folder):
 
 def run_probe(arguments):
     """One attempt at a gpt2 batch: exit 0 when two training steps fit, OOM_EXIT when not."""
-    child = Child(arguments.allocator)
+    child = Child(arguments.allocator, arguments.vmm_headroom)
     try:
         model, optimizer, config = gpt2_model(child)
         ids = child.torch.randint(0, config.vocab_size, (arguments.batch, arguments.sequence), device=child.device)
@@ -594,8 +598,10 @@ def summary(result):
     return f"{result.get('step_ms_median', 0):.2f} ms/step, reserved/allocated {ratio:.3f}" if ratio else str(result)
 
 
-def spawn(allocator, extra, timeout):
+def spawn(allocator, extra, timeout, arguments):
     command = [sys.executable, os.path.abspath(__file__), "--allocator", allocator] + extra
+    if allocator == "vmm" and arguments.vmm_headroom is not None:
+        command += ["--vmm-headroom", repr(arguments.vmm_headroom)]
     return subprocess.run(command, env=environment_for(allocator), timeout=timeout, capture_output=True, text=True)
 
 
@@ -609,7 +615,7 @@ def measure(allocator, arguments, folder):
     if arguments.record and allocator == "native":
         extra += ["--record", os.path.abspath(arguments.record)]
     started = time.time()
-    done = spawn(allocator, extra, arguments.timeout)
+    done = spawn(allocator, extra, arguments.timeout, arguments)
     sys.stderr.write(done.stderr[-6000:] if done.returncode else "".join(l + "\n" for l in done.stderr.splitlines() if l.startswith("[")))
     if done.returncode != 0 or not os.path.exists(path):
         return {"allocator": allocator, "error": f"exit {done.returncode}", "stderr": done.stderr[-6000:]}
@@ -654,7 +660,7 @@ def largest_batch(allocator, arguments, start):
     probes = []
 
     def fits(batch):
-        done = spawn(allocator, ["--child", "probe", "--batch", str(batch), "--sequence", str(arguments.sequence)], 600)
+        done = spawn(allocator, ["--child", "probe", "--batch", str(batch), "--sequence", str(arguments.sequence)], 600, arguments)
         if done.returncode not in (0, OOM_EXIT):
             raise RuntimeError(f"probe of batch {batch} failed (exit {done.returncode}): {done.stderr[-3000:]}")
         probes.append({"batch": batch, "fits": done.returncode == 0})
@@ -793,6 +799,7 @@ def main():
     parser.add_argument("--no-sleep-wake", action="store_true")
     parser.add_argument("--record", metavar="DIR", help="native allocator only: also write each workload's allocation trace (from before its model is built) to DIR/NAME.trace.gz, for vmm-replay")
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
+    parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm_torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/256)")
     parser.add_argument("--rounds", type=int, default=1, help="every allocator's process this many times, in alternating order")
     # the children
     parser.add_argument("--allocator", choices=ALLOCATORS)
@@ -817,6 +824,8 @@ def main():
             parser.error(f"unknown workload {w}")
     if arguments.record and "native" not in allocators:
         parser.error("--record records under the native allocator: add native to --allocators")
+    if arguments.vmm_headroom is not None and not 0 <= arguments.vmm_headroom <= 1:
+        parser.error(f"--vmm-headroom {arguments.vmm_headroom}: expected a share from 0 to 1")
     if not 1 <= arguments.rounds <= 100:
         parser.error(f"--rounds {arguments.rounds}: expected 1 to 100")
     if arguments.record and arguments.rounds != 1:
@@ -842,6 +851,7 @@ def main():
         "benchmark": "bench/torch_allocators.py",
         "quick": arguments.quick,
         "rounds": arguments.rounds,
+        "vmm_headroom": arguments.vmm_headroom,
         "settings": settings(arguments.quick),
         "seconds": time.time() - started,
         "results": results,
