@@ -507,11 +507,11 @@ std::uint64_t resource_state::stitch_limit() const noexcept {
   // in use, and 1/256 more for the pages shared at the edges of runs of blocks, and the
   // headroom learned (up to memory_resource_properties::headroom of the most in use: by
   // default 1/8; 1/256 when the blocks whose layout moves most, the large ones, have large
-  // pages, which move for 1/16 of the cost). 1/256
-  // rather than 1/128: on the five traces of bench/data replayed with no lag, reserved /
-  // live 1.0079-1.0083 instead of 1.0079-1.0125, for 0-5 % more pages moved or made (up
-  // to 40 % more on gpt2_from_start with the device 500 events behind); further behind,
-  // the headroom is not what decides (vmm-replay --lag, 2026-11-24).
+  // pages, which move for 1/16 of the cost). 1/256 rather than 1/128: on the five traces
+  // of bench/data replayed with no lag, reserved / live 1.0079-1.0083 instead of
+  // 1.0079-1.0125, for 0-5 % more pages moved or made (up to 40 % more on gpt2_from_start
+  // with the device 500 events behind); further behind, the headroom is not what decides
+  // (vmm-replay --lag, 2026-11-24).
   const std::uint64_t high =
       std::max<std::uint64_t>(used_high_.load(std::memory_order_relaxed), used_.load() + request_);
   const auto most_headroom =
