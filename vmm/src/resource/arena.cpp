@@ -18,44 +18,21 @@ arena::arena(std::shared_ptr<memory_provider> provider, std::size_t bytes, std::
 
 arena::~arena() = default;
 
-block* arena::new_block() {
-  if (spare_blocks_ == nullptr) {
-    constexpr std::size_t batch = 256;
-    block_storage_.push_back(std::make_unique<block[]>(batch));
-    block* fresh = block_storage_.back().get();
-    for (std::size_t i = 0; i < batch; ++i) {
-      fresh[i].next_free = spare_blocks_;
-      spare_blocks_ = &fresh[i];
-    }
+void arena::add_spare_blocks() {
+  constexpr std::size_t batch = 256;
+  block_storage_.push_back(std::make_unique<block[]>(batch));
+  block* fresh = block_storage_.back().get();
+  for (std::size_t i = 0; i < batch; ++i) {
+    fresh[i].next_free = spare_blocks_;
+    spare_blocks_ = &fresh[i];
   }
-  block* b = spare_blocks_;
-  spare_blocks_ = b->next_free;
-  *b = block{};
-  return b;
 }
 
-void arena::delete_block(block* b) noexcept {
-  b->next_free = spare_blocks_;
-  spare_blocks_ = b;
-}
-
-stream_slot& arena::slot_of(stream_record& record) {
-  for (auto& slot : slots_)
-    if (slot->record == &record) return *slot;
+stream_slot& arena::add_slot(stream_record& record) {
   slots_.push_back(std::make_unique<stream_slot>());
   slots_.back()->record = &record;
+  slots_.back()->owner = static_cast<std::uint32_t>(slots_.size());
   return *slots_.back();
-}
-
-free_index& arena::index_of(const block* b) noexcept {
-  return b->owner == 0 ? released_ : slots_[b->owner - 1]->pending;
-}
-
-std::pair<std::size_t, std::size_t> arena::page_span(std::uint64_t offset,
-                                                     std::uint64_t size) const noexcept {
-  const std::size_t first = static_cast<std::size_t>(offset >> page_shift_);
-  const std::size_t last = static_cast<std::size_t>((offset + size - 1) >> page_shift_);
-  return {first, last - first + 1};
 }
 
 std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std::size_t stop) const noexcept {
@@ -131,16 +108,20 @@ bool arena::drop_retiring(std::size_t p) noexcept {
   return true;
 }
 
-void arena::cover_pages(std::uint64_t offset, std::uint64_t size, bool in_pending) {
-  const auto [first, count] = page_span(offset, size);
-  if (first + count <= held_.size()) return;
+void arena::add_pages(std::size_t count, bool in_pending) {
   const std::size_t known = held_.size();
-  held_.reserve(first + count);  // each may throw: then nothing has grown but capacity
-  mapped_bits_.reserve((first + count + 63) / 64);
-  pages_.reserve(first + count);
-  held_.resize(first + count);
-  mapped_bits_.resize((first + count + 63) / 64);
-  pages_.resize(first + count);
+  // Room for twice the pages known, at least: an arena's pages get state one run at a
+  // time, and room for exactly the next run would move every page's state at each step.
+  // Each may throw: then nothing has grown but capacity.
+  const auto make_room = [](auto& state, std::size_t n) {
+    if (n > state.capacity()) state.reserve(std::max(n, 2 * state.capacity()));
+  };
+  make_room(held_, count);
+  make_room(mapped_bits_, (count + 63) / 64);
+  make_room(pages_, count);
+  held_.resize(count);
+  mapped_bits_.resize((count + 63) / 64);
+  pages_.resize(count);
   // Every page past the known ones lies whole in the arena's last block (every other block
   // ends below them): held by it whole when it is pending.
   if (in_pending) std::fill(held_.begin() + static_cast<std::ptrdiff_t>(known), held_.end(), page_size_);
@@ -166,11 +147,6 @@ void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
   change(first, first_end - offset);
   for (std::size_t p = first + 1; p + 1 < first + count && p < held_.size(); ++p) change(p, page_size_);
   change(first + count - 1, end - (std::uint64_t{first + count - 1} << page_shift_));
-}
-
-std::uint64_t arena::fit(const block* b, std::uint64_t size, std::uint64_t alignment) noexcept {
-  const std::uint64_t start = (b->offset + alignment - 1) & ~(alignment - 1);
-  return start + size <= b->end() ? start : ~std::uint64_t{0};
 }
 
 void arena::unlink_pending(stream_slot& slot, block* b) noexcept {
@@ -310,9 +286,7 @@ void arena::free_released(block* b) noexcept {
 void arena::free_pending(block* b, stream_slot& slot, std::uint64_t epoch) noexcept {
   allocated_.erase(b->offset);
   b->free = true;
-  b->owner = static_cast<std::uint32_t>(
-      std::find_if(slots_.begin(), slots_.end(), [&](const auto& s) { return s.get() == &slot; }) -
-      slots_.begin() + 1);
+  b->owner = slot.owner;
   b->epoch = epoch;
   b = coalesce(b);
   slot.pending.insert(b);
@@ -336,10 +310,6 @@ std::size_t arena::release_pending(stream_slot& slot, std::uint64_t epoch) noexc
     ++moved;
   }
   return moved;
-}
-
-block* arena::allocated_at(std::uint64_t offset) const noexcept {
-  return allocated_.find(offset);
 }
 
 }  // namespace vmm::detail

@@ -65,6 +65,7 @@ struct page {
 // An arena's view of one stream: the blocks freed on it that have not passed yet.
 struct stream_slot {
   stream_record* record = nullptr;
+  std::uint32_t owner = 0;  // what block::owner says of the blocks pending here
   free_index pending;
   block* oldest = nullptr;  // pending blocks in order of epochs
   block* newest = nullptr;
@@ -89,16 +90,29 @@ class arena {
   [[nodiscard]] std::size_t page_size() const noexcept { return page_size_; }
 
   // The slot of `record`, made on first use.
-  stream_slot& slot_of(stream_record& record);
+  stream_slot& slot_of(stream_record& record) {
+    for (auto& slot : slots_)
+      if (slot->record == &record) return *slot;
+    return add_slot(record);
+  }
   [[nodiscard]] std::vector<std::unique_ptr<stream_slot>>& slots() noexcept { return slots_; }
   [[nodiscard]] free_index& released() noexcept { return released_; }
 
   // The pages [first, first + count) that [offset, offset + size) touches.
   [[nodiscard]] std::pair<std::size_t, std::size_t> page_span(std::uint64_t offset,
-                                                              std::uint64_t size) const noexcept;
+                                                              std::uint64_t size) const noexcept {
+    const std::size_t first = static_cast<std::size_t>(offset >> page_shift_);
+    const std::size_t last = static_cast<std::size_t>((offset + size - 1) >> page_shift_);
+    return {first, last - first + 1};
+  }
   // Pages of [offset, offset + size) not mapped, counting no further than `stop`.
   [[nodiscard]] std::size_t unmapped_pages(std::uint64_t offset, std::uint64_t size,
                                            std::size_t stop) const noexcept;
+  // Whether every page of [offset, offset + size) is mapped.
+  [[nodiscard]] bool all_mapped(std::uint64_t offset, std::uint64_t size) const noexcept {
+    if (const auto [first, count] = page_span(offset, size); count == 1) return mapped(first);
+    return unmapped_pages(offset, size, 1) == 0;
+  }
   // Pages [0, page_count()) have state: they have been held by an allocation at some time.
   // Every later one is not mapped and lies whole in the arena's last block (every other
   // block ends below it), held exactly when that block is pending.
@@ -133,7 +147,10 @@ class arena {
   // Where a request of `size` bytes aligned to `alignment` would start in `b`, or ~0 when it
   // does not fit.
   [[nodiscard]] static std::uint64_t fit(const block* b, std::uint64_t size,
-                                         std::uint64_t alignment) noexcept;
+                                         std::uint64_t alignment) noexcept {
+    const std::uint64_t start = (b->offset + alignment - 1) & ~(alignment - 1);
+    return start + size <= b->end() ? start : ~std::uint64_t{0};
+  }
   // Takes [start, start + size) out of free block `b` (of index `from`, owner `b->owner`):
   // what is left on either side stays free with the same owner. Returns the allocated block.
   block* carve(block* b, std::uint64_t start, std::uint64_t size);
@@ -144,20 +161,38 @@ class arena {
   std::size_t release_pending(stream_slot& slot, std::uint64_t epoch) noexcept;
 
   // Allocated blocks by their offset.
-  [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept;
+  [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept { return allocated_.find(offset); }
   [[nodiscard]] const block_table& allocated() const noexcept { return allocated_; }
   [[nodiscard]] std::size_t allocated_count() const noexcept { return allocated_.size(); }
 
   // The index of free blocks a block of this owner is in.
-  free_index& index_of(const block* b) noexcept;
+  free_index& index_of(const block* b) noexcept {
+    return b->owner == 0 ? released_ : slots_[b->owner - 1]->pending;
+  }
 
  private:
-  block* new_block();
-  void delete_block(block* b) noexcept;
+  // A block from the spare ones (made 256 at a time), every field as a new block's.
+  block* new_block() {
+    if (spare_blocks_ == nullptr) add_spare_blocks();
+    block* b = spare_blocks_;
+    spare_blocks_ = b->next_free;
+    *b = block{};
+    return b;
+  }
+  void add_spare_blocks();
+  void delete_block(block* b) noexcept {
+    b->next_free = spare_blocks_;
+    spare_blocks_ = b;
+  }
   // Page state for every page [offset, offset + size) touches (may allocate; nothing
   // changes when it throws), those of an allocation about to be carved from a block that
   // is pending (`in_pending`) or released. hold() changes only pages that have state.
-  void cover_pages(std::uint64_t offset, std::uint64_t size, bool in_pending);
+  void cover_pages(std::uint64_t offset, std::uint64_t size, bool in_pending) {
+    if (const auto [first, count] = page_span(offset, size); first + count > held_.size())
+      add_pages(first + count, in_pending);
+  }
+  void add_pages(std::size_t count, bool in_pending);  // state for pages up to `count`
+  stream_slot& add_slot(stream_record& record);
   void hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept;
   // Moves one pending block of `slot` (its free has passed) to the released blocks.
   block* release_one(stream_slot& slot, block* b) noexcept;

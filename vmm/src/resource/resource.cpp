@@ -147,7 +147,26 @@ class resource_state {
     std::vector<std::unique_lock<std::mutex>> arenas_;
   };
 
-  stream_entry& entry_of(stream_ref stream, bool sync);
+  // The entry of `stream` (`sync`: of the calls without a stream), made on first use. The
+  // lookup takes no lock.
+  stream_entry& entry_of(stream_ref stream, bool sync) {
+    if (sync) {
+      if (stream_entry* e = sync_entry_.load(std::memory_order_acquire); e != nullptr) return *e;
+      return make_entry(stream, sync);
+    }
+    const std::size_t start = stream_slot_of(stream);
+    for (std::size_t i = 0; i < stream_table_.size(); ++i) {
+      stream_entry* e = stream_table_[(start + i) % stream_table_.size()].load(std::memory_order_acquire);
+      if (e == nullptr) break;
+      if (e->record->stream == stream) return *e;
+    }
+    return make_entry(stream, sync);
+  }
+  [[nodiscard]] static std::size_t stream_slot_of(stream_ref stream) noexcept {
+    const auto key = reinterpret_cast<std::uintptr_t>(stream.get());
+    return static_cast<std::size_t>((key >> 4) * 0x9e3779b97f4a7c15ull >> 58);  // of 64
+  }
+  stream_entry& make_entry(stream_ref stream, bool sync);
   arena* arena_containing(std::uintptr_t address) const noexcept;
   // Its index in arenas_, or max_arenas when no arena holds `address`.
   std::size_t arena_index_containing(std::uintptr_t address) const noexcept;
@@ -226,6 +245,9 @@ class resource_state {
   [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
   [[nodiscard]] std::size_t largest_free_locked() const noexcept;
   void note_used(std::uint64_t bytes) noexcept;
+  // Reports a deallocation refused (deallocate is noexcept) and counts it.
+  [[gnu::cold, gnu::noinline]] void refuse_deallocation(std::uintptr_t address, std::size_t bytes,
+                                                        const std::string& why) noexcept;
 
   std::shared_ptr<chunk_pool> pool_;
   memory_resource_properties properties_;
@@ -403,17 +425,8 @@ arena& resource_state::add_arena(std::size_t bytes, std::size_t page_size) {
   return *made;
 }
 
-resource_state::resource_state::stream_entry& resource_state::entry_of(stream_ref stream, bool sync) {
-  if (stream_entry* e = sync_entry_.load(std::memory_order_acquire); sync && e != nullptr) return *e;
-  const auto key = reinterpret_cast<std::uintptr_t>(stream.get());
-  const std::size_t start = static_cast<std::size_t>((key >> 4) * 0x9e3779b97f4a7c15ull >> 58);
-  if (!sync) {
-    for (std::size_t i = 0; i < stream_table_.size(); ++i) {
-      stream_entry* e = stream_table_[(start + i) % stream_table_.size()].load(std::memory_order_acquire);
-      if (e == nullptr) break;
-      if (e->record->stream == stream) return *e;
-    }
-  }
+resource_state::resource_state::stream_entry& resource_state::make_entry(stream_ref stream, bool sync) {
+  const std::size_t start = stream_slot_of(stream);
   // First use of the stream: its record and its two home arenas. Arenas are made outside
   // the fast path's locks (the resource's mutex only); adding one never moves another.
   std::lock_guard lock(mutex_);
@@ -459,7 +472,7 @@ void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64
     int weighed = 0;
     index.candidates(size, [&](block* b) {
       const std::uint64_t at = arena::fit(b, size, alignment);
-      if (at != ~std::uint64_t{0} && home.unmapped_pages(at, size, 1) == 0) {
+      if (at != ~std::uint64_t{0} && home.all_mapped(at, size)) {
         found = b;
         start = at;
         return true;
@@ -955,19 +968,20 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
 
 // ---- deallocation -------------------------------------------------------------------------
 
+void resource_state::refuse_deallocation(std::uintptr_t address, std::size_t bytes,
+                                         const std::string& why) noexcept {
+  bad_deallocations_.fetch_add(1, std::memory_order_relaxed);
+  cleanup("memory_resource: deallocate", [&] {
+    throw invalid_argument(fmt::format(
+        "memory_resource: deallocate of {:#x} ({} bytes) refused: {}; nothing changed", address, bytes, why));
+  });
+}
+
 void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment,
                                 bool sync) noexcept {
   if (ptr == nullptr) return;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  const auto refuse = [&](const std::string& why) {
-    bad_deallocations_.fetch_add(1, std::memory_order_relaxed);
-    cleanup("memory_resource: deallocate", [&] {
-      throw invalid_argument(
-          fmt::format("memory_resource: deallocate of {:#x} ({} bytes) refused: {}; "
-                      "nothing changed",
-                      address, bytes, why));
-    });
-  };
+  const auto refuse = [&](const std::string& why) { refuse_deallocation(address, bytes, why); };
   arena* a = arena_containing(address);
   if (a == nullptr) return refuse("the pointer is not one of this resource's");
   if (asleep_.load()) return refuse("the resource is asleep (wake() it first)");
