@@ -580,11 +580,9 @@ int main(int argc, char** argv) try {
   fmt::print("  pair         {:8.0f} {:8.0f}\n", p.median, p.p99);
   fmt::print("  (timed with the {}; each timing includes {:.0f} ns of clock reads, the pair twice)\n",
              timer.name(), clock_ns);
-  fmt::print(
-      "pages: {} created, {} stitched, {} released; {} address ranges; {} host waits of the resource; replay "
-      "{:.2f} s\n",
-      after.pages_created, after.pages_stitched, after.pages_released, after.segments, after.host_waits,
-      seconds);
+  fmt::print("pages: {} created, {} stitched, {} released; {} address ranges; ", after.pages_created,
+             after.pages_stitched, after.pages_released, after.segments);
+  fmt::print("{} host waits of the resource; replay {:.2f} s\n", after.host_waits, seconds);
   const auto [waits, waited] = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
   if (device)
     fmt::print(
@@ -598,11 +596,8 @@ int main(int argc, char** argv) try {
         "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
-        "\"clock\": \"{}\", "
-        "\"pages_created\": {}, "
-        "\"pages_stitched\": {}, \"segments\": {}, \"host_waits\": {}, \"lag_events\": {}, \"device_waits\": "
-        "{}, "
-        "\"events_waited\": {}}}\n",
+        "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"segments\": {}, "
+        "\"host_waits\": {}, \"lag_events\": {}, \"device_waits\": {}, \"events_waited\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
         after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
         clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.segments, after.host_waits,

@@ -117,11 +117,11 @@ struct memory_resource_properties {
   std::size_t large_page_size = 0;
   /// The most idle memory the resource learns to keep mapped, as a share of the most it
   /// has had in use: each page of the granularity it has to stitch lets it keep one page
-  /// more, up to this share, before it stitches again. 0: 1/256 with large pages, 1/8 without. Larger
-  /// trades memory for host time: a page stitched costs the host ~70 us on an H100, and
-  /// live training with changing shapes stitches pages every step (README, "Measured
-  /// results", 2026-11-25: 1/8 against 1/256 on quick PyTorch training). From 0 to 1;
-  /// properties() gives the share in use.
+  /// more, up to this share, before it stitches again. 0: 1/256 with large pages, 1/8
+  /// without. Larger trades memory for host time: a page stitched costs the host ~70 us on
+  /// an H100, and live training with changing shapes stitches pages every step (README,
+  /// "Measured results", 2026-11-25: 1/8 against 1/256 on quick PyTorch training). From 0
+  /// to 1; properties() gives the share in use.
   double headroom = 0;
 };
 
