@@ -133,20 +133,21 @@ void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
   // So a pending block that takes in the arena's released tail (most of its addresses)
   // costs a step per page it has used, not per page of the arena.
   const auto [first, count] = page_span(offset, size);
-  // The first and the last page may be held in part, every page between them whole.
-  const std::uint64_t end = offset + size;
+  const std::size_t known = held_.size();
+  std::uint64_t* held = held_.data();
   const auto change = [&](std::size_t p, std::uint64_t bytes) {
-    if (p >= held_.size()) return;
+    if (p >= known) return;
     if (add)
-      held_[p] += bytes;
+      held[p] += bytes;
     else
-      held_[p] -= bytes;
+      held[p] -= bytes;
   };
-  const std::uint64_t first_end = (std::uint64_t{first} + 1) << page_shift_;
   if (count == 1) return change(first, size);
-  change(first, first_end - offset);
-  for (std::size_t p = first + 1; p + 1 < first + count && p < held_.size(); ++p) change(p, page_size_);
-  change(first + count - 1, end - (std::uint64_t{first + count - 1} << page_shift_));
+  // The first and the last page may be held in part, every page between them whole.
+  const std::size_t last = first + count - 1;
+  change(first, ((std::uint64_t{first} + 1) << page_shift_) - offset);
+  for (std::size_t p = first + 1; p < last && p < known; ++p) change(p, page_size_);
+  change(last, offset + size - (std::uint64_t{last} << page_shift_));
 }
 
 void arena::unlink_pending(stream_slot& slot, block* b) noexcept {
@@ -171,32 +172,17 @@ void arena::append_pending(stream_slot& slot, block* b) noexcept {
   slot.newest = b;
 }
 
-void arena::replace_pending(stream_slot& slot, block* old, block* first, block* second) noexcept {
-  // The pieces keep the old block's place: they carry its epoch.
-  block* before = old->previous_pending;
-  block* after = old->next_pending;
-  block* pieces[2] = {first, second};
-  for (block* piece : pieces) {
-    if (piece == nullptr) continue;
-    piece->previous_pending = before;
-    if (before != nullptr)
-      before->next_pending = piece;
-    else
-      slot.oldest = piece;
-    before = piece;
-  }
-  if (before != nullptr)
-    before->next_pending = after;
+void arena::insert_pending_before(stream_slot& slot, block* at, block* b) noexcept {
+  b->next_pending = at;
+  b->previous_pending = at->previous_pending;
+  if (at->previous_pending != nullptr)
+    at->previous_pending->next_pending = b;
   else
-    slot.oldest = after;
-  if (after != nullptr)
-    after->previous_pending = before;
-  else
-    slot.newest = before;
-  old->previous_pending = old->next_pending = nullptr;
+    slot.oldest = b;
+  at->previous_pending = b;
 }
 
-block* arena::coalesce(block* b) noexcept {
+block* arena::merge_free(block* b) noexcept {
   // A block pending on a stream also takes in released neighbours: that stream may use
   // them at once, and one run serves a later request better than two pieces of different
   // owners (others get the whole run once the stream's point passes). The bytes taken in
@@ -204,75 +190,111 @@ block* arena::coalesce(block* b) noexcept {
   const auto mergeable = [&](const block* n) {
     return n != nullptr && n->free && (n->owner == b->owner || (b->owner != 0 && n->owner == 0));
   };
-  const auto take_out = [&](block* n) {
-    index_of(n).remove(n);
-    if (n->owner != 0)
-      unlink_pending(*slots_[n->owner - 1], n);
-    else if (b->owner != 0)
+  block* left = mergeable(b->previous) ? b->previous : nullptr;
+  block* right = mergeable(b->next) ? b->next : nullptr;
+  free_index& index = index_of(b);
+  stream_slot* slot = b->owner != 0 ? slots_[b->owner - 1].get() : nullptr;
+  // What survives: a neighbour already in b's index keeps its place there (most frees
+  // leave it in the same size list), else b goes in.
+  block* keep = left != nullptr && left->owner == b->owner     ? left
+                : right != nullptr && right->owner == b->owner ? right
+                                                               : b;
+  const std::uint64_t kept_size = keep->size;
+  std::uint64_t epoch = b->epoch;
+  for (block* n : {left, right}) {
+    if (n == nullptr) continue;
+    epoch = std::max(epoch, n->epoch);
+    if (n->owner != 0) {
+      unlink_pending(*slots_[n->owner - 1], n);  // keep too: it goes last, with the newest epoch
+    } else if (b->owner != 0) {
       hold(n->offset, n->size, true);
-  };
-  if (block* left = b->previous; mergeable(left)) {
-    take_out(left);
-    left->owner = b->owner;
-    left->size += b->size;
-    left->epoch = std::max(left->epoch, b->epoch);
-    left->next = b->next;
-    if (b->next != nullptr) b->next->previous = left;
-    delete_block(b);
-    b = left;
+    }
+    if (n != keep) index_of(n).remove(n);
   }
-  if (block* right = b->next; mergeable(right)) {
-    take_out(right);
-    b->size += right->size;
-    b->epoch = std::max(b->epoch, right->epoch);
-    b->next = right->next;
-    if (right->next != nullptr) right->next->previous = b;
-    delete_block(right);
-  }
-  return b;
+  block* first = left != nullptr ? left : b;
+  block* last = right != nullptr ? right : b;
+  const std::uint64_t offset = first->offset;
+  const std::uint64_t end = last->end();
+  block* before = first->previous;
+  block* after = last->next;
+  for (block* n : {left, b, right})
+    if (n != nullptr && n != keep) delete_block(n);
+  keep->offset = offset;
+  keep->size = end - offset;
+  keep->epoch = epoch;
+  keep->free = true;
+  keep->previous = before;
+  keep->next = after;
+  if (before != nullptr) before->next = keep;
+  if (after != nullptr) after->previous = keep;
+  if (keep == b)
+    index.insert(keep);
+  else
+    index.resized(keep, kept_size);
+  if (slot != nullptr) append_pending(*slot, keep);
+  return keep;
 }
 
 block* arena::carve(block* b, std::uint64_t start, std::uint64_t size) {
+  // The allocation gets a block of its own unless it takes `b` whole: `b` stays free as
+  // what is left (the tail, else the head), where it is in its index and in its stream's
+  // pending list. Only when both a head and a tail are left does the head need a block.
   // Every piece is made first: nothing below can fail once the books start to change.
-  block* head = start > b->offset ? new_block() : nullptr;
-  block* tail = start + size < b->end() ? new_block() : nullptr;
+  const std::uint64_t end = b->end();
+  const bool head_left = start > b->offset;
+  const bool tail_left = start + size < end;
+  block* taken = head_left || tail_left ? new_block() : b;
+  block* head = head_left && tail_left ? new_block() : nullptr;
   allocated_.reserve_one();
   cover_pages(start, size, b->owner != 0);
   free_index& index = index_of(b);
-  index.remove(b);
-  const auto split_off = [&](block* piece, std::uint64_t offset, std::uint64_t bytes) {
-    piece->offset = offset;
-    piece->size = bytes;
-    piece->free = true;
-    piece->owner = b->owner;
-    piece->epoch = b->epoch;
-  };
-  if (head != nullptr) {
-    split_off(head, b->offset, start - b->offset);
-    head->previous = b->previous;
-    head->next = b;
-    if (b->previous != nullptr) b->previous->next = head;
-    b->previous = head;
-  }
-  if (tail != nullptr) {
-    split_off(tail, start + size, b->end() - (start + size));
-    tail->next = b->next;
-    tail->previous = b;
-    if (b->next != nullptr) b->next->previous = tail;
-    b->next = tail;
-  }
-  if (b->owner != 0) replace_pending(*slots_[b->owner - 1], b, head, tail);
-  if (head != nullptr) index.insert(head);
-  if (tail != nullptr) index.insert(tail);
   const bool was_released = b->owner == 0;
-  b->offset = start;
-  b->size = size;
-  b->free = false;
-  b->owner = 0;
-  b->epoch = 0;
+  if (taken == b) {
+    index.remove(b);
+    if (!was_released) unlink_pending(*slots_[b->owner - 1], b);
+  } else {
+    const std::uint64_t old_size = b->size;
+    if (head != nullptr) {  // head, taken, b
+      head->offset = b->offset;
+      head->size = start - b->offset;
+      head->free = true;
+      head->owner = b->owner;
+      head->epoch = b->epoch;
+      head->previous = b->previous;
+      if (b->previous != nullptr) b->previous->next = head;
+      head->next = taken;
+      taken->previous = head;
+      taken->next = b;
+      b->previous = taken;
+      index.insert(head);
+      if (!was_released) insert_pending_before(*slots_[b->owner - 1], b, head);
+    } else if (tail_left) {  // taken, b
+      taken->previous = b->previous;
+      if (b->previous != nullptr) b->previous->next = taken;
+      taken->next = b;
+      b->previous = taken;
+    } else {  // b, taken
+      taken->next = b->next;
+      if (b->next != nullptr) b->next->previous = taken;
+      taken->previous = b;
+      b->next = taken;
+    }
+    if (tail_left) {
+      b->offset = start + size;
+      b->size = end - (start + size);
+    } else {
+      b->size = start - b->offset;
+    }
+    index.resized(b, old_size);
+  }
+  taken->offset = start;
+  taken->size = size;
+  taken->free = false;
+  taken->owner = 0;
+  taken->epoch = 0;
   if (was_released) hold(start, size, true);  // pending bytes were held already
-  allocated_.insert(b);
-  return b;
+  allocated_.insert(taken);
+  return taken;
 }
 
 void arena::free_released(block* b) noexcept {
@@ -280,17 +302,15 @@ void arena::free_released(block* b) noexcept {
   hold(b->offset, b->size, false);
   b->free = true;
   b->owner = 0;
-  released_.insert(coalesce(b));
+  (void)merge_free(b);
 }
 
 void arena::free_pending(block* b, stream_slot& slot, std::uint64_t epoch) noexcept {
   allocated_.erase(b->offset);
   b->free = true;
   b->owner = slot.owner;
-  b->epoch = epoch;
-  b = coalesce(b);
-  slot.pending.insert(b);
-  append_pending(slot, b);  // its epoch is the newest: frees come in epoch order
+  b->epoch = epoch;  // the newest: frees come in epoch order
+  (void)merge_free(b);
 }
 
 block* arena::release_one(stream_slot& slot, block* b) noexcept {
@@ -298,9 +318,7 @@ block* arena::release_one(stream_slot& slot, block* b) noexcept {
   unlink_pending(slot, b);
   hold(b->offset, b->size, false);
   b->owner = 0;
-  b = coalesce(b);
-  released_.insert(b);
-  return b;
+  return merge_free(b);
 }
 
 std::size_t arena::release_pending(stream_slot& slot, std::uint64_t epoch) noexcept {

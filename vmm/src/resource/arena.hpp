@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "resource/arena_mutex.hpp"
 #include "resource/block_table.hpp"
 #include "resource/free_index.hpp"
 #include "vmm/address_range.hpp"
@@ -79,7 +80,7 @@ class arena {
   arena& operator=(const arena&) = delete;
   ~arena();
 
-  std::mutex mutex;
+  arena_mutex mutex;
   std::uint64_t allocations_made = 0;  // under the mutex: every allocation ever placed here
 
   [[nodiscard]] std::uintptr_t base() const noexcept { return range_.address(); }
@@ -171,12 +172,19 @@ class arena {
   }
 
  private:
-  // A block from the spare ones (made 256 at a time), every field as a new block's.
+  // A block from the spare ones (made 256 at a time), every field as a new block's (set
+  // one by one: `*b = block{}` is a call to memset, whose branches on the size the
+  // processor mispredicts here about once a call).
   block* new_block() {
     if (spare_blocks_ == nullptr) add_spare_blocks();
     block* b = spare_blocks_;
     spare_blocks_ = b->next_free;
-    *b = block{};
+    b->offset = b->size = 0;
+    b->previous = b->next = b->previous_free = b->next_free = b->previous_pending = b->next_pending = nullptr;
+    b->epoch = 0;
+    b->owner = b->tag = 0;
+    b->free = false;
+    b->list_first = b->list_second = 0;
     return b;
   }
   void add_spare_blocks();
@@ -197,11 +205,12 @@ class arena {
   // Moves one pending block of `slot` (its free has passed) to the released blocks.
   block* release_one(stream_slot& slot, block* b) noexcept;
   void unlink_pending(stream_slot& slot, block* b) noexcept;
-  void replace_pending(stream_slot& slot, block* old, block* first, block* second) noexcept;
+  void insert_pending_before(stream_slot& slot, block* at, block* b) noexcept;  // b: at's epoch
   void append_pending(stream_slot& slot, block* b) noexcept;
-  // Merges free `b` with free neighbours of the same owner; returns the merged block
-  // (out of every index and list: the caller inserts it).
-  block* coalesce(block* b) noexcept;
+  // Merges `b`, just made free (its owner and epoch set, in no index or list), with its
+  // free neighbours of the same owner (and, when pending, released ones); the merged block
+  // is in its owner's index and, when pending, last in its stream's pending list.
+  block* merge_free(block* b) noexcept;
 
   std::size_t page_size_;
   unsigned page_shift_;  // the page size is a power of two

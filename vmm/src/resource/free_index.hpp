@@ -26,6 +26,8 @@ struct block {
   std::uint32_t owner = 0;  // free: 0 released, i > 0 pending on stream slot i - 1
   std::uint32_t tag = 0;    // allocated: the caller's tag (sleep and wake act by tag)
   bool free = false;
+  std::uint8_t list_first = 0;  // free: the size list it is in (free_index keeps these)
+  std::uint8_t list_second = 0;
   [[nodiscard]] std::uint64_t end() const noexcept { return offset + size; }
 };
 
@@ -37,32 +39,25 @@ class free_index {
   static constexpr unsigned first_count = 48;
 
   void insert(block* b) noexcept {
-    const auto [f, s] = classify(b->size);
-    block*& head = lists_[f][s];
-    b->previous_free = nullptr;
-    b->next_free = head;
-    if (head != nullptr) head->previous_free = b;
-    head = b;
-    first_bits_ |= std::uint64_t{1} << f;
-    second_bits_[f] |= 1u << s;
+    link(b);
     ++count_;
     bytes_ += b->size;
   }
 
+  // `b` is in this index, with the size it was inserted with.
   void remove(block* b) noexcept {
-    const auto [f, s] = classify(b->size);
-    if (b->previous_free != nullptr)
-      b->previous_free->next_free = b->next_free;
-    else
-      lists_[f][s] = b->next_free;
-    if (b->next_free != nullptr) b->next_free->previous_free = b->previous_free;
-    b->previous_free = b->next_free = nullptr;
-    if (lists_[f][s] == nullptr) {
-      second_bits_[f] &= ~(1u << s);
-      if (second_bits_[f] == 0) first_bits_ &= ~(std::uint64_t{1} << f);
-    }
+    unlink(b);
     --count_;
     bytes_ -= b->size;
+  }
+
+  // `b`, in this index, is `old_size` bytes no more: it moves to the list of its size now
+  // (a block that grows or shrinks a little mostly stays in its list).
+  void resized(block* b, std::uint64_t old_size) noexcept {
+    bytes_ += b->size - old_size;
+    if (const auto [f, s] = classify(b->size); f == b->list_first && s == b->list_second) return;
+    unlink(b);
+    link(b);
   }
 
   // Calls visit(block*) for candidate blocks of at least `size` bytes, smallest lists first:
@@ -101,6 +96,33 @@ class free_index {
   [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
 
  private:
+  void link(block* b) noexcept {
+    const auto [f, s] = classify(b->size);
+    b->list_first = static_cast<std::uint8_t>(f);
+    b->list_second = static_cast<std::uint8_t>(s);
+    block*& head = lists_[f][s];
+    b->previous_free = nullptr;
+    b->next_free = head;
+    if (head != nullptr) head->previous_free = b;
+    head = b;
+    first_bits_ |= std::uint64_t{1} << f;
+    second_bits_[f] |= 1u << s;
+  }
+  void unlink(block* b) noexcept {
+    const unsigned f = b->list_first;
+    const unsigned s = b->list_second;
+    if (b->previous_free != nullptr)
+      b->previous_free->next_free = b->next_free;
+    else
+      lists_[f][s] = b->next_free;
+    if (b->next_free != nullptr) b->next_free->previous_free = b->previous_free;
+    b->previous_free = b->next_free = nullptr;
+    if (lists_[f][s] == nullptr) {
+      second_bits_[f] &= ~(1u << s);
+      if (second_bits_[f] == 0) first_bits_ &= ~(std::uint64_t{1} << f);
+    }
+  }
+
   struct position {
     unsigned first;
     unsigned second;

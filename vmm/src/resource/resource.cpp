@@ -144,7 +144,7 @@ class resource_state {
 
    private:
     std::unique_lock<std::mutex> resource_;
-    std::vector<std::unique_lock<std::mutex>> arenas_;
+    std::vector<std::unique_lock<arena_mutex>> arenas_;
   };
 
   // The entry of `stream` (`sync`: of the calls without a stream), made on first use. The
@@ -244,7 +244,9 @@ class resource_state {
   void release_idle(std::size_t bytes_to_keep);  // under all_locked
   [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
   [[nodiscard]] std::size_t largest_free_locked() const noexcept;
+  // The bytes in use, and their high-water mark, after an allocation or a free of `bytes`.
   void note_used(std::uint64_t bytes) noexcept;
+  void note_unused(std::uint64_t bytes) noexcept;
   // Reports a deallocation refused (deallocate is noexcept) and counts it.
   [[gnu::cold, gnu::noinline]] void refuse_deallocation(std::uintptr_t address, std::size_t bytes,
                                                         const std::string& why) noexcept;
@@ -458,9 +460,22 @@ resource_state::resource_state::stream_entry& resource_state::make_entry(stream_
 // ---- allocation ---------------------------------------------------------------------------
 
 void resource_state::note_used(std::uint64_t bytes) noexcept {
-  const std::size_t now = used_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t now = 0;
+  if (process_single_threaded()) {  // no other thread: no locked instruction (arena_mutex.hpp)
+    now = used_.load(std::memory_order_relaxed) + bytes;
+    used_.store(now, std::memory_order_relaxed);
+  } else {
+    now = used_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  }
   std::size_t high = used_high_.load(std::memory_order_relaxed);
   while (now > high && !used_high_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {}
+}
+
+void resource_state::note_unused(std::uint64_t bytes) noexcept {
+  if (process_single_threaded())
+    used_.store(used_.load(std::memory_order_relaxed) - bytes, std::memory_order_relaxed);
+  else
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64_t size,
@@ -951,7 +966,7 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
       const std::size_t page_size = kind == 2 ? large_page_ : page_;
       arena& added =
           add_arena(round_up(std::max<std::size_t>(2 * properties_.max_size, size), page_size), page_size);
-      std::unique_lock<std::mutex> hold(added.mutex);
+      std::unique_lock<arena_mutex> hold(added.mutex);
       entry.arenas[kind].push_back(&added);
       if (void* p = attempt_with([&] { return place(added, added.released(), size, alignment); })) return p;
     }
@@ -1019,7 +1034,7 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
         if (policies_.allow_opportunistic) (void)a->release_pending(slot, record.passed.load());
       }
     }
-    used_.fetch_sub(size, std::memory_order_relaxed);
+    note_unused(size);
     over = over_threshold_.load(std::memory_order_relaxed);
   });
   if (over)
