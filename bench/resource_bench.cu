@@ -20,7 +20,8 @@
 // location::os_host()) and malloc (std::malloc + std::free, pair and window). Without a GPU
 // the GPU rows are skipped with the reason.
 //
-// Times are host times of the calls, read with steady_clock around each pair; a row's time is
+// Times are host times of the calls, read around each pair with the TSC where it is invariant
+// (otherwise steady_clock: vmm/tools/call_clock.hpp, as vmm-replay); a row's time is
 // the mean (manual time), and the counters give median_ns and p99_ns of the same samples,
 // clock_ns (what one pair of clock reads costs, included in every sample) and vs_baseline,
 // the ratio of medians (fragmented: of shares) to the group's baseline (the row's label names
@@ -48,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "call_clock.hpp"
 #include "cuda_check.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/chunk_pool.hpp"
@@ -305,8 +307,17 @@ contender host_malloc() {
 
 // ---- measuring ----------------------------------------------------------------------------
 
-double nanoseconds(host_clock::time_point from, host_clock::time_point to) {
-  return std::chrono::duration<double, std::nano>(to - from).count();
+// The clock of every timed call (the TSC where it is invariant: vmm/tools/call_clock.hpp),
+// calibrated against steady_clock over 20 ms before its first use.
+const vmm::tools::call_clock& call_timer() {
+  static const vmm::tools::call_clock clock = [] {
+    vmm::tools::call_clock c;
+    const host_clock::time_point until = host_clock::now() + std::chrono::milliseconds(20);
+    while (host_clock::now() < until) {}
+    c.calibrate();
+    return c;
+  }();
+  return clock;
 }
 
 // The q-quantile of `samples` (reorders them).
@@ -321,10 +332,11 @@ double quantile(std::vector<double>& samples, double q) {
 double clock_overhead_ns() {
   static const double overhead = [] {
     std::vector<double> samples(20000);
+    const vmm::tools::call_clock& clock = call_timer();
     for (double& s : samples) {
-      const host_clock::time_point t0 = host_clock::now();
-      const host_clock::time_point t1 = host_clock::now();
-      s = nanoseconds(t0, t1);
+      const std::uint64_t t0 = clock.now();
+      const std::uint64_t t1 = clock.now();
+      s = clock.to_ns(static_cast<double>(t1 - t0));
     }
     return quantile(samples, 0.5);
   }();
@@ -400,13 +412,14 @@ void run_pair(benchmark::State& state, const std::string& group, const contender
     samples.reserve(
         static_cast<std::size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 24)));
     std::size_t since_sync = 0;
+    const vmm::tools::call_clock& clock = call_timer();
     for (auto _ : state) {
-      const host_clock::time_point t0 = host_clock::now();
+      const std::uint64_t t0 = clock.now();
       void* p = a->allocate(bytes);
       a->deallocate(p, bytes);
-      const host_clock::time_point t1 = host_clock::now();
+      const std::uint64_t t1 = clock.now();
       benchmark::DoNotOptimize(p);
-      const double ns = nanoseconds(t0, t1);
+      const double ns = clock.to_ns(static_cast<double>(t1 - t0));
       samples.push_back(ns);
       state.SetIterationTime(ns * 1e-9);
       if (++since_sync == sync_every) {
@@ -455,11 +468,12 @@ void run_window(benchmark::State& state, const std::string& group, const contend
     samples.reserve(
         static_cast<std::size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 24)));
     std::size_t since_sync = 0;
+    const vmm::tools::call_clock& clock = call_timer();
     for (auto _ : state) {
-      const host_clock::time_point t0 = host_clock::now();
+      const std::uint64_t t0 = clock.now();
       step();
-      const host_clock::time_point t1 = host_clock::now();
-      const double ns = nanoseconds(t0, t1);
+      const std::uint64_t t1 = clock.now();
+      const double ns = clock.to_ns(static_cast<double>(t1 - t0));
       samples.push_back(ns);
       state.SetIterationTime(ns * 1e-9);
       if (++since_sync == sync_every) {

@@ -16,7 +16,7 @@
 // time of each allocate and deallocate (median and 99th percentile) and of an
 // allocate + deallocate pair (the sum of the two, so two clock readings' cost; the median of
 // an empty reading is printed beside them). Calls are timed with the TSC where it is
-// invariant, otherwise with steady_clock (call_clock below). --repeat replays the trace N
+// invariant, otherwise with steady_clock (call_clock.hpp). --repeat replays the trace N
 // times in one resource (the steady state of a training loop); the figures cover every pass.
 // Also the pages created, stitched and released, and the resource's host waits
 // (memory_resource_statistics::host_waits: allocations that blocked for a stream).
@@ -43,8 +43,6 @@
 #include <sys/resource.h>
 #include <zlib.h>
 #if defined(__x86_64__)
-#include <cpuid.h>
-#include <x86intrin.h>
 #endif
 
 #include <algorithm>
@@ -67,6 +65,7 @@
 #include "vmm/capabilities.hpp"
 #include "vmm/memory_resource.hpp"
 #include "vmm/provider.hpp"
+#include "call_clock.hpp"
 
 namespace {
 
@@ -154,57 +153,6 @@ std::vector<event> parse(const std::string& path, std::uint32_t& streams) {
   if (events.empty()) throw trace_error(fmt::format("{}: no events", path));
   return events;
 }
-
-// Times one call. steady_clock costs 20-46 ns a reading through the vDSO on the hosts this
-// was measured on, a good part of a call of 100-200 ns, where the time-stamp counter costs
-// 8-19 ns. So where the processor's TSC is invariant (x86-64, CPUID 0x80000007 EDX bit 8: it
-// ticks at one rate whatever the core's frequency, as the kernel's tsc clock source needs), a
-// call is timed in TSC ticks, converted to ns by the rate measured against steady_clock over
-// the whole replay; elsewhere with steady_clock itself.
-class call_clock {
- public:
-  using steady = std::chrono::steady_clock;
-
-  call_clock() : tsc_(invariant_tsc()), started_(steady::now()), started_ticks_(now()) {}
-
-  // The time now, in ticks (TSC ticks, or ns of steady_clock).
-  [[nodiscard]] std::uint64_t now() const noexcept {
-#if defined(__x86_64__)
-    if (tsc_) return __rdtsc();
-#endif
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count());
-  }
-
-  // Ends the calibration: from here on, to_ns() converts with the rate seen since construction.
-  void calibrate() {
-    if (!tsc_) return;
-    const std::uint64_t elapsed_ticks = now() - started_ticks_;
-    const double elapsed_ns = std::chrono::duration<double, std::nano>(steady::now() - started_).count();
-    if (elapsed_ticks != 0) ns_per_tick_ = elapsed_ns / static_cast<double>(elapsed_ticks);
-  }
-  [[nodiscard]] double to_ns(double ticks) const noexcept {
-    return ticks * ns_per_tick_;
-  }
-  [[nodiscard]] std::string_view name() const noexcept {
-    return tsc_ ? "TSC" : "steady_clock";
-  }
-
- private:
-  static bool invariant_tsc() noexcept {
-#if defined(__x86_64__)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(0x80000007u, &a, &b, &c, &d) != 0 && (d & (1u << 8)) != 0;
-#else
-    return false;
-#endif
-  }
-
-  bool tsc_;
-  steady::time_point started_;
-  std::uint64_t started_ticks_;
-  double ns_per_tick_ = 1.0;  // steady_clock's ticks are ns
-};
 
 struct percentiles {
   double median = 0;
@@ -495,7 +443,7 @@ int main(int argc, char** argv) try {
   std::uint64_t live_bytes = 0;
   std::uint64_t peak_live = 0;
   const auto started = std::chrono::steady_clock::now();
-  call_clock timer;
+  vmm::tools::call_clock timer;
   for (int pass = 0; pass < repeat; ++pass) {
     const bool last_pass = pass + 1 == repeat;
     for (const event& e : events) {
