@@ -193,6 +193,44 @@ TYPED_TEST(memory_resources, trim_and_the_release_threshold_give_idle_pages_back
   EXPECT_EQ(resource->statistics().reserved_current, 0u);  // released at once above the threshold
 }
 
+// A small block freed waits whole for the next request of its size (a quick bin); every
+// other request, the statistics and trim see it freed and merged, as if it never waited.
+TYPED_TEST(memory_resources, small_blocks_freed_are_taken_back_whole_and_merge_when_needed) {
+  auto resource = this->make();
+  std::vector<void*> blocks;
+  for (int i = 0; i < 64; ++i) blocks.push_back(resource->allocate({}, 3 * kib));
+  for (std::size_t i = 1; i < blocks.size(); ++i)
+    ASSERT_EQ(static_cast<char*>(blocks[i]), static_cast<char*>(blocks[i - 1]) + 3 * kib);
+  resource->deallocate({}, blocks[5], 3 * kib);
+  EXPECT_EQ(resource->allocate({}, 3 * kib), blocks[5]);  // the same block, at once
+  const auto quiet = set_cleanup_failure_handler([](const char*) noexcept {});
+  resource->deallocate({}, blocks[5], 3 * kib);
+  resource->deallocate({}, blocks[5], 3 * kib);  // freed twice: refused, even while it waits
+  set_cleanup_failure_handler(quiet);
+  memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.bad_deallocations, 1u);
+  EXPECT_EQ(s.allocations, 63u);
+  EXPECT_EQ(s.used_current, 63 * 3 * kib);
+  EXPECT_EQ(s.allocations_total, 65u);
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    if (i != 5) resource->deallocate({}, blocks[i], 3 * kib);
+  s = resource->statistics();
+  EXPECT_EQ(s.allocations, 0u);
+  EXPECT_EQ(s.used_current, 0u);
+  // All of it merged again: one request of every block's bytes starts where the first did,
+  // on the pages mapped already.
+  const std::size_t created = s.pages_created;
+  void* whole = resource->allocate({}, 64 * 3 * kib);
+  EXPECT_EQ(whole, blocks[0]);
+  EXPECT_EQ(resource->statistics().pages_created, created);
+  resource->deallocate({}, whole, 64 * 3 * kib);
+  void* again = resource->allocate({}, 3 * kib);
+  resource->deallocate({}, again, 3 * kib);
+  resource->synchronize();
+  resource->trim_to(0);  // what waits in a bin is given back too
+  EXPECT_EQ(resource->statistics().reserved_current, 0u);
+}
+
 TYPED_TEST(memory_resources, idle_pages_are_stitched_where_a_large_block_needs_them) {
   const std::size_t g = this->granularity_;
   // Sixteen blocks of two pages; every other one freed: eight idle page pairs, scattered.

@@ -309,6 +309,29 @@ TEST_F(stream_order, another_stream_gets_it_only_once_the_free_has_passed) {
   resource->deallocate(b_, r, 4 * mib);
 }
 
+TEST_F(stream_order, a_small_block_waiting_for_its_size_goes_to_no_other_stream_before_the_free_passed) {
+  auto resource = make(
+      {},
+      {.follow_event_dependencies = true, .allow_opportunistic = true, .allow_internal_dependencies = false});
+  void* p = resource->allocate(a_, 4096);
+  executor_.enqueue(a_);  // still running
+  resource->deallocate(a_, p, 4096);
+  void* q = resource->allocate(b_, 4096);
+  EXPECT_FALSE(overlap(p, 4096, q, 4096));
+  EXPECT_EQ(resource->allocate(a_, 4096), p);  // its own stream takes it back at once
+  resource->deallocate(a_, p, 4096);
+  // Another stream's slow path frees what waits (a request larger than anything mapped
+  // free): still pending on A, so B gets other memory.
+  void* large = resource->allocate(b_, 8 * mib);
+  void* r = resource->allocate(b_, 4096);
+  EXPECT_FALSE(overlap(p, 4096, r, 4096));
+  executor_.advance(a_);  // the free has passed
+  resource->deallocate(b_, r, 4096);
+  resource->deallocate(b_, q, 4096);
+  resource->deallocate(b_, large, 8 * mib);
+  EXPECT_EQ(resource->statistics().used_current, 0u);
+}
+
 TEST_F(stream_order, a_page_lent_from_a_pending_block_is_mapped_there_again_once_the_stream_passes) {
   // At its maximum, the resource lends a page of a block its stream has freed but not
   // passed; a request that lands on that page later makes the host wait for the stream

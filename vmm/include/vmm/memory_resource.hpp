@@ -20,7 +20,11 @@
 /// waste of a rounded-up allocation does not exist. Each page counts the bytes of blocks that hold it.
 ///
 /// Reuse and stitching. A freed block is reused at once by its stream, and its pages stay
-/// mapped, so that a workload that repeats itself runs with no driver call at all. When a
+/// mapped, so that a workload that repeats itself runs with no driver call at all. A small
+/// block (under 1 MiB) of a size asked for before waits whole in a quick bin of its arena
+/// for the next request of that size (deferred coalescing: no search, split or merge; such
+/// a pair costs 40 % of the instructions of one that splits and merges); anything that
+/// looks further for free memory first frees what the bins hold, so they never cost a page. When a
 /// block needs pages and none is spare, the resource takes a page that no block holds (an
 /// idle page inside a free run, whose streams have passed) from anywhere in any arena,
 /// unmaps it and maps its physical memory where it is needed ("stitching"), the highest

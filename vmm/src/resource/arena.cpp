@@ -162,14 +162,20 @@ void arena::unlink_pending(stream_slot& slot, block* b) noexcept {
   b->previous_pending = b->next_pending = nullptr;
 }
 
-void arena::append_pending(stream_slot& slot, block* b) noexcept {
-  b->previous_pending = slot.newest;
-  b->next_pending = nullptr;
-  if (slot.newest != nullptr)
-    slot.newest->next_pending = b;
+void arena::insert_pending(stream_slot& slot, block* b) noexcept {
+  // A free's epoch is the newest but for a block a quick bin kept: from the newest back.
+  block* before = slot.newest;
+  while (before != nullptr && before->epoch > b->epoch) before = before->previous_pending;
+  b->previous_pending = before;
+  b->next_pending = before != nullptr ? before->next_pending : slot.oldest;
+  if (b->next_pending != nullptr)
+    b->next_pending->previous_pending = b;
+  else
+    slot.newest = b;
+  if (before != nullptr)
+    before->next_pending = b;
   else
     slot.oldest = b;
-  slot.newest = b;
 }
 
 void arena::insert_pending_before(stream_slot& slot, block* at, block* b) noexcept {
@@ -200,12 +206,14 @@ block* arena::merge_free(block* b) noexcept {
                 : right != nullptr && right->owner == b->owner ? right
                                                                : b;
   const std::uint64_t kept_size = keep->size;
+  // Merged pending blocks go by the newest epoch among them (released ones are free for
+  // every stream already: theirs does not count).
   std::uint64_t epoch = b->epoch;
   for (block* n : {left, right}) {
     if (n == nullptr) continue;
-    epoch = std::max(epoch, n->epoch);
     if (n->owner != 0) {
-      unlink_pending(*slots_[n->owner - 1], n);  // keep too: it goes last, with the newest epoch
+      epoch = std::max(epoch, n->epoch);
+      unlink_pending(*slots_[n->owner - 1], n);  // keep too: it goes back in by the epoch
     } else if (b->owner != 0) {
       hold(n->offset, n->size, true);
     }
@@ -231,7 +239,7 @@ block* arena::merge_free(block* b) noexcept {
     index.insert(keep);
   else
     index.resized(keep, kept_size);
-  if (slot != nullptr) append_pending(*slot, keep);
+  if (slot != nullptr) insert_pending(*slot, keep);
   return keep;
 }
 
@@ -309,8 +317,25 @@ void arena::free_pending(block* b, stream_slot& slot, std::uint64_t epoch) noexc
   allocated_.erase(b->offset);
   b->free = true;
   b->owner = slot.owner;
-  b->epoch = epoch;  // the newest: frees come in epoch order
+  b->epoch = epoch;
   (void)merge_free(b);
+}
+
+void arena::flush_bin(quick_bin& bin, bool release_passed) noexcept {
+  while (bin.head != nullptr) {
+    block* b = bin.head;
+    bin.head = b->next_free;
+    b->cached = false;
+    --cached_count_;
+    cached_bytes_ -= b->size;
+    stream_slot* slot = bin.slot;
+    if (slot == nullptr ||
+        (release_passed && b->epoch <= slot->record->passed.load(std::memory_order_relaxed)))
+      free_released(b);
+    else
+      free_pending(b, *slot, b->epoch);
+  }
+  bin.count = 0;
 }
 
 block* arena::release_one(stream_slot& slot, block* b) noexcept {

@@ -4,6 +4,7 @@
 // is the bookkeeping. An arena is used under its own mutex; mapping and unmapping pages is
 // the resource's business (resource.cpp), done with every arena locked.
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -161,10 +162,69 @@ class arena {
   // Moves the blocks of `slot` freed up to `epoch` to the released blocks. Returns how many.
   std::size_t release_pending(stream_slot& slot, std::uint64_t epoch) noexcept;
 
-  // Allocated blocks by their offset.
+  // Quick bins: deferred coalescing, as in the thread caches of malloc implementations. A
+  // block freed whole, of a size asked for here and not found, is kept as it is (its bytes
+  // still held, its pages mapped) in a bin of blocks of that exact size and owner
+  // (released, or pending on one stream), and the next request of that size from a stream
+  // that may use it takes it back: no fit search, carving, merging, page bookkeeping or
+  // table update. A program that repeats itself asks for the sizes it freed; one whose sizes
+  // do not repeat leaves the bins nearly empty, as a bin keeps only the size last asked for
+  // there. The bins hold at most a page's worth of bytes in all. What they hold is free for
+  // its owner only through them: before anything else looks for free blocks or idle pages
+  // (an allocation that the free blocks cannot serve, the slow path, statistics, trim,
+  // sleep), flush_quick() frees every cached block as deallocate would have, so the cache
+  // never makes the resource map a page it would not have.
+  //
+  // Takes a cached block of exactly `size` bytes whose start is aligned to `alignment` and
+  // that `record`'s stream may use (null: the calls without a stream, which may use
+  // released ones only), allocated again; null when there is none.
+  block* take_quick(std::uint64_t size, std::uint64_t alignment, const stream_record* record) noexcept {
+    quick_bin& bin = quick_bins_[quick_bin_of(size)];
+    if (bin.count == 0) {
+      bin.size = size;  // asked for: a block of this size freed next is kept for the next ask
+      return nullptr;
+    }
+    if (bin.size != size || (bin.slot != nullptr && bin.slot->record != record)) return nullptr;
+    block* b = bin.head;
+    if ((b->offset & (alignment - 1)) != 0) return nullptr;
+    bin.head = b->next_free;
+    --bin.count;
+    --cached_count_;
+    cached_bytes_ -= b->size;
+    b->cached = false;
+    return b;
+  }
+  // Keeps allocated block `b`, freed now (by `slot`'s stream in `epoch`; null: released),
+  // in its quick bin; false when it does not go there (free it the ordinary way then).
+  bool keep_quick(block* b, stream_slot* slot, std::uint64_t epoch) noexcept {
+    quick_bin& bin = quick_bins_[quick_bin_of(b->size)];
+    if (bin.size != b->size || bin.count == quick_depth || (bin.count != 0 && bin.slot != slot) ||
+        cached_bytes_ + b->size > page_size_)
+      return false;
+    cached_bytes_ += b->size;
+    b->cached = true;
+    b->epoch = epoch;
+    b->next_free = bin.head;
+    bin.head = b;
+    bin.slot = slot;
+    ++bin.count;
+    ++cached_count_;
+    return true;
+  }
+  // Frees every cached block as deallocate would have: released, or pending on its stream
+  // (released when `release_passed` and its stream has passed the free).
+  void flush_quick(bool release_passed) noexcept {
+    if (cached_count_ == 0) return;
+    for (quick_bin& bin : quick_bins_)
+      if (bin.count != 0) flush_bin(bin, release_passed);
+  }
+  [[nodiscard]] std::size_t cached_count() const noexcept { return cached_count_; }
+
+  // Allocated blocks by their offset (cached ones too: block::cached tells them apart).
   [[nodiscard]] block* allocated_at(std::uint64_t offset) const noexcept { return allocated_.find(offset); }
   [[nodiscard]] const block_table& allocated() const noexcept { return allocated_; }
-  [[nodiscard]] std::size_t allocated_count() const noexcept { return allocated_.size(); }
+  // Live allocations: allocated blocks not cached.
+  [[nodiscard]] std::size_t allocated_count() const noexcept { return allocated_.size() - cached_count_; }
 
   // The index of free blocks a block of this owner is in.
   free_index& index_of(const block* b) noexcept {
@@ -183,11 +243,24 @@ class arena {
     b->previous = b->next = b->previous_free = b->next_free = b->previous_pending = b->next_pending = nullptr;
     b->epoch = 0;
     b->owner = b->tag = 0;
-    b->free = false;
+    b->free = b->cached = false;
     b->list_first = b->list_second = 0;
     return b;
   }
   void add_spare_blocks();
+  struct quick_bin {
+    std::uint64_t size = 0;       // of the blocks kept; while none is, the size last asked for
+    stream_slot* slot = nullptr;  // whose frees they are (null: released)
+    block* head = nullptr;        // linked through next_free
+    std::uint32_t count = 0;
+  };
+  static constexpr std::size_t quick_bin_count = 64;
+  static constexpr std::uint32_t quick_depth = 16;
+  [[nodiscard]] static std::size_t quick_bin_of(std::uint64_t size) noexcept {
+    return static_cast<std::size_t>(((size >> free_index::unit_shift) * 0x9e3779b97f4a7c15ull) >>
+                                    58);  // of 64
+  }
+  void flush_bin(quick_bin& bin, bool release_passed) noexcept;
   void delete_block(block* b) noexcept {
     b->next_free = spare_blocks_;
     spare_blocks_ = b;
@@ -206,10 +279,11 @@ class arena {
   block* release_one(stream_slot& slot, block* b) noexcept;
   void unlink_pending(stream_slot& slot, block* b) noexcept;
   void insert_pending_before(stream_slot& slot, block* at, block* b) noexcept;  // b: at's epoch
-  void append_pending(stream_slot& slot, block* b) noexcept;
+  void insert_pending(stream_slot& slot, block* b) noexcept;                    // in order of epochs
   // Merges `b`, just made free (its owner and epoch set, in no index or list), with its
   // free neighbours of the same owner (and, when pending, released ones); the merged block
-  // is in its owner's index and, when pending, last in its stream's pending list.
+  // is in its owner's index and, when pending, in its stream's pending list by its epoch
+  // (the newest of the merged pending blocks').
   block* merge_free(block* b) noexcept;
 
   std::size_t page_size_;
@@ -226,6 +300,9 @@ class arena {
   block_table allocated_;
   std::vector<std::unique_ptr<block[]>> block_storage_;
   block* spare_blocks_ = nullptr;
+  std::array<quick_bin, quick_bin_count> quick_bins_{};
+  std::size_t cached_count_ = 0;
+  std::uint64_t cached_bytes_ = 0;
 };
 
 }  // namespace vmm::detail

@@ -18,14 +18,15 @@ struct block {
   std::uint64_t size = 0;
   block* previous = nullptr;  // address order
   block* next = nullptr;
-  block* previous_free = nullptr;  // the owner's size list, or the free pool of blocks
-  block* next_free = nullptr;
+  block* previous_free = nullptr;     // the owner's size list, the free pool of blocks, or
+  block* next_free = nullptr;         // (next_free only) a quick bin of the arena
   block* previous_pending = nullptr;  // the owner's list in order of epochs (pending only)
   block* next_pending = nullptr;
-  std::uint64_t epoch = 0;  // pending: the freeing stream's epoch when it was freed
+  std::uint64_t epoch = 0;  // pending or cached: the freeing stream's epoch when it was freed
   std::uint32_t owner = 0;  // free: 0 released, i > 0 pending on stream slot i - 1
   std::uint32_t tag = 0;    // allocated: the caller's tag (sleep and wake act by tag)
   bool free = false;
+  bool cached = false;          // freed into a quick bin: allocated still, for the tiling
   std::uint8_t list_first = 0;  // free: the size list it is in (free_index keeps these)
   std::uint8_t list_second = 0;
   [[nodiscard]] std::uint64_t end() const noexcept { return offset + size; }

@@ -314,6 +314,9 @@ resource_state::all_locked::all_locked(const resource_state& state) : resource_(
   const std::size_t count = state.arena_count_.load();
   arenas_.reserve(count);
   for (std::size_t i = 0; i < count; ++i) arenas_.emplace_back(state.arenas_[i].load()->mutex);
+  // Whatever runs under every lock sees each free block and idle page as it is: none cached.
+  for (std::size_t i = 0; i < count; ++i)
+    state.arenas_[i].load()->flush_quick(state.policies_.allow_opportunistic);
 }
 
 resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource_properties properties,
@@ -481,6 +484,11 @@ void resource_state::note_unused(std::uint64_t bytes) noexcept {
 void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64_t size,
                                  std::uint64_t alignment, std::uint32_t tag) {
   std::lock_guard lock(home.mutex);
+  if (block* b = home.take_quick(size, alignment, record)) {
+    b->tag = tag;
+    ++home.allocations_made;
+    return reinterpret_cast<void*>(home.base() + b->offset);
+  }
   const auto search = [&](free_index& index) -> void* {
     block* found = nullptr;
     std::uint64_t start = 0;
@@ -500,12 +508,18 @@ void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64
     ++home.allocations_made;
     return reinterpret_cast<void*>(home.base() + b->offset);
   };
-  if (record != nullptr) {
-    for (auto& slot : home.slots())
-      if (slot->record == record)
-        if (void* p = search(slot->pending)) return p;
-  }
-  return search(home.released());
+  const auto search_all = [&]() -> void* {
+    if (record != nullptr)
+      for (auto& slot : home.slots())
+        if (slot->record == record)
+          if (void* p = search(slot->pending)) return p;
+    return search(home.released());
+  };
+  if (void* p = search_all()) return p;
+  // The cached blocks, freed as they would have been, may make the run that fits.
+  if (home.cached_count() == 0) return nullptr;
+  home.flush_quick(policies_.allow_opportunistic);
+  return search_all();
 }
 
 void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment, bool sync,
@@ -1006,16 +1020,23 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
     stream_entry* entry = (sync || synchronous_) ? nullptr : &entry_of(stream, false);
     std::lock_guard lock(a->mutex);
     block* b = a->allocated_at(address - a->base());
-    if (b == nullptr) return refuse("it is not a live allocation (freed twice, or never allocated)");
+    if (b == nullptr || b->cached)
+      return refuse("it is not a live allocation (freed twice, or never allocated)");
     if (round_to_unit(bytes) != b->size)
       return refuse(fmt::format("it was allocated with {} bytes", b->size));
     const std::uint64_t size = b->size;
+    // Small blocks wait in a quick bin for the next request of their size (arena.hpp). Not
+    // larger ones: kept whole, they change where other sizes are placed, and the replays of
+    // bench/data then stitched up to 600 times the pages (gpt2: 3,556-6,018 instead of 10;
+    // vit 1,450-2,167 instead of 916). Small blocks have arenas of their own.
+    const bool quick = size < small_limit;
     if (entry == nullptr) {
-      a->free_released(b);
+      if (!(quick && a->keep_quick(b, nullptr, 0))) a->free_released(b);
     } else {
       stream_record& record = *entry->record;
       stream_slot& slot = a->slot_of(record);
-      a->free_pending(b, slot, record.epoch.load());
+      const std::uint64_t epoch = record.epoch.load();
+      if (!(quick && a->keep_quick(b, &slot, epoch))) a->free_pending(b, slot, epoch);
       // A point closes the epoch every few frees, and at once when none is outstanding (the
       // stream has caught up): so that what a stream frees before it falls idle becomes
       // free for others too, without an event for every free.
@@ -1404,7 +1425,7 @@ memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std:
     if (!a.contains(address)) continue;
     std::lock_guard lock(a.mutex);
     const block* b = a.allocated_at(address - a.base());
-    if (b == nullptr || b->size != round_to_unit(bytes))
+    if (b == nullptr || b->cached || b->size != round_to_unit(bytes))
       throw invalid_argument(
           fmt::format("memory_resource: {:#x} ({} bytes) is not a live allocation of "
                       "this resource",
