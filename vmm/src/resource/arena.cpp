@@ -143,10 +143,15 @@ void arena::hold(std::uint64_t offset, std::uint64_t size, bool add) noexcept {
       held[p] -= bytes;
   };
   if (count == 1) return change(first, size);
-  // The first and the last page may be held in part, every page between them whole.
+  // The first and the last page may be held in part, every page between them whole (a
+  // loop of its own for each direction: no test in the body, which the compiler unrolls).
   const std::size_t last = first + count - 1;
   change(first, ((std::uint64_t{first} + 1) << page_shift_) - offset);
-  for (std::size_t p = first + 1; p < last && p < known; ++p) change(p, page_size_);
+  const std::size_t whole_end = std::min(last, known);
+  if (add)
+    for (std::size_t p = first + 1; p < whole_end; ++p) held[p] += page_size_;
+  else
+    for (std::size_t p = first + 1; p < whole_end; ++p) held[p] -= page_size_;
   change(last, offset + size - (std::uint64_t{last} << page_shift_));
 }
 
