@@ -24,9 +24,9 @@
 /// block (under 1 MiB) of a size asked for before waits whole in a quick bin of its arena
 /// for the next request of that size (deferred coalescing: no search, split or merge; such
 /// a pair costs 40 % of the instructions of one that splits and merges); anything that
-/// looks further for free memory first frees what the bins hold, so they never cost a page. When a
-/// block needs pages and none is spare, the resource takes a page that no block holds (an
-/// idle page inside a free run, whose streams have passed) from anywhere in any arena,
+/// looks further for free memory first frees what the bins hold, so they never cost a
+/// page. When a block needs pages and none is spare, the resource takes a page that no
+/// block holds (an idle page inside a free run, whose streams have passed) from anywhere in any arena,
 /// unmaps it and maps its physical memory where it is needed ("stitching"), the highest
 /// idle pages of an arena first, before it creates any new memory. A page stitched costs
 /// the driver 57-79 us on an H100 (unmap, map, access), so the resource learns headroom: it

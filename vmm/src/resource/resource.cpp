@@ -484,11 +484,12 @@ void resource_state::note_unused(std::uint64_t bytes) noexcept {
 void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64_t size,
                                  std::uint64_t alignment, std::uint32_t tag) {
   std::lock_guard lock(home.mutex);
-  if (block* b = home.take_quick(size, alignment, record)) {
-    b->tag = tag;
-    ++home.allocations_made;
-    return reinterpret_cast<void*>(home.base() + b->offset);
-  }
+  if (size < small_limit)  // only small blocks wait in quick bins (deallocate)
+    if (block* b = home.take_quick(size, alignment, record)) {
+      b->tag = tag;
+      ++home.allocations_made;
+      return reinterpret_cast<void*>(home.base() + b->offset);
+    }
   const auto search = [&](free_index& index) -> void* {
     block* found = nullptr;
     std::uint64_t start = 0;
