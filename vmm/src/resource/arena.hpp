@@ -115,6 +115,11 @@ class arena {
     if (const auto [first, count] = page_span(offset, size); count == 1) return mapped(first);
     return unmapped_pages(offset, size, 1) == 0;
   }
+  // Whether no page of [offset, offset + size) is mapped.
+  [[nodiscard]] bool none_mapped(std::uint64_t offset, std::uint64_t size) const noexcept {
+    const std::size_t count = page_span(offset, size).second;
+    return unmapped_pages(offset, size, count) == count;
+  }
   // Pages [0, page_count()) have state: they have been held by an allocation at some time.
   // Every later one is not mapped and lies whole in the arena's last block (every other
   // block ends below it), held exactly when that block is pending.

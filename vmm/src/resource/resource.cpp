@@ -779,12 +779,28 @@ resource_state::choice resource_state::choose(arena& a, free_index& index, std::
   choice best;
   best.unmapped = better_than;
   int weighed = 0;
-  index.candidates(size, [&](block* b) {
-    const std::uint64_t at = arena::fit(b, size, alignment);
-    if (at == ~std::uint64_t{0}) return ++weighed >= candidates_weighed * 4;
+  // Pages to map at `at`; pages lent away and not passed yet would make the stream wait:
+  // last resort.
+  const auto pages_to_map = [&](std::uint64_t at) {
     std::size_t unmapped = a.unmapped_pages(at, size, best.unmapped);
-    // Pages lent away and not passed yet would make the stream wait: last resort.
     if (unmapped != 0) unmapped += a.retiring_pages(at, size) * retiring_penalty;
+    return unmapped;
+  };
+  index.candidates(size, [&](block* b) {
+    std::uint64_t at = arena::fit(b, size, alignment);
+    if (at == ~std::uint64_t{0}) return ++weighed >= candidates_weighed * 4;
+    std::size_t unmapped = pages_to_map(at);
+    // The block's far end, where its start lacks pages and the far end fewer: what a block
+    // freed just below a live one leaves once merged with the free addresses under it, as a
+    // tensor grown by x = cat(x, y) does at every step. Its pages are used where they are
+    // instead of being moved. A pending block only when no page below the far end is mapped:
+    // pages left idle there could be lent only once its stream passes the free.
+    if (const std::uint64_t far = (b->end() - size) & ~(alignment - 1);
+        unmapped != 0 && far > at && (b->owner == 0 || a.none_mapped(b->offset, far - b->offset)))
+      if (const std::size_t there = pages_to_map(far); there < unmapped) {
+        at = far;
+        unmapped = there;
+      }
     if (unmapped < best.unmapped) best = choice{&a, b, at, unmapped};
     return best.unmapped == 0 || ++weighed >= candidates_weighed;
   });
