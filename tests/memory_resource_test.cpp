@@ -482,16 +482,21 @@ TYPED_TEST(memory_resources, a_block_grown_by_copies_keeps_freed_pages_in_place)
   // x = cat(x, y) in a loop: each step asks for one granule more than x, copies and frees x.
   // The freed x lies just below the live one, over the free addresses where earlier
   // steps' blocks were: the next request takes it at its far end, over its mapped pages,
-  // instead of moving them all.
+  // instead of moving them all. Each step stamps every page of its block, and the stamps
+  // are read back after the next request is placed.
+  const auto stamp = [](std::size_t step, std::size_t page) {
+    return pattern(256, static_cast<std::uint32_t>(step * 100 + page));
+  };
   auto resource = this->make({.max_size = 64 * g});
   void* x = resource->allocate({}, g);
-  this->write(x, pattern(g, 1));
+  this->write(x, stamp(1, 0));
   const memory_resource_statistics before = resource->statistics();
   constexpr std::size_t steps = 16;
   for (std::size_t k = 2; k <= steps; ++k) {
     void* y = resource->allocate({}, k * g);
-    EXPECT_EQ(this->read(x, (k - 1) * g), pattern((k - 1) * g, static_cast<std::uint32_t>(k - 1))) << k;
-    this->write(y, pattern(k * g, static_cast<std::uint32_t>(k)));
+    for (std::size_t i = 0; i < k; ++i) this->write(static_cast<std::byte*>(y) + i * g, stamp(k, i));
+    for (std::size_t i = 0; i < k - 1; ++i)
+      EXPECT_EQ(this->read(static_cast<std::byte*>(x) + i * g, 256), stamp(k - 1, i)) << k << " " << i;
     resource->deallocate({}, x, (k - 1) * g);
     x = y;
   }
@@ -500,7 +505,8 @@ TYPED_TEST(memory_resources, a_block_grown_by_copies_keeps_freed_pages_in_place)
   // freed block's pages instead stitched 50 on the OS provider, against 12 at far ends.
   EXPECT_LE(after.pages_stitched - before.pages_stitched, steps);
   EXPECT_LE(after.reserved_high, (2 * steps + 1) * g);
-  EXPECT_EQ(this->read(x, steps * g), pattern(steps * g, steps));
+  for (std::size_t i = 0; i < steps; ++i)
+    EXPECT_EQ(this->read(static_cast<std::byte*>(x) + i * g, 256), stamp(steps, i)) << i;
   resource->deallocate({}, x, steps * g);
   EXPECT_EQ(resource->statistics().used_current, 0u);
 }
