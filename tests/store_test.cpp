@@ -25,6 +25,7 @@
 #include "memory_io.hpp"
 #include "process_resources.hpp"
 #include "provider_kinds.hpp"
+#include "sanitizers.hpp"
 #include "vmm/ipc/fd_channel.hpp"
 #include "vmm/retirement.hpp"
 #include "vmm/store/client.hpp"
@@ -439,7 +440,8 @@ TYPED_TEST(store_test, daemon_killed_leaves_mappings_readable_and_a_restart_is_e
 }
 
 TYPED_TEST(store_test, cycles_leak_no_descriptor_on_either_side) {
-  const int cycles = TypeParam::where().kind == memory_kind::os_host ? 10'000 : 1'000;
+  const int full = TypeParam::where().kind == memory_kind::os_host ? 10'000 : 1'000;
+  const int cycles = under_thread_sanitizer ? full / 10 : full;  // see sanitizers.hpp
   store::client store = this->connect();
   const auto cycle = [&](int i) {
     const std::string name = "cycle-" + std::to_string(i % 7);
