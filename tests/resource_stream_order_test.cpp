@@ -363,6 +363,35 @@ TEST_F(stream_order, a_page_lent_from_a_pending_block_is_mapped_there_again_once
   EXPECT_EQ(resource->statistics().host_waits, 1u) << "frees never wait";
 }
 
+TEST_F(stream_order, a_block_grown_by_copies_on_a_stream_far_behind_keeps_its_pages_in_place) {
+  // x = cat(x, y) while the GPU runs behind: every freed x is still pending on its stream,
+  // which may take it back at once. Below the freed x lie only unmapped addresses, so the
+  // next request goes to its far end, over its pages, as for a block whose free has passed.
+  const std::size_t g = 2 * mib;
+  auto resource = make({.max_size = 64 * g});
+  auto* x = static_cast<unsigned char*>(resource->allocate(a_, g));
+  std::memset(x, 1, g);
+  constexpr std::size_t steps = 16;
+  for (std::size_t k = 2; k <= steps; ++k) {
+    auto* y = static_cast<unsigned char*>(resource->allocate(a_, k * g));
+    std::memcpy(y, x, (k - 1) * g);
+    std::memset(y + (k - 1) * g, static_cast<int>(k), g);
+    executor_.enqueue(a_);  // the copy, still running
+    resource->deallocate(a_, x, (k - 1) * g);
+    x = y;
+  }
+  const memory_resource_statistics s = resource->statistics();
+  // Every third step the request outgrows the free run below and goes above, moving pages
+  // of the pending blocks there: 31 pages stitched in all. Moving each freed block's pages
+  // instead (the far end for released blocks only) stitched 94 and made the host wait.
+  EXPECT_LE(s.pages_stitched, 3 * steps);
+  EXPECT_LE(s.reserved_high, (2 * steps + 1) * g);
+  EXPECT_EQ(s.host_waits, 0u) << "the stream's own frees never make the host wait";
+  EXPECT_EQ(executor_.completed(a_), 0u);
+  for (std::size_t k = 1; k <= steps; ++k) EXPECT_EQ(x[(k - 1) * g], k) << "page " << k - 1;
+  resource->deallocate(a_, x, steps * g);
+}
+
 TEST_F(stream_order, an_internal_dependency_makes_the_allocating_stream_wait_for_the_free) {
   const std::size_t g = 2 * mib;
   auto resource = make({.max_size = 4 * g});

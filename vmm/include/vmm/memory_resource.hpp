@@ -31,7 +31,9 @@
 /// idle pages of an arena first, before it creates any new memory. A request goes where it
 /// needs the fewest pages: to the free run, and to that run's start or, where fewer pages
 /// lack there, its end (so a tensor grown by x = cat(x, y) reuses its freed copy's pages
-/// where they lie, and maps only what it adds). A page stitched costs
+/// where they lie, and maps only what it adds); the end of a run whose stream has not
+/// passed its free only when no page below that end is mapped (one there would stay idle
+/// until the stream passes). A page stitched costs
 /// the driver 57-79 us on an H100 (unmap, map, access), so the resource learns headroom: it
 /// keeps one page more for every small page it has had to stitch, up to 1/8 of the most
 /// ever in use, 1/256 with large pages, which move for the cost of one small page each
