@@ -1246,7 +1246,9 @@ def section_torch(report):
         if isinstance(sw, dict) and "sleep_ms" in sw:
             report.out.append(f"- {a} sleep/wake of {fmt_bytes(sw.get('offloaded_bytes'))}: sleep "
                               f"{sw['sleep_ms']:.1f} ms ({fmt_ratio(sw.get('sleep_over_d2h'))} a pinned copy), wake "
-                              f"{sw.get('wake_ms', 0):.1f} ms ({fmt_ratio(sw.get('wake_over_h2d'))})")
+                              f"{sw.get('wake_ms', 0):.1f} ms ({fmt_ratio(sw.get('wake_over_h2d'))})"
+                              + (f"; into host copies the wake before kept: sleep {sw['sleep_kept_ms']:.1f} ms "
+                                 f"({fmt_ratio(sw.get('sleep_kept_over_d2h'))})" if "sleep_kept_ms" in sw else ""))
     if data.get("targets"):
         report.out.append("")
         report.out.append("Targets, as the script checked them:")

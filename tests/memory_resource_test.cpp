@@ -574,6 +574,58 @@ TYPED_TEST(sleeping_resources, sleep_gives_every_page_back_and_wake_restores_the
   EXPECT_EQ(resource->statistics().allocations, 0u);
 }
 
+// A program that sleeps and wakes in a loop: a wake that keeps the host copies hands them
+// to the next sleep, which makes no fresh host memory while they are large enough.
+TYPED_TEST(sleeping_resources, host_copies_kept_by_a_wake_serve_the_next_sleep) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make();
+  constexpr allocation_tag weights{1};
+  const allocation_tag offload[] = {weights};
+  const std::size_t host_before = detail::host_copies::bytes_in_process();
+  void* w = resource->allocate({}, 3 * g, 256, weights);
+  void* extra = resource->allocate({}, g, 256, weights);
+  this->write(w, pattern(3 * g, 21));
+  this->write(extra, pattern(g, 22));
+  resource->sleep(offload);
+  EXPECT_EQ(resource->statistics().host_copy_bytes, 4 * g);
+  resource->wake({}, {}, after_wake::keep_host_copies);
+  EXPECT_EQ(resource->statistics().host_copy_bytes, 4 * g) << "the wake gave its host copies back";
+  EXPECT_EQ(detail::host_copies::bytes_in_process(), host_before + 4 * g);
+
+  // Less to save: the kept 4 granules serve (fresh copies would be 3).
+  resource->deallocate({}, extra, g);
+  this->write(w, pattern(3 * g, 23));
+  resource->sleep(offload);
+  EXPECT_EQ(resource->statistics().host_copy_bytes, 4 * g);
+  EXPECT_EQ(detail::host_copies::bytes_in_process(), host_before + 4 * g);
+  resource->wake({}, {}, after_wake::keep_host_copies);
+  EXPECT_EQ(this->read(w, 3 * g), pattern(3 * g, 23));
+
+  // More to save than was kept: they go back, and fresh ones of the new size come.
+  void* more = resource->allocate({}, 2 * g, 256, weights);
+  this->write(more, pattern(2 * g, 24));
+  resource->sleep(offload);
+  EXPECT_EQ(resource->statistics().host_copy_bytes, 5 * g);
+  EXPECT_EQ(detail::host_copies::bytes_in_process(), host_before + 5 * g);
+  resource->wake({}, {}, after_wake::keep_host_copies);
+  EXPECT_EQ(this->read(w, 3 * g), pattern(3 * g, 23));
+  EXPECT_EQ(this->read(more, 2 * g), pattern(2 * g, 24));
+
+  resource->trim_to(std::numeric_limits<std::size_t>::max());  // gives kept copies back, keeps pages
+  EXPECT_EQ(resource->statistics().host_copy_bytes, 0u);
+  EXPECT_EQ(detail::host_copies::bytes_in_process(), host_before);
+  EXPECT_EQ(this->read(w, 3 * g), pattern(3 * g, 23));
+
+  // Kept copies the resource still holds go back with it.
+  resource->sleep(offload);
+  resource->wake({}, {}, after_wake::keep_host_copies);
+  EXPECT_EQ(detail::host_copies::bytes_in_process(), host_before + 5 * g);
+  resource->deallocate({}, w, 3 * g);
+  resource->deallocate({}, more, 2 * g);
+  resource.reset();
+  EXPECT_EQ(detail::host_copies::bytes_in_process(), host_before);
+}
+
 // wake() maps and grants its pages a few dozen at a time and copies each saved run as soon
 // as its pages are granted: runs that cross those steps, pages shared by allocations of
 // different tags, and a partial wake must all come back byte for byte.

@@ -221,7 +221,7 @@ TEST(torch_allocator, sleep_keeps_offloaded_bytes_and_every_pointer) {
   EXPECT_EQ(s.reserved_current, 0U);
   EXPECT_EQ(s.allocations, 2U);
 
-  ASSERT_EQ(vmm_torch_wake(device, nullptr, 0), 0) << last_error();
+  ASSERT_EQ(vmm_torch_wake(device, nullptr, 0, 0), 0) << last_error();
   EXPECT_EQ(vmm_torch_asleep(device), 0);
   EXPECT_TRUE(holds(weights, weight_bytes, 11));  // the same pointer, the same bytes
   fill(cache, cache_bytes, 33);                   // dropped, but mapped again and usable
@@ -251,7 +251,7 @@ TEST(torch_allocator, while_asleep_allocation_fails_and_frees_wait_for_the_wake)
   EXPECT_EQ(s.allocations, 2U);  // the free waits for the wake
   EXPECT_EQ(s.bad_deallocations, 0U);
 
-  ASSERT_EQ(vmm_torch_wake(device, nullptr, 0), 0) << last_error();
+  ASSERT_EQ(vmm_torch_wake(device, nullptr, 0, 0), 0) << last_error();
   s = statistics_of(device);
   EXPECT_EQ(s.allocations, 1U);
   EXPECT_EQ(s.bad_deallocations, 0U);
@@ -281,12 +281,12 @@ TEST(torch_allocator, waking_some_tags_keeps_the_rest_asleep) {
   const std::uint32_t both[] = {1, 2};
   ASSERT_EQ(vmm_torch_sleep(device, both, 2), 0) << last_error();
   const std::uint32_t first[] = {1};
-  ASSERT_EQ(vmm_torch_wake(device, first, 1), 0) << last_error();
+  ASSERT_EQ(vmm_torch_wake(device, first, 1, 0), 0) << last_error();
   EXPECT_EQ(vmm_torch_asleep(device), 1);
   EXPECT_TRUE(holds(a, 2 * mib, 1));
   EXPECT_EQ(vmm_alloc(256, device, nullptr), nullptr);  // still asleep
   const std::uint32_t second[] = {2};
-  ASSERT_EQ(vmm_torch_wake(device, second, 1), 0) << last_error();
+  ASSERT_EQ(vmm_torch_wake(device, second, 1, 0), 0) << last_error();
   EXPECT_EQ(vmm_torch_asleep(device), 0);
   EXPECT_TRUE(holds(b, 2 * mib, 2));
   vmm_free(a, 2 * mib, device, nullptr);
@@ -295,12 +295,12 @@ TEST(torch_allocator, waking_some_tags_keeps_the_rest_asleep) {
 
 TEST(torch_allocator, bad_sleep_and_wake_are_refused_and_change_nothing) {
   constexpr int device = 9;
-  EXPECT_EQ(vmm_torch_wake(device, nullptr, 0), -1);  // no resource yet
+  EXPECT_EQ(vmm_torch_wake(device, nullptr, 0, 0), -1);  // no resource yet
   EXPECT_NE(last_error().find("not asleep"), std::string::npos) << last_error();
   void* p = vmm_alloc(mib, device, nullptr);
   ASSERT_NE(p, nullptr);
   fill(p, mib, 5);
-  EXPECT_EQ(vmm_torch_wake(device, nullptr, 0), -1);
+  EXPECT_EQ(vmm_torch_wake(device, nullptr, 0, 0), -1);
   EXPECT_NE(last_error().find("not asleep"), std::string::npos) << last_error();
   EXPECT_EQ(vmm_torch_sleep(device, nullptr, 1), -1);  // a count with no tags
   EXPECT_EQ(vmm_torch_asleep(device), 0);
@@ -309,7 +309,7 @@ TEST(torch_allocator, bad_sleep_and_wake_are_refused_and_change_nothing) {
   ASSERT_EQ(vmm_torch_sleep(device, all, 1), 0) << last_error();
   EXPECT_EQ(vmm_torch_sleep(device, all, 1), -1);
   EXPECT_NE(last_error().find("asleep already"), std::string::npos) << last_error();
-  ASSERT_EQ(vmm_torch_wake(device, nullptr, 0), 0) << last_error();
+  ASSERT_EQ(vmm_torch_wake(device, nullptr, 0, 0), 0) << last_error();
   EXPECT_TRUE(holds(p, mib, 5));
   vmm_free(p, mib, device, nullptr);
 }
@@ -376,7 +376,7 @@ TEST(torch_allocator, sleep_and_wake_while_other_threads_allocate_and_free) {
   int rounds = 0;
   for (; rounds < 50 && finished.load() < threads; ++rounds) {
     ASSERT_EQ(vmm_torch_sleep(device, nullptr, 0), 0) << last_error();
-    ASSERT_EQ(vmm_torch_wake(device, nullptr, 0), 0) << last_error();
+    ASSERT_EQ(vmm_torch_wake(device, nullptr, 0, 0), 0) << last_error();
   }
   for (std::thread& worker : workers) worker.join();
   EXPECT_GT(rounds, 0);

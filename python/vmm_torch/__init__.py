@@ -100,6 +100,7 @@ class _Statistics(ctypes.Structure):
             "out_of_memory",
             "failed",
             "frees_deferred",
+            "host_copy_bytes",
             "page_size",
         )
     ] + [("asleep", ctypes.c_uint32), ("exportable", ctypes.c_uint32)]
@@ -163,7 +164,7 @@ def _library():
             "vmm_torch_reset_peak": (c_int, [c_int]),
             "vmm_torch_trim": (c_int, [c_int, c_size_t]),
             "vmm_torch_sleep": (c_int, [c_int, ctypes.POINTER(c_uint32), c_size_t]),
-            "vmm_torch_wake": (c_int, [c_int, ctypes.POINTER(c_uint32), c_size_t]),
+            "vmm_torch_wake": (c_int, [c_int, ctypes.POINTER(c_uint32), c_size_t, c_int]),
             "vmm_torch_asleep": (c_int, [c_int]),
             "vmm_torch_devices": (c_size_t, [ctypes.POINTER(c_int), c_size_t]),
             "vmm_torch_last_error": (c_size_t, [ctypes.c_char_p, c_size_t]),
@@ -460,6 +461,7 @@ def memory_stats(device=None):
         "vmm.bad_deallocations": s.bad_deallocations,
         "vmm.failed_allocations": s.failed,
         "vmm.frees_deferred": s.frees_deferred,
+        "vmm.host_copy_bytes": s.host_copy_bytes,
         "vmm.asleep": s.asleep,
         "vmm.exportable": s.exportable,
     }
@@ -506,7 +508,8 @@ def _torch_in_use():
 
 
 def trim(device=None, keep=0):
-    """Gives idle memory back to the GPU, keeping at most ``keep`` bytes reserved.
+    """Gives idle memory back to the GPU, keeping at most ``keep`` bytes reserved, and host
+    copies that wake(keep_host_copies=True) kept back to the system.
 
     Like torch.cuda.empty_cache(), it waits for the device first: what was freed on any
     stream can go only once the work before the free is done.
@@ -626,17 +629,20 @@ def sleep(offload_tags=None, device=None, collect_garbage=True):
         if status != 0:
             message = f"vmm_torch.sleep(gpu {index}): {last_error()}"
             for other in done:
-                lib.vmm_torch_wake(other, None, 0)
+                lib.vmm_torch_wake(other, None, 0, 0)
             raise VmmError(message)
         done.append(index)
 
 
-def wake(tags=None, device=None):
+def wake(tags=None, device=None, keep_host_copies=False):
     """Wakes the given tags (None: all): fresh memory at the same addresses, saved bytes back.
 
     Once every tag of a device is awake it allocates again, and the frees that arrived
     during the sleep are done. The pinned host copies are given back on a thread of their
-    own right after (the next sleep waits for it).
+    own right after (the next sleep waits for it), or, with ``keep_host_copies``, kept for
+    the next sleep, which then only copies: for a program that sleeps and wakes in a loop
+    (making fresh host memory ready is most of a sleep's time). trim() gives kept copies
+    back; ``memory_stats()["vmm.host_copy_bytes"]`` counts them.
 
     Raises:
         VmmError: no device (or not ``device``) is asleep: wake without sleep.
@@ -652,4 +658,4 @@ def wake(tags=None, device=None):
         where = "no device" if device is None else f"gpu {targets[0]}"
         raise VmmError(f"vmm_torch.wake(): {where} is asleep (sleep() first); nothing changed")
     for index in sleeping:
-        _check(lib.vmm_torch_wake(index, waking, count), f"vmm_torch.wake(gpu {index})")
+        _check(lib.vmm_torch_wake(index, waking, count, 1 if keep_host_copies else 0), f"vmm_torch.wake(gpu {index})")

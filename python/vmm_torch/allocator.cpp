@@ -395,6 +395,7 @@ int vmm_torch_statistics_of(int device, vmm_torch_statistics* out) {
         out->out_of_memory = state.out_of_memory.load(std::memory_order_relaxed);
         out->failed = state.failed.load(std::memory_order_relaxed);
         out->frees_deferred = state.frees_deferred.load(std::memory_order_relaxed);
+        out->host_copy_bytes = s.host_copy_bytes;
         out->page_size = resource.pool()->granularity();
         out->asleep = resource.asleep() ? 1U : 0U;
         out->exportable = resource.properties().handle_type == vmm::handle_kind::none ? 0U : 1U;
@@ -442,7 +443,7 @@ int vmm_torch_sleep(int device, const uint32_t* offload_tags, size_t count) {
       [&] { return fmt::format("vmm_torch_sleep({})", name_of(device)); }));
 }
 
-int vmm_torch_wake(int device, const uint32_t* tags, size_t count) {
+int vmm_torch_wake(int device, const uint32_t* tags, size_t count, int keep_host_copies) {
   return status_of(guarded(
       [&] {
         const std::vector<vmm::allocation_tag> waking = tags_of(tags, count);
@@ -452,7 +453,9 @@ int vmm_torch_wake(int device, const uint32_t* tags, size_t count) {
         if (resource == nullptr || !resource->asleep())
           throw vmm::invalid_argument(
               "it is not asleep: nothing to wake (vmm_torch.sleep() first); nothing changed");
-        resource->wake(waking);
+        resource->wake(waking, {},
+                       keep_host_copies != 0 ? vmm::after_wake::keep_host_copies
+                                             : vmm::after_wake::give_back_host_copies);
         if (resource->asleep()) return;  // some tags still sleep
         // Every tag is awake: the frees that arrived meanwhile, in the order they came.
         for (const deferred_free& free : state.deferred)

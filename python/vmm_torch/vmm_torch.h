@@ -63,6 +63,7 @@ typedef struct vmm_torch_statistics {
   uint64_t out_of_memory;     /* allocations that failed for want of memory */
   uint64_t failed;            /* allocations that failed otherwise (asleep, bad argument) */
   uint64_t frees_deferred;    /* frees that arrived while asleep, done at the wake */
+  uint64_t host_copy_bytes;   /* pinned host memory of the sleep, or kept by a wake for the next */
   uint64_t page_size;         /* the granularity */
   uint32_t asleep;            /* 1 while some tag sleeps */
   uint32_t exportable;        /* 1 when the pages are exportable (POSIX fd) */
@@ -111,7 +112,8 @@ VMM_TORCH_API int vmm_torch_statistics_of(int device, vmm_torch_statistics* out)
 /* Sets the high-water marks to the current values. 0, or -1. */
 VMM_TORCH_API int vmm_torch_reset_peak(int device);
 /* Gives idle pages back until at most `bytes_to_keep` are reserved (cudaMemPoolTrimTo),
- * then the chunk pool's idle memory back to the device. 0, or -1. */
+ * then the chunk pool's idle memory back to the device, and host copies a wake kept back to
+ * the system. 0, or -1. */
 VMM_TORCH_API int vmm_torch_trim(int device, size_t bytes_to_keep);
 
 /* Puts `device`'s resource to sleep, saving the allocations whose tag is one of
@@ -121,9 +123,10 @@ VMM_TORCH_API int vmm_torch_trim(int device, size_t bytes_to_keep);
 VMM_TORCH_API int vmm_torch_sleep(int device, const uint32_t* offload_tags, size_t count);
 /* Wakes the tags tags[0..count) (count 0: all) of `device`'s resource: fresh memory at the
  * same addresses, saved bytes restored. Once every tag is awake, the frees that arrived
- * during the sleep are done. 0, 1 when memory ran out (nothing changed, the tags still
- * sleep), or -1 (not asleep, or another failure). */
-VMM_TORCH_API int vmm_torch_wake(int device, const uint32_t* tags, size_t count);
+ * during the sleep are done, and the pinned host copies are given back, or kept for the
+ * next sleep when keep_host_copies is not 0 (vmm::after_wake). 0, 1 when memory ran out
+ * (nothing changed, the tags still sleep), or -1 (not asleep, or another failure). */
+VMM_TORCH_API int vmm_torch_wake(int device, const uint32_t* tags, size_t count, int keep_host_copies);
 /* 1 while some tag of `device` sleeps, 0 when awake or when it has no resource. */
 VMM_TORCH_API int vmm_torch_asleep(int device);
 

@@ -87,6 +87,20 @@ def main():
     assert not vmm_torch.asleep()
     stats = vmm_torch.memory_stats()
     assert stats["active.all.current"] == 1 and stats["vmm.bad_deallocations"] == 0, stats
+    assert stats["vmm.host_copy_bytes"] == 0, stats  # given back by the wake
+
+    # A wake that keeps the host copies for the next sleep; trim() gives them back.
+    vmm_torch.sleep(offload_tags=("weights",))
+    kept = vmm_torch.memory_stats()["vmm.host_copy_bytes"]
+    assert kept >= 3 * MIB + 5, kept
+    vmm_torch.wake(keep_host_copies=True)
+    assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == kept
+    vmm_torch.sleep(offload_tags=("weights",))
+    vmm_torch.wake(keep_host_copies=True)
+    assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == kept
+    assert ctypes.string_at(weights, 1024) == bytes(range(256)) * 4
+    vmm_torch.trim()
+    assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == 0
 
     lib.vmm_free(weights, 3 * MIB + 5, 0, None)
     vmm_torch.trim()

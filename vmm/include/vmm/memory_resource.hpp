@@ -174,9 +174,24 @@ struct memory_resource_statistics {
   /// the host as long as the stream's queued work takes to get there; synchronize() and
   /// the destructor are not counted.
   std::size_t host_waits = 0;
+  /// Host memory holding saved bytes while asleep, or kept by a wake for the next sleep
+  /// (after_wake::keep_host_copies): pinned for a GPU.
+  std::size_t host_copy_bytes = 0;
   /// reserved_current - used_current: what a caching allocator calls "inactive split" plus
   /// the free pages.
   [[nodiscard]] std::size_t reserved_unused() const noexcept { return reserved_current - used_current; }
+};
+
+/// What a wake that leaves no tag asleep does with the host copies of the sleep.
+enum class after_wake {
+  /// Give them back to the system (unpinned; on a thread of their own for a GPU): the
+  /// host memory is the sleep's only while it sleeps.
+  give_back_host_copies,
+  /// Keep them (pinned) for the next sleep(), which then only copies when they are large
+  /// enough: for a program that sleeps and wakes in a loop. Making fresh host memory
+  /// ready is most of a sleep's time (README, "Measured results"). trim_to() and the
+  /// destructor give them back; statistics().host_copy_bytes counts them.
+  keep_host_copies,
 };
 
 /// See the file comment. Not copyable or movable: pointers name it.
@@ -265,7 +280,8 @@ class memory_resource {
 
   /// cudaMemPoolTrimTo: gives idle pages back to the chunk pool until at most
   /// `bytes_to_keep` are reserved. Pages under frees whose streams the resource has not
-  /// seen pass are kept: synchronize() first to give back everything freed.
+  /// seen pass are kept: synchronize() first to give back everything freed. Host copies a
+  /// wake kept for the next sleep (after_wake::keep_host_copies) go back too.
   void trim_to(std::size_t bytes_to_keep);
   /// Blocks until the device is idle (every stream; cudaDeviceSynchronize), after which
   /// everything freed on any stream is free for every stream and its idle pages can be
@@ -307,6 +323,8 @@ class memory_resource {
   /// memory is fresh anonymous memory (huge pages where the kernel has them), touched by up
   /// to 16 threads at once and pinned 64 MiB at a time (cuMemHostRegister); each piece's
   /// copies are queued as soon as it is pinned, so that they overlap the work on the rest.
+  /// Host copies the last wake kept (after_wake::keep_host_copies) are used instead when
+  /// they are large enough, and given back first when not.
   /// @throws vmm::invalid_argument the resource is asleep already.
   /// @throws vmm::out_of_memory the host copies cannot be had (more than the host can
   ///         commit safely, or refused); nothing changed.
@@ -317,16 +335,18 @@ class memory_resource {
   /// waits for. The pages are mapped and granted 64 MiB at a time, and each saved run
   /// is copied as soon as its pages are granted, so that the copies overlap the driver's
   /// work on the pages after them. Once every tag is awake the resource allocates again,
-  /// and pinned host copies go back to the system on a thread of their own (unpinning them
-  /// costs about as much as the rest of the wake); the next sleep() and the destructor wait
-  /// for that. On the OS provider they go back before wake() returns. A resource destroyed asleep gives its
-  /// host copies back at once.
+  /// and its host copies are given back or kept for the next sleep, as `then` says. Pinned
+  /// copies go back to the system on a thread of their own (unpinning them costs about as
+  /// much as the rest of the wake); the next sleep() and the destructor wait for that. On
+  /// the OS provider they go back before wake() returns. A resource destroyed asleep gives
+  /// its host copies back at once.
   /// @throws vmm::invalid_argument the resource is not asleep.
   /// @throws vmm::out_of_memory not enough memory: what was mapped is given back, and the
   ///         message says how many bytes were missing; the tags stay asleep.
   /// @throws vmm::os_error, vmm::driver_error a map or grant refused: what was mapped is
   ///         given back (after the copies queued into it) and the tags stay asleep.
-  void wake(std::span<const allocation_tag> tags = {}, stream_ref stream = {});
+  void wake(std::span<const allocation_tag> tags = {}, stream_ref stream = {},
+            after_wake then = after_wake::give_back_host_copies);
   /// Whether the resource is asleep (some tag not woken yet).
   [[nodiscard]] bool asleep() const noexcept;
 

@@ -65,6 +65,10 @@ void host_copies::prepare(const std::function<void(std::size_t, std::size_t)>& r
   // whenever the piece it is to pin next is not ready. So it works with no helper at all
   // (none could be started), and nothing waits on a thread that is not working.
   const std::size_t count = pieces();
+  if (pinned_ == count) {
+    for (std::size_t k = 0; k < count; ++k) ready(k * piece_bytes, piece_size(k));
+    return;
+  }
   std::unique_ptr<std::atomic<bool>[]> touched(new std::atomic<bool>[count]);
   for (std::size_t k = 0; k < count; ++k) touched[k].store(false);
   std::atomic<std::size_t> next{0};

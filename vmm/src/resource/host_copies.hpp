@@ -36,8 +36,9 @@ class host_copies {
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
 
   // Makes every piece ready (touched, pinned) and calls ready(offset, bytes) for each, in
-  // address order, on this thread, as soon as it is. Once only. When it throws (pinning
-  // failed, or `ready` threw), the pieces made ready so far are undone by the destructor.
+  // address order, on this thread, as soon as it is. When it throws (pinning failed, or
+  // `ready` threw), the pieces made ready so far are undone by the destructor. Called again
+  // (copies kept for another sleep), it finds every piece ready and calls `ready` at once.
   void prepare(const std::function<void(std::size_t, std::size_t)>& ready);
 
   // Calls visit(offset, bytes) for the parts of [offset, offset + n) in each piece: a copy

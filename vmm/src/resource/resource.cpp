@@ -118,7 +118,7 @@ class resource_state {
   access_mode access(const accessor& who) const;
   void wait_for(stream_ref waiting, stream_ref freeing);
   void sleep(std::span<const allocation_tag> offload, stream_ref stream);
-  void wake(std::span<const allocation_tag> tags, stream_ref stream);
+  void wake(std::span<const allocation_tag> tags, stream_ref stream, after_wake then);
   bool asleep() const noexcept { return asleep_.load(); }
   memory_resource_statistics statistics() const;
   memory_resource::allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
@@ -299,6 +299,8 @@ class resource_state {
   std::vector<std::uint32_t> asleep_tags_;
   std::unique_ptr<host_copies> saved_;
   std::vector<saved_run> saved_runs_;
+  // Host copies a wake kept for the next sleep (after_wake::keep_host_copies), pinned.
+  std::unique_ptr<host_copies> kept_;
   // The host copies of the last wake are given back on a detached thread of their own (a
   // resource may live until the process exits, so nothing may have to join it), counted
   // in host_releases_running under this resource. Until a wake starts one, waiting for
@@ -367,6 +369,7 @@ resource_state::~resource_state() {
   wait_for_host_release();
   // Destroyed asleep: the host copies go back to the system now, as a wake would.
   saved_.reset();
+  kept_.reset();
   std::size_t live = 0;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) live += arenas_[i].load()->allocated_count();
   if (live != 0)
@@ -1101,6 +1104,7 @@ void resource_state::release_idle(std::size_t bytes_to_keep) {
 void resource_state::trim_to(std::size_t bytes_to_keep) {
   all_locked locked(*this);
   release_idle(bytes_to_keep);
+  kept_.reset();
 }
 
 void resource_state::synchronize() {
@@ -1168,7 +1172,12 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   // piece by piece as the host memory under it becomes ready.
   std::unique_ptr<host_copies> saved;
   if (total != 0) {
-    saved = std::make_unique<host_copies>(total, executor_);
+    if (kept_ && kept_->size() >= total) {
+      saved = std::move(kept_);
+    } else {
+      kept_.reset();  // too small: the host has it back before more is asked of it
+      saved = std::make_unique<host_copies>(total, executor_);
+    }
     std::size_t next_run = 0;
     try {
       saved->prepare([&](std::size_t begin, std::size_t n) {
@@ -1211,7 +1220,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   asleep_.store(true);
 }
 
-void resource_state::wake(std::span<const allocation_tag> tags, stream_ref stream) {
+void resource_state::wake(std::span<const allocation_tag> tags, stream_ref stream, after_wake then) {
   all_locked locked(*this);
   if (!asleep_.load()) throw invalid_argument("memory_resource: wake while awake");
   const auto waking = [&](std::uint32_t tag) {
@@ -1325,7 +1334,12 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   reserved_high_ = std::max(reserved_high_, reserved_bytes());
   if (asleep_tags_.empty()) {
     saved_runs_.clear();
-    give_back_host_copies();
+    if (then == after_wake::keep_host_copies) {
+      if (saved_) kept_ = std::move(saved_);  // none when nothing was saved: kept_ stays
+    } else {
+      kept_.reset();
+      give_back_host_copies();
+    }
     asleep_.store(false);
   }
 }
@@ -1430,6 +1444,7 @@ memory_resource_statistics resource_state::statistics() const {
   s.pages_created = pages_created_;
   s.pages_released = pages_released_;
   s.host_waits = host_waits_;
+  s.host_copy_bytes = (saved_ ? saved_->size() : 0) + (kept_ ? kept_->size() : 0);
   s.bad_deallocations = bad_deallocations_.load();
   return s;
 }
@@ -1501,8 +1516,8 @@ void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_
 void memory_resource::sleep(std::span<const allocation_tag> offload, stream_ref stream) {
   state_->sleep(offload, stream);
 }
-void memory_resource::wake(std::span<const allocation_tag> tags, stream_ref stream) {
-  state_->wake(tags, stream);
+void memory_resource::wake(std::span<const allocation_tag> tags, stream_ref stream, after_wake then) {
+  state_->wake(tags, stream, then);
 }
 bool memory_resource::asleep() const noexcept {
   return state_->asleep();
