@@ -735,7 +735,10 @@ class wake_path : public sweep_path {
 };
 
 // sleep() of a resource: the host copies are had first, so a failure anywhere leaves the
-// resource awake, its pages mapped and its bytes as they were, and no host copy kept.
+// resource awake, its pages mapped and its bytes as they were, and no host copy made. With
+// `into_kept_copies`, a sleep and a wake that keeps its host copies come first: the sleep
+// swept copies into those, and a failure leaves them kept.
+template <bool into_kept_copies>
 class sleep_path : public sweep_path {
  public:
   explicit sleep_path(const sweep_context& context)
@@ -744,6 +747,12 @@ class sleep_path : public sweep_path {
       allocations_.push_back({resource_.allocate({}, bytes, 256, saved), bytes,
                               pattern(bytes, static_cast<std::uint32_t>(allocations_.size() + 80))});
       write_through(*provider_, allocations_.back().data, allocations_.back().bytes);
+    }
+    if (into_kept_copies) {
+      const allocation_tag tags[] = {saved};
+      resource_.sleep(tags);
+      resource_.wake({}, {}, after_wake::keep_host_copies);
+      kept_ = resource_.statistics().host_copy_bytes;
     }
     reserved_ = resource_.statistics().reserved_current;
   }
@@ -763,8 +772,9 @@ class sleep_path : public sweep_path {
     if (!result.succeeded()) {
       EXPECT_FALSE(resource_.asleep());
       EXPECT_EQ(resource_.statistics().reserved_current, reserved_) << "the failed sleep gave pages back";
-      EXPECT_EQ(vmm::detail::host_copies::bytes_in_process(), host_before_)
-          << "the failed sleep kept host copies";
+      EXPECT_EQ(vmm::detail::host_copies::bytes_in_process(), host_before_ + kept_)
+          << "the failed sleep kept host copies it made, or lost those kept before";
+      EXPECT_EQ(resource_.statistics().host_copy_bytes, kept_);
     } else {
       resource_.wake();
     }
@@ -783,6 +793,7 @@ class sleep_path : public sweep_path {
   memory_resource resource_;
   std::vector<allocation> allocations_;
   std::size_t reserved_ = 0;
+  std::size_t kept_ = 0;  // host copies kept by the wake before
   std::size_t host_before_ = vmm::detail::host_copies::bytes_in_process();
 };
 
@@ -819,11 +830,12 @@ TEST_F(os_fault_sweep, wake_of_a_memory_resource) {
 
 TEST_F(os_fault_sweep, sleep_of_a_memory_resource) {
   {  // as for wake: what the first wake leaves for the rest of the process, before the sweep
-    sleep_path warm_up(sweep_context{provider_, chunk_pool::create(provider_)});
+    sleep_path<false> warm_up(sweep_context{provider_, chunk_pool::create(provider_)});
     warm_up();
     warm_up.check({});
   }
-  EXPECT_GT(run<sleep_path>("sleep").total_points(), 0u);
+  EXPECT_GT(run<sleep_path<false>>("sleep").total_points(), 0u);
+  EXPECT_GT(run<sleep_path<true>>("sleep into kept copies").total_points(), 0u);
 }
 
 TEST_F(os_fault_sweep, grow_with_geometric_chunks) {

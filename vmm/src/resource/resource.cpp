@@ -1171,8 +1171,9 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   // The host copies first: if they cannot be had, nothing has changed. Each run is copied
   // piece by piece as the host memory under it becomes ready.
   std::unique_ptr<host_copies> saved;
+  const bool reused = total != 0 && kept_ && kept_->size() >= total;
   if (total != 0) {
-    if (kept_ && kept_->size() >= total) {
+    if (reused) {
       saved = std::move(kept_);
     } else {
       kept_.reset();  // too small: the host has it back before more is asked of it
@@ -1191,8 +1192,10 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
         }
       });
     } catch (...) {
-      // Copies queued into the host memory may still run: they finish before it goes.
+      // Copies queued into the host memory may still run: they finish before it goes, or
+      // before kept copies are kept again (nothing changed).
       cleanup("memory_resource: sleep", [&] { executor_.synchronize(stream); });
+      if (reused) kept_ = std::move(saved);
       throw;
     }
   }
