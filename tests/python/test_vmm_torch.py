@@ -160,6 +160,23 @@ def test_sleep_and_wake_keep_offloaded_tensors_bit_identical_and_every_pointer()
         assert int(cache.sum()) == 3 * (16 << 20)
         for w, s in zip(weights, saved):
             assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8))
+        # A loop whose wakes keep the pinned host copies: each later sleep copies into them,
+        # and saves what the weights hold then.
+        assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == 0
+        vmm_torch.sleep(offload_tags=("weights",), collect_garbage=False)
+        kept = vmm_torch.memory_stats()["vmm.host_copy_bytes"]
+        vmm_torch.wake(keep_host_copies=True)
+        assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == kept > 0
+        for cycle in range(3):
+            weights[3].add_(1)
+            saved = [w.cpu() for w in weights]
+            vmm_torch.sleep(offload_tags=("weights",), collect_garbage=False)
+            assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == kept
+            vmm_torch.wake(keep_host_copies=True)
+            for w, s in zip(weights, saved):
+                assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8)), cycle
+        vmm_torch.trim()
+        assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == 0
         """
     )
 
