@@ -69,7 +69,8 @@
 /// the copies are queued on the stream given (by default the legacy default stream, which
 /// every blocking stream's earlier work precedes) and the pages go once it has passed them;
 /// work on other streams must be ordered before it. A wake that runs out of memory gives
-/// back what it took and says how much was missing; the pinned copies go once restored.
+/// back what it took and says how much was missing; the pinned copies go once restored,
+/// or stay for the next sleep when the wake says so (after_wake::keep_host_copies).
 /// While asleep, allocate() throws and deallocate() refuses (counted): nothing is lost.
 ///
 /// Host memory (the OS provider) works synchronously: freed memory is free for everyone
