@@ -297,10 +297,10 @@ class resource_state {
   };
   std::atomic<bool> asleep_{false};
   std::vector<std::uint32_t> asleep_tags_;
+  // The host copies: while asleep, of the sleep; while awake, those a wake kept for the
+  // next sleep (after_wake::keep_host_copies), pinned, or none.
   std::unique_ptr<host_copies> saved_;
   std::vector<saved_run> saved_runs_;
-  // Host copies a wake kept for the next sleep (after_wake::keep_host_copies), pinned.
-  std::unique_ptr<host_copies> kept_;
   // The host copies of the last wake are given back on a detached thread of their own (a
   // resource may live until the process exits, so nothing may have to join it), counted
   // in host_releases_running under this resource. Until a wake starts one, waiting for
@@ -367,9 +367,8 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
 
 resource_state::~resource_state() {
   wait_for_host_release();
-  // Destroyed asleep: the host copies go back to the system now, as a wake would.
+  // The host copies (asleep, or kept by the last wake) go back to the system now.
   saved_.reset();
-  kept_.reset();
   std::size_t live = 0;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) live += arenas_[i].load()->allocated_count();
   if (live != 0)
@@ -1104,7 +1103,7 @@ void resource_state::release_idle(std::size_t bytes_to_keep) {
 void resource_state::trim_to(std::size_t bytes_to_keep) {
   all_locked locked(*this);
   release_idle(bytes_to_keep);
-  kept_.reset();
+  if (!asleep_.load()) saved_.reset();  // host copies kept by the last wake
 }
 
 void resource_state::synchronize() {
@@ -1171,12 +1170,12 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
   // The host copies first: if they cannot be had, nothing has changed. Each run is copied
   // piece by piece as the host memory under it becomes ready.
   std::unique_ptr<host_copies> saved;
-  const bool reused = total != 0 && kept_ && kept_->size() >= total;
+  const bool reused = total != 0 && saved_ && saved_->size() >= total;
   if (total != 0) {
     if (reused) {
-      saved = std::move(kept_);
+      saved = std::move(saved_);
     } else {
-      kept_.reset();  // too small: the host has it back before more is asked of it
+      saved_.reset();  // kept copies too small: the host has them back before more is asked
       saved = std::make_unique<host_copies>(total, executor_);
     }
     std::size_t next_run = 0;
@@ -1195,7 +1194,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
       // Copies queued into the host memory may still run: they finish before it goes, or
       // before kept copies are kept again (nothing changed).
       cleanup("memory_resource: sleep", [&] { executor_.synchronize(stream); });
-      if (reused) kept_ = std::move(saved);
+      if (reused) saved_ = std::move(saved);
       throw;
     }
   }
@@ -1217,7 +1216,7 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
     spare.clear();
   }
   pool_->trim_to(0);
-  saved_ = std::move(saved);
+  if (saved) saved_ = std::move(saved);  // nothing saved: copies kept before stay kept
   saved_runs_ = std::move(runs);
   asleep_tags_ = std::move(tags);
   asleep_.store(true);
@@ -1337,12 +1336,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
   reserved_high_ = std::max(reserved_high_, reserved_bytes());
   if (asleep_tags_.empty()) {
     saved_runs_.clear();
-    if (then == after_wake::keep_host_copies) {
-      if (saved_) kept_ = std::move(saved_);  // none when nothing was saved: kept_ stays
-    } else {
-      kept_.reset();
-      give_back_host_copies();
-    }
+    if (then == after_wake::give_back_host_copies) give_back_host_copies();
     asleep_.store(false);
   }
 }
@@ -1447,7 +1441,7 @@ memory_resource_statistics resource_state::statistics() const {
   s.pages_created = pages_created_;
   s.pages_released = pages_released_;
   s.host_waits = host_waits_;
-  s.host_copy_bytes = (saved_ ? saved_->size() : 0) + (kept_ ? kept_->size() : 0);
+  s.host_copy_bytes = saved_ ? saved_->size() : 0;
   s.bad_deallocations = bad_deallocations_.load();
   return s;
 }
