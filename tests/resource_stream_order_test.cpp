@@ -392,6 +392,42 @@ TEST_F(stream_order, a_block_grown_by_copies_on_a_stream_far_behind_keeps_its_pa
   resource->deallocate(a_, x, steps * g);
 }
 
+TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_small_ones_once_it_passes) {
+  // A program running ahead of its GPU frees large blocks and asks for smaller ones. The
+  // freed large pages cannot be lent to them (another page size), nor go back to the
+  // device before the stream passes the free. Within 1/64 of the most ever in use the
+  // resource creates small pages; past it the host waits for the stream instead, and the
+  // large pages are made again as small ones, so that the memory is not reserved twice.
+  auto resource = make({.max_size = 512 * mib});
+  void* large = resource->allocate(a_, 128 * mib);  // four large pages
+  std::memset(large, 1, 128 * mib);
+  executor_.enqueue(a_);  // a kernel using it, still running
+  resource->deallocate(a_, large, 128 * mib);
+  memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.reserved_current, 128 * mib);
+
+  void* first = resource->allocate(a_, 4 * mib);  // two small pages: within the limit
+  s = resource->statistics();
+  EXPECT_EQ(s.host_waits, 0u);
+  EXPECT_EQ(executor_.completed(a_), 0u);
+  EXPECT_EQ(s.reserved_current, 132 * mib);
+
+  std::vector<void*> small;
+  for (int i = 0; i < 4; ++i) {
+    small.push_back(resource->allocate(a_, 30 * mib));
+    std::memset(small.back(), 2, 30 * mib);
+  }
+  s = resource->statistics();
+  EXPECT_EQ(s.host_waits, 1u) << "one wait gives back every large page whose free has passed";
+  EXPECT_EQ(executor_.completed(a_), 1u) << "the host waited for the kernel before the large pages went";
+  EXPECT_EQ(s.pages_released, 4u);
+  EXPECT_LE(s.reserved_high, 128 * mib + 128 * mib / 64 + 4 * mib) << "created all again: 252 MiB";
+  std::memset(first, 3, 4 * mib);
+  resource->deallocate(a_, first, 4 * mib);
+  for (void* p : small) resource->deallocate(a_, p, 30 * mib);
+  EXPECT_EQ(resource->statistics().used_current, 0u);
+}
+
 TEST_F(stream_order, an_internal_dependency_makes_the_allocating_stream_wait_for_the_free) {
   const std::size_t g = 2 * mib;
   auto resource = make({.max_size = 4 * g});

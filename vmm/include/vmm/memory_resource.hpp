@@ -38,7 +38,10 @@
 /// keeps one page more for every small page it has had to stitch, up to 1/8 of the most
 /// ever in use, 1/256 with large pages, which move for the cost of one small page each
 /// (docs/GPU-FACTS.md, "Moving pages"). Idle pages of one size are given back to the
-/// device to be made again in the other size rather than reserving more. A page that only
+/// device to be made again in the other size rather than reserving more; where the pages of
+/// the other size are held by blocks the allocating stream freed and has not passed yet,
+/// and creating would take the reserved memory past 1/64 above the most ever in use, the
+/// host waits for the stream first (counted in host_waits). A page that only
 /// blocks freed on the allocating stream hold is taken even before that stream's queued
 /// work has passed the free: it is mapped at its new place at once (later work on the
 /// stream is ordered after the free), and its old mapping goes once the stream has passed. So physical memory
@@ -171,9 +174,10 @@ struct memory_resource_statistics {
   /// Times an allocation (or sleep()) made the calling thread wait for a stream to pass a
   /// free (lifetime): to map a page again at an address whose old mapping work queued
   /// before the free may still use (its memory was lent to a request when the resource held
-  /// all it may), or, out of memory, for every stream before the second try. Each costs
-  /// the host as long as the stream's queued work takes to get there; synchronize() and
-  /// the destructor are not counted.
+  /// all it may), to give back pages of the other page size that the stream's own frees
+  /// hold (the file comment), or, out of memory, for every stream before the second try.
+  /// Each costs the host as long as the stream's queued work takes to get there;
+  /// synchronize() and the destructor are not counted.
   std::size_t host_waits = 0;
   /// Host memory holding saved bytes while asleep, or kept by a wake for the next sleep
   /// (after_wake::keep_host_copies): pinned for a GPU.

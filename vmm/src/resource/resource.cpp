@@ -228,6 +228,10 @@ class resource_state {
   // Unmaps idle pages of sizes other than `size`, up to `bytes`, and releases as much from
   // the pool.
   void give_back_idle_pages_of_other_sizes(std::size_t size, std::size_t bytes);
+  // Waits for the allocating stream to pass the frees of its pending blocks of sizes other
+  // than `size`, the oldest first, until their whole pages make `bytes` (or all of them
+  // do), and makes those blocks free for everyone: their pages are then idle.
+  void pass_pending_of_other_sizes(std::size_t size, std::size_t bytes);
   // Unmaps the old mapping of lent page p once its stream has passed the free (`wait`:
   // waiting for it); false when it has not (or the driver refused). Keeps retiring_ as is.
   bool unmap_retiring(arena& a, std::size_t p, bool wait);
@@ -243,6 +247,11 @@ class resource_state {
   void record_point(stream_record& record);      // under the record's mutex
   void release_idle(std::size_t bytes_to_keep);  // under all_locked
   [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
+  // The reserved memory past which the host waits for the allocating stream's pending
+  // pages of the other size rather than creating more (take_pages).
+  [[nodiscard]] std::uint64_t wait_limit() const noexcept;
+  // The most bytes ever in use, counting the request being placed.
+  [[nodiscard]] std::uint64_t most_in_use() const noexcept;
   [[nodiscard]] std::size_t largest_free_locked() const noexcept;
   // The bytes in use, and their high-water mark, after an allocation or a free of `bytes`.
   void note_used(std::uint64_t bytes) noexcept;
@@ -557,11 +566,23 @@ std::uint64_t resource_state::stitch_limit() const noexcept {
   // 1.0079-1.0125, for 0-5 % more pages moved or made (up to 40 % more on gpt2_from_start
   // with the device 500 events behind); further behind, the headroom is not what decides
   // (vmm-replay --lag, 2026-11-24).
-  const std::uint64_t high =
-      std::max<std::uint64_t>(used_high_.load(std::memory_order_relaxed), used_.load() + request_);
+  const std::uint64_t high = most_in_use();
   const auto most_headroom =
       static_cast<std::uint64_t>(static_cast<long double>(high) * properties_.headroom);
   return high + high / 256 + 2 * page_ + std::min(learned_headroom_, most_headroom);
+}
+
+std::uint64_t resource_state::most_in_use() const noexcept {
+  return std::max<std::uint64_t>(used_high_.load(std::memory_order_relaxed), used_.load() + request_);
+}
+
+std::uint64_t resource_state::wait_limit() const noexcept {
+  // 1/64 past the most in use: live training on an H200 (torch_allocators.py --quick,
+  // 2026-11-28) waited twice a workload and held llama and vit at 1.015 reserved /
+  // allocated (1.032 and 1.022 without waiting); waiting whenever the stitch limit is
+  // passed held 1.008 but waited 11-13 times a workload.
+  const std::uint64_t high = most_in_use();
+  return high + high / 64;
 }
 
 template <class SizeFits, class Skip, class More, class Take>
@@ -655,6 +676,48 @@ void resource_state::give_back_idle_pages_of_other_sizes(std::size_t size, std::
   pool_->trim_to(pool_reserved > freed ? pool_reserved - freed : 0);
 }
 
+void resource_state::pass_pending_of_other_sizes(std::size_t size, std::size_t bytes) {
+  // The allocating stream's pending blocks in arenas of the other size, with the whole
+  // pages each holds, oldest free first: the host waits for the last one needed.
+  stream_record& record = *caller_;
+  std::vector<std::pair<std::uint64_t, std::size_t>> frees;  // (epoch, bytes)
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    if (a.page_size() == size) continue;
+    for (const auto& slot : a.slots()) {
+      if (slot->record != &record) continue;
+      for (const block* b = slot->oldest; b != nullptr; b = b->next_pending) {
+        std::size_t whole = 0;
+        for (std::size_t p = (b->offset + a.page_size() - 1) / a.page_size();
+             (p + 1) * a.page_size() <= b->end(); ++p)
+          whole += a.mapped(p) && !a.retiring(p) ? a.page_size() : 0;
+        if (whole != 0) frees.emplace_back(b->epoch, whole);
+      }
+    }
+  }
+  if (frees.empty()) return;
+  std::sort(frees.begin(), frees.end());
+  std::uint64_t epoch = 0;
+  std::size_t found = 0;
+  for (auto it = frees.begin(); it != frees.end() && found < bytes; ++it) {
+    epoch = it->first;
+    found += it->second;
+  }
+  {
+    // The free must be behind a recorded point, for the host to wait for.
+    std::lock_guard record_lock(record.mutex);
+    if (epoch >= record.epoch.load()) record_point(record);
+    if (epoch >= record.epoch.load()) return;  // no point could be recorded
+  }
+  ++host_waits_;
+  wait_for_epoch(record, epoch);
+  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
+    arena& a = *arenas_[i].load();
+    for (auto& slot : a.slots())
+      if (slot->record == &record) (void)a.release_pending(*slot, record.passed.load());
+  }
+}
+
 std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const arena& target, std::size_t first,
                                                                       std::size_t count, std::size_t wanted) {
   // Spare pages first, then pages stitched from idle places (once the resource holds as
@@ -672,14 +735,29 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
     for (shared_chunk& chunk : steal_idle_pages(target, first, count, n))
       taken.emplace_back(std::move(chunk), false);
   };
-  const std::size_t growth_room = stitch_limit() > reserved() ? (stitch_limit() - reserved()) / size : 0;
-  const std::size_t max_room =
-      properties_.max_size > reserved() ? (properties_.max_size - reserved()) / size : 0;
-  const std::size_t room = std::min(growth_room, max_room);
-  if (taken.size() < wanted && wanted - taken.size() > room) steal(wanted - taken.size() - room);
-  if (taken.size() < wanted && wanted - taken.size() > room && large_page_ != page_)
-    give_back_idle_pages_of_other_sizes(size, (wanted - taken.size() - room) * size);
+  // Pages short of `wanted` that would take the reserved memory past what it may grow to.
+  const auto beyond_room = [&]() -> std::size_t {
+    const std::size_t limit = std::min<std::size_t>(stitch_limit(), properties_.max_size);
+    const std::size_t room = limit > reserved() ? (limit - reserved()) / size : 0;
+    return wanted - taken.size() > room ? wanted - taken.size() - room : 0;
+  };
+  // A failure anywhere gives the pages taken so far (none created) back as spare.
   try {
+    if (const std::size_t beyond = beyond_room(); beyond != 0) steal(beyond);
+    if (large_page_ != page_) {
+      if (const std::size_t beyond = beyond_room(); beyond != 0)
+        give_back_idle_pages_of_other_sizes(size, beyond * size);
+      // Pages of the other size that blocks freed on the allocating stream hold cannot be
+      // lent (the sizes differ) and cannot go back to the device before the stream passes
+      // the free; without them, a program running ahead of its GPU reserves again what it
+      // has just freed in the other size. Past wait_limit() the host waits for the stream
+      // instead, and the pages are made again in this size.
+      if (const std::size_t beyond = beyond_room();
+          beyond != 0 && caller_ != nullptr && !synchronous_ && reserved() + beyond * size > wait_limit()) {
+        pass_pending_of_other_sizes(size, reserved() + beyond * size - wait_limit());
+        give_back_idle_pages_of_other_sizes(size, beyond * size);
+      }
+    }
     while (taken.size() < wanted) {
       if (reserved() + size > properties_.max_size)
         throw out_of_memory(
