@@ -577,9 +577,11 @@ std::uint64_t resource_state::most_in_use() const noexcept {
 }
 
 std::uint64_t resource_state::wait_limit() const noexcept {
-  // 1/64 past the most in use: live training on an H200 (torch_allocators.py --quick,
-  // 2026-11-28) waited twice a workload and held llama and vit at 1.015 reserved /
-  // allocated (1.032 and 1.022 without waiting); waiting whenever the stitch limit is
+  // 1/64 past the most in use. Live quick training on H200s (torch_allocators.py, 2026-11-28,
+  // nine runs of each code on three machines): vit 1.012-1.015 reserved / allocated
+  // (1.013-1.027 without waiting), llama 1.014-1.021 (1.014-1.033), with 0-7 host waits a
+  // workload; llama's step 7 % slower on average (the waits and the pages made again in the
+  // other size), vit's and gpt2's within the noise. Waiting whenever the stitch limit is
   // passed held 1.008 but waited 11-13 times a workload.
   const std::uint64_t high = most_in_use();
   return high + high / 64;
