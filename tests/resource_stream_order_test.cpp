@@ -428,6 +428,26 @@ TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_sma
   EXPECT_EQ(resource->statistics().used_current, 0u);
 }
 
+TEST_F(stream_order, without_opportunistic_reuse_the_host_does_not_wait_to_free_pages_of_the_other_size) {
+  // Waiting for a stream to pass its frees of large pages frees them only by making the
+  // blocks free for every stream, which this policy forbids: another stream would get the
+  // address of a block freed on `a_` with no dependency on it. So no wait, nothing handed over.
+  auto resource =
+      make({.max_size = 512 * mib}, {.allow_opportunistic = false, .allow_internal_dependencies = false});
+  void* large = resource->allocate(b_, 64 * mib);  // in b_'s arena
+  executor_.enqueue(a_);                           // a kernel on a_ using it, still running
+  resource->deallocate(a_, large, 64 * mib);       // freed on a_: pending there
+  std::vector<void*> small;
+  for (int i = 0; i < 2; ++i) small.push_back(resource->allocate(a_, 30 * mib));
+  EXPECT_EQ(resource->statistics().host_waits, 0u);
+  EXPECT_EQ(executor_.completed(a_), 0u);
+  void* again = resource->allocate(b_, 64 * mib);
+  EXPECT_FALSE(overlap(again, 64 * mib, large, 64 * mib)) << "b_ got memory a_ freed, with no dependency";
+  resource->deallocate(b_, again, 64 * mib);
+  for (void* p : small) resource->deallocate(a_, p, 30 * mib);
+  executor_.advance(a_);
+}
+
 TEST_F(stream_order, an_internal_dependency_makes_the_allocating_stream_wait_for_the_free) {
   const std::size_t g = 2 * mib;
   auto resource = make({.max_size = 4 * g});

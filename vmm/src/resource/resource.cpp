@@ -244,6 +244,9 @@ class resource_state {
   // `caller`'s stream: vmm records on a stream only while a call names it (the stream is
   // alive then); others may have been destroyed since.
   void refresh_points(stream_record* caller, bool wait);
+  // Under all_locked: blocks whose stream has passed their free become free for every
+  // stream (released), where the reuse policies allow it.
+  void release_passed();
   void record_point(stream_record& record);      // under the record's mutex
   void release_idle(std::size_t bytes_to_keep);  // under all_locked
   [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
@@ -679,6 +682,9 @@ void resource_state::give_back_idle_pages_of_other_sizes(std::size_t size, std::
 }
 
 void resource_state::pass_pending_of_other_sizes(std::size_t size, std::size_t bytes) {
+  // What has passed becomes free for everyone only where the reuse policies allow it:
+  // otherwise the pages stay held, and waiting would free nothing.
+  if (!policies_.allow_opportunistic) return;
   // The allocating stream's pending blocks in arenas of the other size, with the bytes of
   // the whole pages each has mapped, oldest free first: the host waits for the last one needed.
   stream_record& record = *caller_;
@@ -714,11 +720,7 @@ void resource_state::pass_pending_of_other_sizes(std::size_t size, std::size_t b
   }
   ++host_waits_;
   wait_for_epoch(record, epoch);
-  for (std::size_t i = 0; i < arena_count_.load(); ++i) {
-    arena& a = *arenas_[i].load();
-    for (auto& slot : a.slots())
-      if (slot->record == &record) (void)a.release_pending(*slot, record.passed.load());
-  }
+  release_passed();
 }
 
 std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const arena& target, std::size_t first,
@@ -960,6 +962,10 @@ void resource_state::refresh_points(stream_record* caller, bool wait) {
     record.outstanding.store(record.points.size());
   }
   host_waits_ += waited ? 1 : 0;
+  release_passed();
+}
+
+void resource_state::release_passed() {
   if (!policies_.allow_opportunistic) return;
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
     arena& a = *arenas_[i].load();
