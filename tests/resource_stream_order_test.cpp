@@ -395,7 +395,7 @@ TEST_F(stream_order, a_block_grown_by_copies_on_a_stream_far_behind_keeps_its_pa
 TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_small_ones_once_it_passes) {
   // A program running ahead of its GPU frees large blocks and asks for smaller ones. The
   // freed large pages cannot be lent to them (another page size), nor go back to the
-  // device before the stream passes the free. Within 1/64 of the most ever in use the
+  // device before the stream passes the free. Within the room the stitch limit leaves the
   // resource creates small pages; past it the host waits for the stream instead, and the
   // large pages are made again as small ones, so that the memory is not reserved twice.
   auto resource = make({.max_size = 512 * mib});
@@ -426,6 +426,33 @@ TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_sma
   resource->deallocate(a_, first, 4 * mib);
   for (void* p : small) resource->deallocate(a_, p, 30 * mib);
   EXPECT_EQ(resource->statistics().used_current, 0u);
+}
+
+TEST_F(stream_order, the_wait_for_pages_of_the_other_size_weighs_every_page_the_request_makes) {
+  // What decides whether the host waits is the reserved memory once every missing page of
+  // the request is made, not only the pages past the stitch limit's room: with room for
+  // some, the rest would otherwise be made on top of memory the stream is about to free.
+  auto resource = make({.max_size = 512 * mib});
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) blocks.push_back(resource->allocate(a_, 16 * mib));  // small pages
+  for (void* p : blocks) resource->deallocate(a_, p, 16 * mib);
+  blocks.clear();
+  resource->synchronize();
+  resource->trim_to(0);
+  ASSERT_EQ(resource->statistics().reserved_current, 0u);
+  ASSERT_EQ(resource->statistics().used_high, 160 * mib) << "the most ever in use";
+  for (int i = 0; i < 6; ++i) blocks.push_back(resource->allocate(a_, 16 * mib));  // 96 MiB
+  executor_.enqueue(a_);  // a kernel using them, still running
+  for (void* p : blocks) resource->deallocate(a_, p, 16 * mib);
+  ASSERT_EQ(resource->statistics().host_waits, 0u);
+
+  void* large = resource->allocate(a_, 128 * mib);  // four large pages; room for two of them
+  std::memset(large, 1, 128 * mib);
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.host_waits, 1u);
+  EXPECT_EQ(executor_.completed(a_), 1u) << "the host waited for the kernel before the small pages went";
+  EXPECT_LE(s.reserved_high, 160 * mib + 160 * mib / 64) << "made all four on top: 224 MiB";
+  resource->deallocate(a_, large, 128 * mib);
 }
 
 TEST_F(stream_order, without_opportunistic_reuse_the_host_does_not_wait_to_free_pages_of_the_other_size) {

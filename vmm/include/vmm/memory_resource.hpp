@@ -40,8 +40,8 @@
 /// (docs/GPU-FACTS.md, "Moving pages"). Idle pages of one size are given back to the
 /// device to be made again in the other size rather than reserving more; where the pages of
 /// the other size are held by blocks the allocating stream freed and has not passed yet,
-/// and creating would take the reserved memory past 1/64 above the most ever in use, the
-/// host waits for the stream first (counted in host_waits). A page that only
+/// and making every page the request lacks would take the reserved memory past 1/128 above
+/// the most ever in use, the host waits for the stream first (counted in host_waits). A page that only
 /// blocks freed on the allocating stream hold is taken even before that stream's queued
 /// work has passed the free: it is mapped at its new place at once (later work on the
 /// stream is ordered after the free), and its old mapping goes once the stream has passed. So physical memory

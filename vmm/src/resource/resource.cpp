@@ -580,14 +580,16 @@ std::uint64_t resource_state::most_in_use() const noexcept {
 }
 
 std::uint64_t resource_state::wait_limit() const noexcept {
-  // 1/64 past the most in use. Live quick training on H200s (torch_allocators.py, 2026-11-28,
-  // nine runs of each code on three machines): vit 1.012-1.015 reserved / allocated
-  // (1.013-1.027 without waiting), llama 1.014-1.021 (1.014-1.033), with 0-7 host waits a
-  // workload; llama's step 7 % slower on average, though the waits and the pages made again
-  // cost it under 3 ms a step (timed), vit's and gpt2's within the noise. Waiting whenever
-  // the stitch limit is passed held 1.008 but waited 11-13 times a workload.
+  // 1/128 past the most in use, about where the stitch limit is without learned headroom.
+  // Live quick training on an H200 (torch_allocators.py, 2026-11-28, six runs of each code
+  // in alternating order on one machine), with the wait weighing every page a request makes
+  // (take_pages): llama 1.0081 reserved / allocated in every run (1/64: 1.0142 in three;
+  // the code before, which weighed only the pages past the stitch limit's room: 1.0139-1.0246,
+  // three of six above 1.02), vit 1.0083-1.0088 (1/64: 1.0139-1.0152), for 11-13 host waits
+  // a llama workload instead of 4-6 and 13-21 a vit one instead of 1-4; the steps moved
+  // more between runs than between the codes (llama's median of six 165 ms against 169).
   const std::uint64_t high = most_in_use();
-  return high + high / 64;
+  return high + high / 128;
 }
 
 template <class SizeFits, class Skip, class More, class Take>
@@ -757,11 +759,12 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
       // the free; without them, a program running ahead of its GPU reserves again what it
       // has just freed in the other size. Past wait_limit() the host waits for the stream
       // instead, and the pages are made again in this size.
-      if (const std::size_t beyond = beyond_room();
-          beyond != 0 && caller_ != nullptr && !synchronous_ && reserved() + beyond * size > wait_limit()) {
-        pass_pending_of_other_sizes(size, reserved() + beyond * size - wait_limit());
-        give_back_idle_pages_of_other_sizes(size, beyond * size);
-      }
+      // What decides is the reserved memory once every page still missing is made.
+      if (const std::size_t beyond = beyond_room(); beyond != 0 && caller_ != nullptr && !synchronous_)
+        if (const std::size_t after = reserved() + (wanted - taken.size()) * size; after > wait_limit()) {
+          pass_pending_of_other_sizes(size, after - wait_limit());
+          give_back_idle_pages_of_other_sizes(size, beyond * size);
+        }
     }
     while (taken.size() < wanted) {
       if (reserved() + size > properties_.max_size)
