@@ -757,9 +757,9 @@ std::vector<std::pair<shared_chunk, bool>> resource_state::take_pages(const aren
       // Pages of the other size that blocks freed on the allocating stream hold cannot be
       // lent (the sizes differ) and cannot go back to the device before the stream passes
       // the free; without them, a program running ahead of its GPU reserves again what it
-      // has just freed in the other size. Past wait_limit() the host waits for the stream
-      // instead, and the pages are made again in this size.
-      // What decides is the reserved memory once every page still missing is made.
+      // has just freed in the other size. Where making every page still missing would take
+      // the reserved memory past wait_limit(), the host waits for the stream instead, and
+      // the pages are made again in this size.
       if (const std::size_t beyond = beyond_room(); beyond != 0 && caller_ != nullptr && !synchronous_)
         if (const std::size_t after = reserved() + (wanted - taken.size()) * size; after > wait_limit()) {
           pass_pending_of_other_sizes(size, after - wait_limit());
