@@ -4,12 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
-#include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "vmm/error.hpp"
 #include "vmm/memory_resource.hpp"
@@ -63,9 +65,15 @@ class scripted_executor final : public stream_executor {
     return streams_[p.stream.get()].completed >= p.position;
   }
   void synchronize_event(event_handle event) override {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     const point& p = events_.at(event);
     auto& state = streams_[p.stream.get()];
+    if (state.completed < p.position) {
+      const std::chrono::nanoseconds cost = wait_cost_;
+      lock.unlock();
+      std::this_thread::sleep_for(cost);  // the work still to run
+      lock.lock();
+    }
     state.completed = std::max(state.completed, p.position);
   }
   void enqueue_wait(stream_ref stream, event_handle event) override {
@@ -79,6 +87,11 @@ class scripted_executor final : public stream_executor {
   }
   void destroy_stream(stream_ref) noexcept override {}
 
+  // How long a host waiting for an event not yet passed takes (0: no time).
+  void set_wait_cost(std::chrono::nanoseconds cost) {
+    std::lock_guard lock(mutex_);
+    wait_cost_ = cost;
+  }
   // Work queued on `stream` (a kernel, say): one more position.
   std::uint64_t enqueue(stream_ref stream) {
     std::lock_guard lock(mutex_);
@@ -123,6 +136,7 @@ class scripted_executor final : public stream_executor {
   event_handle next_event_ = 0;
   std::size_t events_created_ = 0;
   std::uintptr_t next_stream_ = 4096;
+  std::chrono::nanoseconds wait_cost_{0};
 };
 
 class stream_order : public ::testing::Test {
@@ -361,6 +375,36 @@ TEST_F(stream_order, a_page_lent_from_a_pending_block_is_mapped_there_again_once
   resource->deallocate(a_, again, g);
   resource->deallocate(a_, small, 4096);
   EXPECT_EQ(resource->statistics().host_waits, 1u) << "frees never wait";
+}
+
+TEST_F(stream_order, the_host_time_of_the_slow_path_and_of_its_waits_is_counted) {
+  // A wait for a kernel that takes 20 ms is 20 ms of host_wait_time and of slow_path_time;
+  // a request that a mapped free block serves adds to neither.
+  using namespace std::chrono_literals;
+  const std::size_t g = 2 * mib;
+  auto resource = make({.max_size = 4 * g});
+  executor_.set_wait_cost(20ms);
+  void* block = resource->allocate(a_, 4 * g);  // pages created: the slow path
+  memory_resource_statistics s = resource->statistics();
+  EXPECT_GT(s.slow_path_time, 0ns);
+  EXPECT_EQ(s.host_wait_time, 0ns);
+  executor_.enqueue(a_);  // a kernel using the block, still running
+  resource->deallocate(a_, block, 4 * g);
+  void* small = resource->allocate(a_, 4096);  // a page of the pending block, lent
+  const memory_resource_statistics before = resource->statistics();
+  EXPECT_EQ(before.host_wait_time, 0ns);
+  void* again = resource->allocate(a_, g);  // the lent page's address: the host waits
+  s = resource->statistics();
+  ASSERT_EQ(s.host_waits, 1u);
+  EXPECT_GE(s.host_wait_time, 20ms);
+  EXPECT_GE(s.slow_path_time - before.slow_path_time, s.host_wait_time)
+      << "the wait is part of the slow path";
+  resource->deallocate(a_, again, g);
+  EXPECT_EQ(resource->allocate(a_, g), again);  // the stream's own free block, mapped
+  EXPECT_EQ(resource->statistics().slow_path_time, s.slow_path_time) << "the fast path is not timed";
+  EXPECT_EQ(resource->statistics().host_wait_time, s.host_wait_time);
+  resource->deallocate(a_, again, g);
+  resource->deallocate(a_, small, 4096);
 }
 
 TEST_F(stream_order, a_block_grown_by_copies_on_a_stream_far_behind_keeps_its_pages_in_place) {

@@ -389,6 +389,8 @@ int vmm_torch_statistics_of(int device, vmm_torch_statistics* out) {
         out->largest_free_block = s.largest_free_block;
         out->pages_stitched = s.pages_stitched;
         out->host_waits = s.host_waits;
+        out->slow_path_ns = static_cast<std::uint64_t>(s.slow_path_time.count());
+        out->host_wait_ns = static_cast<std::uint64_t>(s.host_wait_time.count());
         out->pages_created = s.pages_created;
         out->pages_released = s.pages_released;
         out->bad_deallocations = s.bad_deallocations;

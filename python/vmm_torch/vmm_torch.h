@@ -59,6 +59,8 @@ typedef struct vmm_torch_statistics {
   uint64_t pages_created;
   uint64_t pages_released;
   uint64_t host_waits;        /* times an allocation waited for a stream to pass a free */
+  uint64_t slow_path_ns;      /* host time of the allocations that took the slow path */
+  uint64_t host_wait_ns;      /* host time of the host_waits */
   uint64_t bad_deallocations; /* frees refused by the resource */
   uint64_t out_of_memory;     /* allocations that failed for want of memory */
   uint64_t failed;            /* allocations that failed otherwise (asleep, bad argument) */

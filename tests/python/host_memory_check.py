@@ -53,7 +53,8 @@ def main():
     assert stats["active.all.current"] == 2 and stats["allocation.all.allocated"] == 2
     assert stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"]
     assert stats["vmm.page_size"] == 2 * MIB and stats["vmm.asleep"] == 0
-    assert stats["vmm.host_waits"] == 0, stats  # host memory has no stream to wait for
+    assert stats["vmm.host_waits"] == 0 == stats["vmm.host_wait_ns"], stats  # host memory has no stream to wait for
+    assert stats["vmm.slow_path_ns"] > 0, stats  # the first allocations made pages
     assert vmm_torch.memory_allocated() == stats["allocated_bytes.all.current"]
     assert vmm_torch.max_memory_allocated("cuda:0") == stats["allocated_bytes.all.peak"]
     assert vmm_torch.memory_reserved(0) == stats["reserved_bytes.all.current"]

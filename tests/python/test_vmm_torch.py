@@ -73,6 +73,7 @@ def test_tensors_are_allocated_by_vmm_and_the_statistics_move():
         assert after["allocated_bytes.all.current"] >= before["allocated_bytes.all.current"] + (4 << 20), (before, after)
         assert after["active.all.current"] >= before["active.all.current"] + 2
         assert after["reserved_bytes.all.current"] >= after["allocated_bytes.all.current"]
+        assert after["vmm.slow_path_ns"] > 0 and after["vmm.host_wait_ns"] <= after["vmm.slow_path_ns"], after
         assert vmm_torch.max_memory_allocated() >= after["allocated_bytes.all.current"]
         assert vmm_torch.memory_reserved() == after["reserved_bytes.all.current"]
         assert torch.allclose(z, torch.relu(x.cpu() @ x.cpu()).sum().cuda(), rtol=1e-3)

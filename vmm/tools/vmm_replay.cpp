@@ -530,7 +530,12 @@ int main(int argc, char** argv) try {
              timer.name(), clock_ns);
   fmt::print("pages: {} created, {} stitched, {} released; {} address ranges; ", after.pages_created,
              after.pages_stitched, after.pages_released, after.segments);
-  fmt::print("{} host waits of the resource; replay {:.2f} s\n", after.host_waits, seconds);
+  const auto ms = [](std::chrono::nanoseconds t) {
+    return std::chrono::duration<double, std::milli>(t).count();
+  };
+  fmt::print("{} host waits of the resource; slow path {:.1f} ms of host time ({:.1f} ms waiting); ",
+             after.host_waits, ms(after.slow_path_time), ms(after.host_wait_time));
+  fmt::print("replay {:.2f} s\n", seconds);
   const auto [waits, waited] = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
   if (device)
     fmt::print(
@@ -545,11 +550,12 @@ int main(int argc, char** argv) try {
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
         "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"segments\": {}, "
-        "\"host_waits\": {}, \"lag_events\": {}, \"device_waits\": {}, \"events_waited\": {}}}\n",
+        "\"host_waits\": {}, \"slow_path_ms\": {:.3f}, \"host_wait_ms\": {:.3f}, \"lag_events\": {}, "
+        "\"device_waits\": {}, \"events_waited\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
         after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
         clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.segments, after.host_waits,
-        device ? device->lag() : 0, waits, waited);
+        ms(after.slow_path_time), ms(after.host_wait_time), device ? device->lag() : 0, waits, waited);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }
   if (max_ratio != 0 && ratio > max_ratio) {

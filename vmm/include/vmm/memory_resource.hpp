@@ -79,6 +79,7 @@
 /// Host memory (the OS provider) works synchronously: freed memory is free for everyone
 /// at once. Every test suite of the resource runs on it in CI.
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -179,6 +180,15 @@ struct memory_resource_statistics {
   /// Each costs the host as long as the stream's queued work takes to get there;
   /// synchronize() and the destructor are not counted.
   std::size_t host_waits = 0;
+  /// Host time the allocating threads spent on the slow path (lifetime): placing requests
+  /// that found no mapped block fit, with the driver calls that map, grant, stitch, create
+  /// and give back pages, the waits of host_waits and the wait for the resource's lock. On a
+  /// program whose steps are the host's, this is what the resource adds to them beyond its
+  /// fast path.
+  std::chrono::nanoseconds slow_path_time{};
+  /// Host time spent in the waits counted by host_waits (part of slow_path_time where an
+  /// allocation waited).
+  std::chrono::nanoseconds host_wait_time{};
   /// Host memory holding saved bytes while asleep, or kept by a wake for the next sleep
   /// (after_wake::keep_host_copies): pinned for a GPU.
   std::size_t host_copy_bytes = 0;

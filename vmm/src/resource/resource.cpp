@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <condition_variable>
 #include <limits>
 #include <mutex>
@@ -44,6 +45,22 @@ constexpr std::size_t retiring_penalty = std::size_t{1} << 16;
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 constexpr std::size_t max_arenas = memory_resource::max_arenas;
 constexpr auto no_skip = [](const arena&, std::size_t) { return false; };
+
+// Adds the host time from `start` to its end to `total` (statistics' slow_path_time and
+// host_wait_time), however the scope is left.
+class timed_into {
+ public:
+  explicit timed_into(std::chrono::nanoseconds& total,
+                      std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now()) noexcept
+      : total_(total), start_(start) {}
+  timed_into(const timed_into&) = delete;
+  timed_into& operator=(const timed_into&) = delete;
+  ~timed_into() { total_ += std::chrono::steady_clock::now() - start_; }
+
+ private:
+  std::chrono::nanoseconds& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // The threads that give host copies back after a wake (memory_resource::wake), each counted
 // under the resource that started it. A resource waits for its own before it sleeps again
@@ -294,6 +311,8 @@ class resource_state {
   std::size_t pages_created_ = 0;
   std::size_t pages_released_ = 0;
   std::size_t host_waits_ = 0;
+  std::chrono::nanoseconds slow_path_time_{};
+  std::chrono::nanoseconds host_wait_time_{};
 
   std::atomic<std::size_t> used_{0};
   std::atomic<std::size_t> used_high_{0};
@@ -803,6 +822,7 @@ void resource_state::unmap_passed_retiring(bool wait) {
 }
 
 void resource_state::wait_for_epoch(stream_record& record, std::uint64_t epoch) {
+  const timed_into timer(host_wait_time_);
   std::lock_guard lock(record.mutex);
   while (record.passed.load() < epoch && !record.points.empty()) {
     record.points.front().second.synchronize();
@@ -957,6 +977,7 @@ void resource_state::refresh_points(stream_record* caller, bool wait) {
       const stream_event& point = record.points.front().second;
       if (!point.done()) {
         if (!wait) break;
+        const timed_into timer(host_wait_time_);
         point.synchronize();
         waited = true;
       }
@@ -1027,7 +1048,9 @@ void* resource_state::place_with_dependency(stream_entry& entry, std::size_t kin
 void* resource_state::slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment,
                                     bool sync, std::size_t requested, std::uint32_t tag) {
   const std::size_t kind = kind_of(size);
+  const auto start = std::chrono::steady_clock::now();  // the wait for the lock counts
   all_locked locked(*this);
+  const timed_into timer(slow_path_time_, start);
   void* p = slow_allocate_locked(entry, kind, size, alignment, sync, requested);
   arena& a = *arena_containing(reinterpret_cast<std::uintptr_t>(p));
   a.allocated_at(reinterpret_cast<std::uintptr_t>(p) - a.base())->tag = tag;
@@ -1531,6 +1554,8 @@ memory_resource_statistics resource_state::statistics() const {
   s.pages_created = pages_created_;
   s.pages_released = pages_released_;
   s.host_waits = host_waits_;
+  s.slow_path_time = slow_path_time_;
+  s.host_wait_time = host_wait_time_;
   s.host_copy_bytes = saved_ ? saved_->size() : 0;
   s.bad_deallocations = bad_deallocations_.load();
   return s;
