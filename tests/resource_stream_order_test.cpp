@@ -456,10 +456,10 @@ TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_sma
   EXPECT_EQ(executor_.completed(a_), 0u);
   EXPECT_EQ(s.reserved_current, 132 * mib);
 
-  std::vector<void*> small;
-  for (int i = 0; i < 4; ++i) {
-    small.push_back(resource->allocate(a_, 30 * mib));
-    std::memset(small.back(), 2, 30 * mib);
+  std::vector<void*> small;  // each below a quarter of a large page: small pages
+  for (int i = 0; i < 20; ++i) {
+    small.push_back(resource->allocate(a_, 6 * mib));
+    std::memset(small.back(), 2, 6 * mib);
   }
   s = resource->statistics();
   EXPECT_EQ(s.host_waits, 1u) << "one wait gives back every large page whose free has passed";
@@ -468,7 +468,67 @@ TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_sma
   EXPECT_LE(s.reserved_high, 128 * mib + 128 * mib / 64 + 4 * mib) << "created all again: 252 MiB";
   std::memset(first, 3, 4 * mib);
   resource->deallocate(a_, first, 4 * mib);
-  for (void* p : small) resource->deallocate(a_, p, 30 * mib);
+  for (void* p : small) resource->deallocate(a_, p, 6 * mib);
+  EXPECT_EQ(resource->statistics().used_current, 0u);
+}
+
+TEST_F(stream_order,
+       a_stream_with_all_the_points_it_may_have_still_gives_its_freed_pages_of_the_other_size_back) {
+  // A host far ahead of its stream has recorded all the points a stream may have; the
+  // block it frees then is behind none. A request of the other page size past the wait
+  // limit makes room for a point by waiting for the oldest, then waits for the free and
+  // makes the pages again in its size, rather than reserving the memory twice.
+  auto resource = make({.max_size = 512 * mib});
+  executor_.enqueue(a_);                         // a kernel, still running
+  void* mid = resource->allocate(a_, 32 * mib);  // sixteen small pages
+  for (int i = 0; i < 64 * 40; ++i) {            // frees enough for every point there may be
+    void* p = resource->allocate(a_, 4096);
+    resource->deallocate(a_, p, 4096);
+  }
+  resource->deallocate(a_, mid, 32 * mib);
+  ASSERT_EQ(resource->statistics().reserved_current, 34 * mib);  // and the page of the 4 KiB blocks
+  void* large = resource->allocate(a_, 64 * mib);                // two large pages
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.host_waits, 1u);
+  EXPECT_EQ(executor_.completed(a_), 1u) << "the host waited for the kernel";
+  EXPECT_EQ(s.pages_released, 16u);
+  EXPECT_EQ(s.reserved_current, 66 * mib) << "98 MiB: the freed pages kept beside the new ones";
+  std::memset(large, 7, 64 * mib);
+  resource->deallocate(a_, large, 64 * mib);
+}
+
+TEST_F(stream_order,
+       a_request_of_a_quarter_of_a_large_page_or_more_takes_the_mapped_memory_a_large_block_freed) {
+  // Blocks of small pages of at least a quarter of a large page take mapped runs of large
+  // pages that a large block freed, here on their own stream before it passes the free:
+  // no page is made, given back or moved, and the host does not wait.
+  auto resource = make({.max_size = 512 * mib});
+  void* large = resource->allocate(a_, 128 * mib);  // four large pages
+  executor_.enqueue(a_);                            // a kernel using it, still running
+  resource->deallocate(a_, large, 128 * mib);
+  const memory_resource_statistics before = resource->statistics();
+  const auto start = reinterpret_cast<std::uintptr_t>(large);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(resource->allocate(a_, 30 * mib));
+    const auto at = reinterpret_cast<std::uintptr_t>(blocks.back());
+    EXPECT_TRUE(at >= start && at + 30 * mib <= start + 128 * mib) << i << ": in the freed large pages";
+    EXPECT_EQ(resource->pages_of(blocks.back(), 30 * mib).page_size, 32 * mib);
+    std::memset(blocks.back(), i, 30 * mib);
+  }
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.pages_created, before.pages_created);
+  EXPECT_EQ(s.pages_released, before.pages_released);
+  EXPECT_EQ(s.pages_stitched, before.pages_stitched);
+  EXPECT_EQ(s.host_waits, 0u);
+  EXPECT_EQ(executor_.completed(a_), 0u);
+  EXPECT_EQ(s.reserved_high, 128 * mib);
+  // Below a quarter of a large page: small pages of its own, the large ones left alone.
+  void* small = resource->allocate(a_, 6 * mib);
+  EXPECT_EQ(resource->pages_of(small, 6 * mib).page_size, 2 * mib);
+  EXPECT_EQ(resource->statistics().pages_created, before.pages_created + 3);
+  resource->deallocate(a_, small, 6 * mib);
+  for (void* p : blocks) resource->deallocate(a_, p, 30 * mib);
   EXPECT_EQ(resource->statistics().used_current, 0u);
 }
 

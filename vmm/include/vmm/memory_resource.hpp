@@ -14,7 +14,10 @@
 /// times the memory there is; addresses are cheap) in which blocks are carved by a
 /// two-level segregated fit index, 256 bytes the smallest unit. Requests under 1 MiB, larger
 /// ones, and those of two large pages or more (memory_resource_properties::large_page_size)
-/// live in separate arenas, so that small blocks never pin the pages of large ones. Physical memory is mapped
+/// live in separate arenas, so that small blocks never pin the pages of large ones; a
+/// request of at least a quarter of a large page that finds no mapped run in its own arenas
+/// takes one in those of large pages before any page is moved or made (large blocks freed
+/// from step to step then serve it where they are). Physical memory is mapped
 /// page by page (the provider's granularity) only under bytes that blocks use, so blocks share pages at their
 /// edges and a request costs the bytes it asks for plus at most a page at each end of a run of blocks: the
 /// waste of a rounded-up allocation does not exist. Each page counts the bytes of blocks that hold it.
@@ -41,7 +44,8 @@
 /// device to be made again in the other size rather than reserving more; where the pages of
 /// the other size are held by blocks the allocating stream freed and has not passed yet,
 /// and making every page the request lacks would take the reserved memory past 1/128 above
-/// the most ever in use, the host waits for the stream first (counted in host_waits). A page that only
+/// the most ever in use, the host waits for the stream first (counted in host_waits; a stream
+/// with all the points it may have is first waited for up to its oldest). A page that only
 /// blocks freed on the allocating stream hold is taken even before that stream's queued
 /// work has passed the free: it is mapped at its new place at once (later work on the
 /// stream is ordered after the free), and its old mapping goes once the stream has passed. So physical memory
