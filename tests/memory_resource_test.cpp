@@ -271,15 +271,10 @@ TYPED_TEST(memory_resources, large_requests_get_large_pages_and_idle_pages_chang
   const auto big_pattern = pattern(big_bytes, 11);
   this->write(big, big_pattern);
   EXPECT_EQ(this->read(big, big_bytes), big_pattern);
-  // Just under one large page: the mapped rest of big's last large page, then small pages
-  // once no mapped run is left.
-  void* tail = resource->allocate({}, large - g);
-  EXPECT_EQ(resource->pages_of(tail, large - g).page_size, large);
-  EXPECT_EQ(resource->statistics().handles, 3u) << "no page made for it";
+  // Just under one large page: small pages.
   void* medium = resource->allocate({}, large - g);
   EXPECT_EQ(resource->pages_of(medium, large - g).page_size, g);
   resource->deallocate({}, medium, large - g);
-  resource->deallocate({}, tail, large - g);
   resource->deallocate({}, big, big_bytes);
   resource->synchronize();
   // Three idle large pages and room for one more: blocks of small pages worth nearly all

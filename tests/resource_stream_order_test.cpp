@@ -456,10 +456,10 @@ TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_sma
   EXPECT_EQ(executor_.completed(a_), 0u);
   EXPECT_EQ(s.reserved_current, 132 * mib);
 
-  std::vector<void*> small;  // each below a quarter of a large page: small pages
-  for (int i = 0; i < 20; ++i) {
-    small.push_back(resource->allocate(a_, 6 * mib));
-    std::memset(small.back(), 2, 6 * mib);
+  std::vector<void*> small;  // each below a large page: small pages
+  for (int i = 0; i < 4; ++i) {
+    small.push_back(resource->allocate(a_, 30 * mib));
+    std::memset(small.back(), 2, 30 * mib);
   }
   s = resource->statistics();
   EXPECT_EQ(s.host_waits, 1u) << "one wait gives back every large page whose free has passed";
@@ -468,7 +468,7 @@ TEST_F(stream_order, large_pages_freed_ahead_of_the_stream_are_made_again_in_sma
   EXPECT_LE(s.reserved_high, 128 * mib + 128 * mib / 64 + 4 * mib) << "created all again: 252 MiB";
   std::memset(first, 3, 4 * mib);
   resource->deallocate(a_, first, 4 * mib);
-  for (void* p : small) resource->deallocate(a_, p, 6 * mib);
+  for (void* p : small) resource->deallocate(a_, p, 30 * mib);
   EXPECT_EQ(resource->statistics().used_current, 0u);
 }
 
@@ -497,24 +497,23 @@ TEST_F(stream_order,
   resource->deallocate(a_, large, 64 * mib);
 }
 
-TEST_F(stream_order,
-       a_request_of_a_quarter_of_a_large_page_or_more_takes_the_mapped_memory_a_large_block_freed) {
-  // Blocks of small pages of at least a quarter of a large page take mapped runs of large
-  // pages that a large block freed, here on their own stream before it passes the free:
-  // no page is made, given back or moved, and the host does not wait.
+TEST_F(stream_order, a_request_of_a_large_page_or_more_takes_the_mapped_memory_a_large_block_freed) {
+  // Blocks of small pages (under two large pages) of at least a large page take mapped runs
+  // of large pages that a large block freed, here on their own stream before it passes the
+  // free: no page is made, given back or moved, and the host does not wait.
   auto resource = make({.max_size = 512 * mib});
-  void* large = resource->allocate(a_, 128 * mib);  // four large pages
+  void* large = resource->allocate(a_, 160 * mib);  // five large pages
   executor_.enqueue(a_);                            // a kernel using it, still running
-  resource->deallocate(a_, large, 128 * mib);
+  resource->deallocate(a_, large, 160 * mib);
   const memory_resource_statistics before = resource->statistics();
   const auto start = reinterpret_cast<std::uintptr_t>(large);
   std::vector<void*> blocks;
   for (int i = 0; i < 4; ++i) {
-    blocks.push_back(resource->allocate(a_, 30 * mib));
+    blocks.push_back(resource->allocate(a_, 40 * mib));
     const auto at = reinterpret_cast<std::uintptr_t>(blocks.back());
-    EXPECT_TRUE(at >= start && at + 30 * mib <= start + 128 * mib) << i << ": in the freed large pages";
-    EXPECT_EQ(resource->pages_of(blocks.back(), 30 * mib).page_size, 32 * mib);
-    std::memset(blocks.back(), i, 30 * mib);
+    EXPECT_TRUE(at >= start && at + 40 * mib <= start + 160 * mib) << i << ": in the freed large pages";
+    EXPECT_EQ(resource->pages_of(blocks.back(), 40 * mib).page_size, 32 * mib);
+    std::memset(blocks.back(), i, 40 * mib);
   }
   const memory_resource_statistics s = resource->statistics();
   EXPECT_EQ(s.pages_created, before.pages_created);
@@ -522,13 +521,15 @@ TEST_F(stream_order,
   EXPECT_EQ(s.pages_stitched, before.pages_stitched);
   EXPECT_EQ(s.host_waits, 0u);
   EXPECT_EQ(executor_.completed(a_), 0u);
-  EXPECT_EQ(s.reserved_high, 128 * mib);
-  // Below a quarter of a large page: small pages of its own, the large ones left alone.
-  void* small = resource->allocate(a_, 6 * mib);
-  EXPECT_EQ(resource->pages_of(small, 6 * mib).page_size, 2 * mib);
-  EXPECT_EQ(resource->statistics().pages_created, before.pages_created + 3);
-  resource->deallocate(a_, small, 6 * mib);
-  for (void* p : blocks) resource->deallocate(a_, p, 30 * mib);
+  EXPECT_EQ(s.reserved_high, 160 * mib);
+  resource->deallocate(a_, blocks.back(), 40 * mib);
+  blocks.pop_back();
+  // Below a large page: small pages of its own, the large ones left alone.
+  void* small = resource->allocate(a_, 30 * mib);
+  EXPECT_EQ(resource->pages_of(small, 30 * mib).page_size, 2 * mib);
+  EXPECT_EQ(resource->statistics().pages_created, before.pages_created + 15);
+  resource->deallocate(a_, small, 30 * mib);
+  for (void* p : blocks) resource->deallocate(a_, p, 40 * mib);
   EXPECT_EQ(resource->statistics().used_current, 0u);
 }
 

@@ -15,7 +15,7 @@
 /// two-level segregated fit index, 256 bytes the smallest unit. Requests under 1 MiB, larger
 /// ones, and those of two large pages or more (memory_resource_properties::large_page_size)
 /// live in separate arenas, so that small blocks never pin the pages of large ones; a
-/// request of at least a quarter of a large page that finds no mapped run in its own arenas
+/// smaller request of at least a large page that finds no mapped run in its own arenas
 /// takes one in those of large pages before any page is moved or made (large blocks freed
 /// from step to step then serve it where they are). Physical memory is mapped
 /// page by page (the provider's granularity) only under bytes that blocks use, so blocks share pages at their

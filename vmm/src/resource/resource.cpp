@@ -1127,17 +1127,18 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
     // The points that have passed make blocks free for every stream.
     refresh_points(sync ? nullptr : entry.record.get(), attempt > 0);
     unmap_passed_retiring(attempt > 0);
-    // A request of small pages, at least a quarter of a large page, takes a run whose pages
-    // are all mapped, in its own arenas or else in those of large pages, before any page is
-    // moved or made: the memory that large blocks (activations of changing shapes) free from
-    // step to step then serves it where it is, instead of going back to the device in large
-    // pages while small ones are made again. Smaller requests would hold large pages for
-    // little (replays with the device 25 events behind: llama_from_start 1.0284 reserved /
-    // live with every size, 1.0223 from an eighth of a large page). Replays of bench/data (OS
-    // host, two passes, the device 0-5,000 events behind): pages created + stitched +
-    // released fell to 1/2-1/3 on llama_from_start and by 23-39 % on vit; reserved / live
-    // 1.0078-1.0166 (1.0080-1.0083 before).
-    if (kind == 1 && large_limit_ != ~std::uint64_t{0} && size >= large_page_ / 4)
+    // A request of small pages of at least a large page takes a run whose pages are all
+    // mapped, in its own arenas or else in those of large pages, before any page is moved
+    // or made: the memory that large blocks (activations of changing shapes) free from step
+    // to step then serves it where it is, instead of going back to the device in large pages
+    // while small ones are made again. Replays of bench/data (OS host, two passes, the device
+    // 0-5,000 events behind), the driver's work (pages created, stitched and released, each
+    // at its cost on an H200): llama_from_start 40-49 % less, vit 16-39 %, gpt2_from_start
+    // 2-18 %, the other gpt2 traces 4-6 %; reserved / live 1.0037-1.0090 (1.0080-1.0083
+    // before). From a quarter of a large page, llama_from_start's work fell by 2/3 but
+    // small blocks held large pages for little: 1.0284 with the device 25 events behind,
+    // and vit 1.0194 in live training on an H200.
+    if (kind == 1 && large_limit_ != ~std::uint64_t{0} && size >= large_page_)
       for (const std::size_t k : {std::size_t{1}, std::size_t{2}})
         if (const choice c = mapped_run(entry, k, size, alignment, sync); c.b != nullptr)
           return take(c, size);
