@@ -970,9 +970,10 @@ bool resource_state::point_after(stream_record& record, std::uint64_t epoch) {
   record_point(record);
   if (epoch < record.epoch.load() || record.points.size() < max_points) return epoch < record.epoch.load();
   // Without a point the pages could neither be lent nor waited for, and the request would
-  // make new ones: with the device 1,000-5,000 events behind, the replays of llama_from_start,
-  // vit and gpt2_from_start reserved 1.09-1.12x their peak where this wait holds them at
-  // 1.008-1.016.
+  // make new ones: with the device 2,000-5,000 events behind, the replays of llama_from_start
+  // reserved 1.0103-1.0269x its peak and gpt2_from_start's up to 1.0096x, where this wait
+  // holds both at 1.0080 (with every block of small pages allowed into mapped large pages,
+  // 1.09-1.12x instead of 1.014-1.016).
   ++host_waits_;
   {
     const timed_into timer(host_wait_time_);
