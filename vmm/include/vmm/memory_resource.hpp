@@ -47,8 +47,10 @@
 /// the most ever in use, the host waits for the stream first (counted in host_waits; a stream
 /// with all the points it may have is first waited for up to its oldest). A page that only
 /// blocks freed on the allocating stream hold is taken even before that stream's queued
-/// work has passed the free: it is mapped at its new place at once (later work on the
-/// stream is ordered after the free), and its old mapping goes once the stream has passed. So physical memory
+/// work has passed the free, from the end of its block farthest from the request (where
+/// the stream's next requests land least): it is mapped at its new place at once (later
+/// work on the stream is ordered after the free), and its old mapping goes once the stream
+/// has passed. So physical memory
 /// freed anywhere is never stranded behind a fragmented address range, nothing moves, and the memory reserved
 /// stays close to the most the program ever had in use: the fragmentation of a caching allocator does not add
 /// to it. Pages it gives up (trim_to(), the release threshold) go back to the chunk pool,
