@@ -54,6 +54,11 @@ workload's step time is then the median of the rounds' medians, its reserved / a
 the largest of the rounds', torch.empty + del the median; each round's figures are kept
 (*_rounds).
 
+--cpus 0-7 runs every process on those CPUs (os.sched_setaffinity), the same set for every
+allocator. On the lent H200 (2026-11-28) pinning to eight cores held native's quick vit step
+at 45.4-45.8 ms over three rounds (45.7-48.5 ms unpinned in the rounds before); the
+host-bound gpt2 and llama still moved by up to 19 % between processes.
+
 --vmm-headroom X runs vmm with vmm_torch.use(headroom=X): the idle share of its peak use a
 resource may learn to keep mapped (vmm's default 1/256 reserves the least; more moves fewer
 pages when shapes change every step).
@@ -627,10 +632,40 @@ def summary(result):
     return f"{result.get('step_ms_median', 0):.2f} ms/step, reserved/allocated {ratio:.3f}" if ratio else str(result)
 
 
+def parse_cpus(text):
+    """The CPUs of a list such as 0-7 or 0,2,4-6, checked against those this process may use."""
+    cpus = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{part!r} is not a CPU number or a range of them (such as 0-7)")
+        low, high = int(first), int(last or first)
+        if low > high:
+            raise ValueError(f"the range {part!r} runs backwards")
+        cpus.update(range(low, high + 1))
+    missing = cpus - os.sched_getaffinity(0)
+    if missing:
+        raise ValueError(f"CPUs {cpu_ranges(missing)} are not available to this process (it may use {cpu_ranges(os.sched_getaffinity(0))})")
+    return cpus
+
+
+def cpu_ranges(cpus):
+    """0-3,6 for {0, 1, 2, 3, 6}."""
+    runs = []
+    for cpu in sorted(cpus):
+        if runs and runs[-1][1] == cpu - 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
+
+
 def spawn(allocator, extra, timeout, arguments):
     command = [sys.executable, os.path.abspath(__file__), "--allocator", allocator] + extra
     if allocator == "vmm" and arguments.vmm_headroom is not None:
         command += ["--vmm-headroom", repr(arguments.vmm_headroom)]
+    if arguments.cpus is not None:
+        command += ["--cpus", arguments.cpus]
     return subprocess.run(command, env=environment_for(allocator), timeout=timeout, capture_output=True, text=True)
 
 
@@ -836,12 +871,19 @@ def main():
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
     parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm_torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/256)")
     parser.add_argument("--rounds", type=int, default=1, help="every allocator's process this many times, in alternating order")
+    parser.add_argument("--cpus", help="run every process on these CPUs, e.g. 0-7 or 0,2,4-6 (default: wherever the OS puts it)")
     # the children
     parser.add_argument("--allocator", choices=ALLOCATORS)
     parser.add_argument("--child", choices=("measure", "probe"))
     parser.add_argument("--child-out")
     parser.add_argument("--batch", type=int)
     arguments = parser.parse_args()
+    if arguments.cpus is not None:
+        try:
+            cpus = parse_cpus(arguments.cpus)
+        except ValueError as error:
+            parser.error(f"--cpus {arguments.cpus!r}: {error}")
+        os.sched_setaffinity(0, cpus)  # the children inherit it, and set it again themselves
 
     if arguments.child == "measure":
         return run_child(arguments)
@@ -887,6 +929,7 @@ def main():
         "quick": arguments.quick,
         "rounds": arguments.rounds,
         "vmm_headroom": arguments.vmm_headroom,
+        "cpus": sorted(os.sched_getaffinity(0)) if arguments.cpus is not None else None,
         "settings": settings(arguments.quick),
         "seconds": time.time() - started,
         "results": results,
