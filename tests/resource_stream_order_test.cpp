@@ -105,6 +105,11 @@ class scripted_executor final : public stream_executor {
     std::lock_guard lock(mutex_);
     complete(stream.get(), streams_[stream.get()].queued);
   }
+  // The work queued on `stream` up to `position` (what enqueue() returned) is done.
+  void advance_to(stream_ref stream, std::uint64_t position) {
+    std::lock_guard lock(mutex_);
+    complete(stream.get(), std::min(position, streams_[stream.get()].queued));
+  }
   [[nodiscard]] std::uint64_t completed(stream_ref stream) {
     std::lock_guard lock(mutex_);
     return streams_[stream.get()].completed;
@@ -415,6 +420,34 @@ TEST_F(stream_order, a_page_lent_from_a_pending_block_comes_from_its_far_end) {
   std::memset(next, 0x5a, 5 * g);
   std::memset(small, 0x5a, 4096);
   resource->deallocate(a_, next, 5 * g);
+  resource->deallocate(a_, small, 4096);
+}
+
+TEST_F(stream_order, a_lent_page_waits_only_for_the_frees_over_it) {
+  // A block freed long ago merges with one freed just now: a page lent from the old one
+  // keeps its old mapping until the stream passes the old free, not the whole block's.
+  const std::size_t g = 2 * mib;
+  auto resource = make({.max_size = 5 * g});
+  void* older = resource->allocate(a_, 2 * g);
+  void* newer = resource->allocate(a_, 2 * g);
+  void* above = resource->allocate(a_, g);            // all the resource may have
+  const std::uint64_t first = executor_.enqueue(a_);  // a kernel using `newer`
+  resource->deallocate(a_, newer, 2 * g);
+  executor_.enqueue(a_);  // one using `older`, queued after the first free
+  resource->deallocate(a_, older, 2 * g);
+  void* small = resource->allocate(a_, 4096);  // another arena: the last page of `newer`, lent
+  ASSERT_EQ(resource->statistics().pages_stitched, 1u);
+  executor_.advance_to(a_, first);  // the first kernel ends: the stream passed the first free only
+  resource->deallocate(a_, above, g);
+  void* again = resource->allocate(a_, 4 * g);  // over the lent page's address
+  EXPECT_EQ(again, older);
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.host_waits, 0u) << "the frees over the lent page have passed";
+  EXPECT_EQ(executor_.completed(a_), 1u) << "nothing waited for the second kernel";
+  EXPECT_EQ(s.reserved_current, 5 * g);
+  std::memset(again, 0x5a, 4 * g);
+  std::memset(small, 0x5a, 4096);
+  resource->deallocate(a_, again, 4 * g);
   resource->deallocate(a_, small, 4096);
 }
 

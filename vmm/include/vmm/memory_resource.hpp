@@ -50,7 +50,7 @@
 /// work has passed the free, from the end of its block farthest from the request (where
 /// the stream's next requests land least): it is mapped at its new place at once (later
 /// work on the stream is ordered after the free), and its old mapping goes once the stream
-/// has passed. So physical memory
+/// has passed the last free over that page. So physical memory
 /// freed anywhere is never stranded behind a fragmented address range, nothing moves, and the memory reserved
 /// stays close to the most the program ever had in use: the fragmentation of a caching allocator does not add
 /// to it. Pages it gives up (trim_to(), the release threshold) go back to the chunk pool,

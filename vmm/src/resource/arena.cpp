@@ -118,9 +118,11 @@ void arena::add_pages(std::size_t count, bool in_pending) {
   };
   make_room(held_, count);
   make_room(mapped_bits_, (count + 63) / 64);
+  make_room(freed_, count);
   make_room(pages_, count);
   held_.resize(count);
   mapped_bits_.resize((count + 63) / 64);
+  freed_.resize(count);
   pages_.resize(count);
   // Every page past the known ones lies whole in the arena's last block (every other block
   // ends below them): held by it whole when it is pending.
@@ -319,6 +321,9 @@ void arena::free_released(block* b) noexcept {
 }
 
 void arena::free_pending(block* b, stream_slot& slot, std::uint64_t epoch) noexcept {
+  const auto [first, count] = page_span(b->offset, b->size);
+  for (std::size_t p = first; p < first + count && p < freed_.size(); ++p)
+    if (freed_[p].on != slot.record || freed_[p].epoch < epoch) freed_[p] = {slot.record, epoch};
   allocated_.erase(b->offset);
   b->free = true;
   b->owner = slot.owner;

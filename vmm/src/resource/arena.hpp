@@ -129,6 +129,14 @@ class arena {
   }
   // Bytes of allocated or pending blocks on page p (< page_count()).
   [[nodiscard]] std::uint64_t held(std::size_t p) const noexcept { return p < held_.size() ? held_[p] : 0; }
+  // The epoch of the last pending free on `record` over page p (< page_count()), or
+  // `otherwise` where the last pending free over it was on another stream: a page lent
+  // away keeps its old mapping until that free has passed, not the newest free of the
+  // block it lies in.
+  [[nodiscard]] std::uint64_t freed_epoch(std::size_t p, const stream_record& record,
+                                          std::uint64_t otherwise) const noexcept {
+    return freed_[p].on == &record ? freed_[p].epoch : otherwise;
+  }
   // The chunk mapped at page p (< page_count()), or null.
   [[nodiscard]] const shared_chunk& chunk(std::size_t p) const noexcept { return pages_[p].chunk; }
   // The highest page below `end` that is mapped and idle (no block holds a byte of it),
@@ -298,7 +306,12 @@ class arena {
   // a bit of "mapped" each; the chunks and mappings sit apart.
   std::vector<std::uint64_t> held_;
   std::vector<std::uint64_t> mapped_bits_;
-  std::vector<page> pages_;  // declared after range_: the mappings go first
+  struct free_mark {
+    const stream_record* on = nullptr;  // the stream of the last pending free over the page
+    std::uint64_t epoch = 0;            // and its epoch
+  };
+  std::vector<free_mark> freed_;  // written by free_pending(), read when a page is lent
+  std::vector<page> pages_;       // declared after range_: the mappings go first
   std::size_t retiring_count_ = 0;
   free_index released_;
   std::vector<std::unique_ptr<stream_slot>> slots_;
