@@ -109,9 +109,12 @@ void launches(CUcontext ctx) {
       cudaStreamSynchronize(s);
       long total = mode > 0 ? pt.finish() : 0;
       (void)total;
-      std::printf("launch rep %d %-14s %.2f us/launch; page thread %ld pages in %.1f ms = %.1f us/page\n", rep,
-                  mode == 0 ? "alone" : mode == 1 ? "+stitching" : "+create/release", launch_ms * 1e3 / count,
-                  during, launch_ms, during ? launch_ms * 1e3 / during : 0.0);
+      std::printf("launch rep %d %-14s %.2f us/launch; page thread %ld pages in %.1f ms = %.1f us/page\n",
+                  rep,
+                  mode == 0   ? "alone"
+                  : mode == 1 ? "+stitching"
+                              : "+create/release",
+                  launch_ms * 1e3 / count, during, launch_ms, during ? launch_ms * 1e3 / during : 0.0);
     }
   // the page thread alone
   for (int mode = 1; mode < 3; ++mode) {
@@ -182,7 +185,8 @@ void host_bound(CUcontext ctx, bool deferred, int iterations, int kernels, int p
   for (auto& e : passed) CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   std::vector<bool> mapped(slots, false);
   unsigned* flag = nullptr;
-  CHECK(cuMemHostAlloc(reinterpret_cast<void**>(&flag), 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  CHECK(cuMemHostAlloc(reinterpret_cast<void**>(&flag), 64,
+                       CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
   *flag = 0;
   CUdeviceptr flag_dev = 0;
   CHECK(cuMemHostGetDevicePointer(&flag_dev, flag, 0));
@@ -198,7 +202,8 @@ void host_bound(CUcontext ctx, bool deferred, int iterations, int kernels, int p
       CHECK(cuEventSynchronize(passed[i - slots]));  // the stream passed the slot's last use
       for (int p = 0; p < pages_each; ++p) CHECK(cuMemUnmap(at + p * page, page));
     }
-    for (int p = 0; p < pages_each; ++p) CHECK(cuMemMap(at + p * page, page, 0, pool[slot * pages_each + p], 0));
+    for (int p = 0; p < pages_each; ++p)
+      CHECK(cuMemMap(at + p * page, page, 0, pool[slot * pages_each + p], 0));
     CHECK(cuMemSetAccess(at, page * pages_each, &access, 1));
     mapped[slot] = true;
   };
@@ -217,7 +222,8 @@ void host_bound(CUcontext ctx, bool deferred, int iterations, int kernels, int p
         CHECK(cuEventSynchronize(passed[i - slots]));
         for (int p = 0; p < pages_each; ++p) CHECK(cuMemUnmap(at + p * page, page));
       }
-      for (int p = 0; p < pages_each; ++p) CHECK(cuMemMap(at + p * page, page, 0, pool[slot * pages_each + p], 0));
+      for (int p = 0; p < pages_each; ++p)
+        CHECK(cuMemMap(at + p * page, page, 0, pool[slot * pages_each + p], 0));
       mapped[slot] = true;
       w->post([&, at, i] {
         CHECK(cuMemSetAccess(at, page * pages_each, &access, 1));
@@ -237,7 +243,8 @@ void host_bound(CUcontext ctx, bool deferred, int iterations, int kernels, int p
       fill<<<64, 256, 0, s>>>(reinterpret_cast<unsigned*>(at), n, static_cast<unsigned>(i * 1000 + k));
     for (int p = 0; p < pages_each; ++p) {
       CHECK(cuMemcpyDtoHAsync(readback + (std::size_t{2} * pages_each * i) + 2 * p, at + p * page, 4, s));
-      CHECK(cuMemcpyDtoHAsync(readback + (std::size_t{2} * pages_each * i) + 2 * p + 1, at + (p + 1) * page - 4, 4, s));
+      CHECK(cuMemcpyDtoHAsync(readback + (std::size_t{2} * pages_each * i) + 2 * p + 1,
+                              at + (p + 1) * page - 4, 4, s));
     }
     CHECK(cuEventRecord(passed[i], s));
   }
@@ -247,15 +254,19 @@ void host_bound(CUcontext ctx, bool deferred, int iterations, int kernels, int p
   long wrong = 0;
   for (int i = 0; i < iterations; ++i)
     for (std::size_t k = 0; k < std::size_t{2} * pages_each; ++k)
-      if (readback[std::size_t{2} * pages_each * i + k] != static_cast<unsigned>(i * 1000 + kernels - 1)) ++wrong;
-  std::printf("loop rep %d %-11s %d iterations x (%d pages, %d kernels): issued %.1f ms, done %.1f ms (%.1f us/iteration), "
-              "main thread mapping %.1f ms, wrong words %ld\n",
-              rep, deferred ? "grant-later" : "synchronous", iterations, pages_each, kernels, issued, total,
-              total * 1e3 / iterations, map_ms, wrong);
+      if (readback[std::size_t{2} * pages_each * i + k] != static_cast<unsigned>(i * 1000 + kernels - 1))
+        ++wrong;
+  std::printf(
+      "loop rep %d %-11s %d iterations x (%d pages, %d kernels): issued %.1f ms, done %.1f ms (%.1f "
+      "us/iteration), "
+      "main thread mapping %.1f ms, wrong words %ld\n",
+      rep, deferred ? "grant-later" : "synchronous", iterations, pages_each, kernels, issued, total,
+      total * 1e3 / iterations, map_ms, wrong);
   w.reset();
   for (int slot = 0; slot < slots; ++slot)
     if (mapped[slot])
-      for (int p = 0; p < pages_each; ++p) CHECK(cuMemUnmap(base + page * pages_each * slot + p * page, page));
+      for (int p = 0; p < pages_each; ++p)
+        CHECK(cuMemUnmap(base + page * pages_each * slot + p * page, page));
   for (auto& h : pool) CHECK(cuMemRelease(h));
   for (auto& e : passed) CHECK(cuEventDestroy(e));
   CHECK(cuMemAddressFree(base, page * pages_each * slots));
@@ -305,9 +316,10 @@ void two_threads(CUcontext ctx) {
     other.join();
     const double both = ms_since(t);
     unmap_all(a);
-    std::printf("two threads rep %d: %d pages map+grant alone %.2f ms, unmap alone %.2f ms (serial %.2f); "
-                "at once: map+grant %.2f ms, unmap %.2f ms, both done %.2f ms\n",
-                rep, n, map_alone, unmap_alone, map_alone + unmap_alone, map_during, unmap_during, both);
+    std::printf(
+        "two threads rep %d: %d pages map+grant alone %.2f ms, unmap alone %.2f ms (serial %.2f); "
+        "at once: map+grant %.2f ms, unmap %.2f ms, both done %.2f ms\n",
+        rep, n, map_alone, unmap_alone, map_alone + unmap_alone, map_during, unmap_during, both);
   }
   for (auto& x : h) CHECK(cuMemRelease(x));
   CHECK(cuMemAddressFree(a, page * n));
