@@ -2,13 +2,17 @@
 # One device call: (1) deferred_pages.cu, alone on the machine; (2) the GPU runner at the
 # working tree while the previous commit's vmm/ (old) builds; (3) live quick training, native,
 # new and old alternating on cores 0-7 (gpt2, llama, vit), with vmm's host waits.
+# run2.sh runs it with other settings: PROBE_ENV, PROBE_LOG, PROBE_LIMIT (the probe's
+# environment, log and time limit), OLD_REV (old's vmm/) and CLOSING_NATIVE (a last native).
 set -u
+probe_env=${PROBE_ENV:-} probe_log=${PROBE_LOG:-deferred_pages.txt} probe_limit=${PROBE_LIMIT:-120}
 start=$SECONDS
 here=bench/results/h200-2026-11-28-deferred
-nvcc -O2 -std=c++17 $here/deferred_pages.cu -lcuda -o /tmp/deferred_pages && timeout 120 taskset -c 0-7 /tmp/deferred_pages 2>&1 | tee $OUT/deferred_pages.txt
+nvcc -O2 -std=c++17 $here/deferred_pages.cu -lcuda -o /tmp/deferred_pages &&
+  env $probe_env timeout $probe_limit taskset -c 0-7 /tmp/deferred_pages 2>&1 | tee $OUT/$probe_log
 echo "probe done at $((SECONDS - start)) s"
 rm -rf /tmp/old && mkdir /tmp/old && tar --exclude=./build --exclude=./build-gpu --exclude=./.git -cf - . | tar -C /tmp/old -xf -
-rm -rf /tmp/old/vmm && git archive HEAD~1 vmm | tar -x -C /tmp/old
+rm -rf /tmp/old/vmm && git archive ${OLD_REV:-HEAD~1} vmm | tar -x -C /tmp/old
 (cmake -S /tmp/old -B /tmp/old/build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > /tmp/old-cfg.log 2>&1 &&
   nice cmake --build /tmp/old/build-gpu -j4 --target vmm_torch_allocator > /tmp/old-build.log 2>&1; echo "old build rc $?") &
 bash scripts/gpu_run.sh 2>&1 | tail -40
@@ -29,5 +33,6 @@ for w, r in d.items():
 PY
 }
 new=$PWD/build-gpu; old=/tmp/old/build-gpu
-one native $new 1; one new $new 1; one old $old 1; one new $new 2; one old $old 2; one native $new 2
+one native $new 1; one new $new 1; one old $old 1; one new $new 2; one old $old 2
+[ "${CLOSING_NATIVE:-1}" = 1 ] && one native $new 2
 echo "done at $((SECONDS - start)) s"
