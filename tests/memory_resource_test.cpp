@@ -453,6 +453,71 @@ TYPED_TEST(memory_resources, properties_are_checked_and_initial_size_is_spare) {
   EXPECT_EQ(this->make({.headroom = 0.25})->properties().headroom, 0.25);
 }
 
+TYPED_TEST(memory_resources, a_request_takes_the_mapped_pages_inside_a_larger_free_run) {
+  const std::size_t g = this->granularity_;
+  // The largest blocks of a training step come and go at the top of an arena, with sizes
+  // that change a little every step: the free run there is larger than any request, and the
+  // pages its freed blocks left lie inside it, not at its start or end. A request goes
+  // where they are instead of moving them.
+  auto resource = this->make({.max_size = 64 * g});
+  void* a = resource->allocate({}, 4 * g);
+  void* b = resource->allocate({}, 4 * g);
+  ASSERT_EQ(static_cast<std::byte*>(b), static_cast<std::byte*>(a) + 4 * g);
+  resource->deallocate({}, a, 4 * g);
+  // Past the stitch limit's room: two of a's idle pages (the highest) move up to c.
+  void* c = resource->allocate({}, 6 * g);
+  ASSERT_EQ(static_cast<std::byte*>(c), static_cast<std::byte*>(b) + 4 * g);
+  memory_resource_statistics s = resource->statistics();
+  ASSERT_EQ(s.pages_stitched, 2u);
+  ASSERT_EQ(s.reserved_current, 12 * g);
+  this->write(c, pattern(6 * g, 3));
+  resource->deallocate({}, b, 4 * g);
+  resource->deallocate({}, c, 6 * g);
+  // One free run now, its pages mapped but for the two that moved: the ten above them fit
+  // a request of ten pages, which maps nothing (at the run's start it lacked two).
+  void* d = resource->allocate({}, 10 * g);
+  EXPECT_EQ(static_cast<std::byte*>(d), static_cast<std::byte*>(a) + 4 * g);
+  const memory_resource_statistics after = resource->statistics();
+  EXPECT_EQ(after.pages_stitched, s.pages_stitched);
+  EXPECT_EQ(after.pages_created, s.pages_created);
+  EXPECT_EQ(after.reserved_current, 12 * g);
+  EXPECT_EQ(this->read(static_cast<std::byte*>(d) + 4 * g, 6 * g), pattern(6 * g, 3))
+      << "c's pages, in place";
+  resource->deallocate({}, d, 10 * g);
+  EXPECT_EQ(resource->statistics().used_current, 0u);
+}
+
+TYPED_TEST(memory_resources, two_page_sizes_stop_trading_a_large_page_back_and_forth) {
+  const std::size_t g = this->granularity_;
+  const std::size_t large = g * memory_resource::default_large_page_granules;
+  // Steps in which the same bytes are in use, split between small and large pages in
+  // shares that change by a large page from one step to the next. With less room than a
+  // large page past the most in use, each step would give one size's idle pages back to
+  // make the other's again. No headroom is learned here: the room is the resource's own.
+  auto resource = this->make({.max_size = 160 * large, .headroom = 1e-9});
+  void* base = resource->allocate({}, 128 * large);  // what the room is a share of
+  std::uint64_t released_after_warm_up = 0;
+  for (int step = 0; step < 8; ++step) {
+    const bool more_small = step % 2 == 0;
+    const std::size_t small = (more_small ? 10 : 2) * g;   // two blocks, each under a large page
+    const std::size_t big = (more_small ? 2 : 3) * large;  // 2 * small + big: the same every step
+    void* s1 = resource->allocate({}, small);
+    void* s2 = resource->allocate({}, small);
+    void* l = resource->allocate({}, big);
+    EXPECT_EQ(resource->pages_of(l, big).page_size, large);
+    EXPECT_EQ(resource->pages_of(s1, small).page_size, g);
+    resource->deallocate({}, l, big);
+    resource->deallocate({}, s2, small);
+    resource->deallocate({}, s1, small);
+    if (step == 1) released_after_warm_up = resource->statistics().pages_released;
+  }
+  const memory_resource_statistics s = resource->statistics();
+  EXPECT_EQ(s.pages_released, released_after_warm_up) << "pages given back after the first two steps";
+  EXPECT_LE(s.reserved_high, 128 * large + 20 * g + 3 * large + large + 128 * large / 128);
+  resource->deallocate({}, base, 128 * large);
+  EXPECT_EQ(resource->statistics().used_current, 0u);
+}
+
 TYPED_TEST(memory_resources, more_headroom_stitches_fewer_pages_and_keeps_more) {
   const std::size_t g = this->granularity_;
   // Each round scatters idle pages and then asks for a run none of its holes fits: pages

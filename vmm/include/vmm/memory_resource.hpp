@@ -36,11 +36,17 @@
 /// lack there, its end (so a tensor grown by x = cat(x, y) reuses its freed copy's pages
 /// where they lie, and maps only what it adds); the end of a run whose stream has not
 /// passed its free only when no page below that end is mapped (one there would stay idle
-/// until the stream passes). A page stitched costs
+/// until the stream passes); in a run larger than the request by a page or more, the
+/// page-aligned place with the fewest pages to map (so the largest blocks of a step, which
+/// come and go at the top of an arena with sizes that change a little every step, take the
+/// pages their predecessors left where they lie). A page stitched costs
 /// the driver 57-79 us on an H100 (unmap, map, access), so the resource learns headroom: it
 /// keeps one page more for every small page it has had to stitch, up to 1/8 of the most
 /// ever in use, 1/256 with large pages, which move for the cost of one small page each
-/// (docs/GPU-FACTS.md, "Moving pages"). Idle pages of one size are given back to the
+/// (docs/GPU-FACTS.md, "Moving pages"), and with large pages the room of one large page
+/// more where that is at most 1/128 of the most in use (memory moves between the two sizes
+/// a large page at a time; with less room, the two would trade one back and forth every
+/// step). Idle pages of one size are given back to the
 /// device to be made again in the other size rather than reserving more; where the pages of
 /// the other size are held by blocks the allocating stream freed and has not passed yet,
 /// and making every page the request lacks would take the reserved memory past 1/128 above

@@ -51,6 +51,29 @@ std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std:
   return std::min(unmapped, stop);
 }
 
+std::pair<std::uint64_t, std::size_t> arena::fewest_unmapped(std::uint64_t begin, std::uint64_t end,
+                                                             std::uint64_t size) const noexcept {
+  const std::uint64_t first_start = (begin + page_size_ - 1) & ~std::uint64_t{page_size_ - 1};
+  if (size == 0 || first_start > end || end - first_start < size) return {~std::uint64_t{0}, ~std::size_t{0}};
+  const std::size_t n = static_cast<std::size_t>((size + page_size_ - 1) >> page_shift_);
+  const std::size_t low = static_cast<std::size_t>(first_start >> page_shift_);
+  // A start past page_count() has no page mapped: the starts up to it are all that differ.
+  const std::size_t high = std::min<std::size_t>(static_cast<std::size_t>((end - size) >> page_shift_),
+                                                 std::max(low, page_count()));
+  std::size_t missing = 0;
+  for (std::size_t p = low; p < low + n; ++p) missing += mapped(p) ? 0 : 1;
+  std::size_t best = missing;
+  std::size_t best_start = low;
+  for (std::size_t s = low + 1; s <= high && best != 0; ++s) {
+    missing = missing - (mapped(s - 1) ? 0 : 1) + (mapped(s + n - 1) ? 0 : 1);
+    if (missing < best) {
+      best = missing;
+      best_start = s;
+    }
+  }
+  return {std::uint64_t{best_start} << page_shift_, best};
+}
+
 std::size_t arena::idle_page_below(std::size_t end) const noexcept {
   for (std::size_t p = std::min(end, held_.size()); p > 0;) {
     const std::size_t word = (p - 1) / 64;

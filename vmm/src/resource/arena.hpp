@@ -110,6 +110,11 @@ class arena {
   // Pages of [offset, offset + size) not mapped, counting no further than `stop`.
   [[nodiscard]] std::size_t unmapped_pages(std::uint64_t offset, std::uint64_t size,
                                            std::size_t stop) const noexcept;
+  // The page-aligned start in [begin, end - size] of the run of `size` bytes with the fewest
+  // pages not mapped, and that count (the lowest start on a tie); {~0, ~0} where no
+  // page-aligned run fits. Linear in the pages of [begin, end) below page_count().
+  [[nodiscard]] std::pair<std::uint64_t, std::size_t> fewest_unmapped(std::uint64_t begin, std::uint64_t end,
+                                                                      std::uint64_t size) const noexcept;
   // Whether every page of [offset, offset + size) is mapped.
   [[nodiscard]] bool all_mapped(std::uint64_t offset, std::uint64_t size) const noexcept {
     if (const auto [first, count] = page_span(offset, size); count == 1) return mapped(first);

@@ -277,6 +277,7 @@ class resource_state {
   void record_point(stream_record& record);      // under the record's mutex
   void release_idle(std::size_t bytes_to_keep);  // under all_locked
   [[nodiscard]] std::uint64_t stitch_limit() const noexcept;
+  [[nodiscard]] std::uint64_t large_page_room(std::uint64_t high) const noexcept;
   // The reserved memory past which the host waits for the allocating stream's pending
   // pages of the other size rather than creating more (take_pages).
   [[nodiscard]] std::uint64_t wait_limit() const noexcept;
@@ -590,18 +591,31 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
 
 std::uint64_t resource_state::stitch_limit() const noexcept {
   // The reserved memory past which a page is stitched rather than created: the most ever
-  // in use, and 1/256 more for the pages shared at the edges of runs of blocks, and the
-  // headroom learned (up to memory_resource_properties::headroom of the most in use: by
-  // default 1/8; 1/256 when the blocks whose layout moves most, the large ones, have large
-  // pages, which move for 1/16 of the cost). 1/256 rather than 1/128: on the five traces
-  // of bench/data replayed with no lag, reserved / live 1.0079-1.0083 instead of
-  // 1.0079-1.0125, for 0-5 % more pages moved or made (up to 40 % more on gpt2_from_start
-  // with the device 500 events behind); further behind, the headroom is not what decides
-  // (vmm-replay --lag, 2026-11-24).
+  // in use, and 1/256 more for the pages shared at the edges of runs of blocks, a large
+  // page (large_page_room), and the headroom learned (up to memory_resource_properties::headroom of the most
+  // in use: by default 1/8; 1/256 when the blocks whose layout moves most, the large ones, have large pages,
+  // which move for 1/16 of the cost). 1/256 rather than 1/128: on the five traces of bench/data replayed with
+  // no lag, reserved / live 1.0079-1.0083 instead of 1.0079-1.0125, for 0-5 % more pages moved or made (up to
+  // 40 % more on gpt2_from_start with the device 500 events behind); further behind, the headroom is not what
+  // decides (vmm-replay --lag, 2026-11-24).
   const std::uint64_t high = most_in_use();
   const auto most_headroom =
       static_cast<std::uint64_t>(static_cast<long double>(high) * properties_.headroom);
-  return high + high / 256 + 2 * page_ + std::min(learned_headroom_, most_headroom);
+  return high + high / 256 + 2 * page_ + large_page_room(high) + std::min(learned_headroom_, most_headroom);
+}
+
+std::uint64_t resource_state::large_page_room(std::uint64_t high) const noexcept {
+  // With two page sizes, memory moves between them a large page at a time: where the room
+  // past the most in use is less than a large page, the small pages that one request makes
+  // cost the large pages a large page, which the next large request makes again from idle
+  // small pages, every step. One large page more of room, where it is at most 1/128 of the
+  // most in use, ends that. Replays of bench/data (OS host, two passes, the device 150
+  // events behind), with runs placed where their pages are (choose()): vit released 1,092
+  // pages and stitched 236 -> 3 and 13, reserved / live 1.0083 -> 1.0157; llama_from_start
+  // 1.0080 -> 1.0106, gpt2_from_start 1.0080 -> 1.0096, their pages about as before. Live
+  // quick training on an H200 (2026-11-28, two rounds): vit's slow path 2.8-3.4 -> 1.3-1.5 ms
+  // a step, 1.0157 reserved / allocated either way.
+  return large_page_ != page_ && large_page_ <= high / 128 ? large_page_ : 0;
 }
 
 std::uint64_t resource_state::most_in_use() const noexcept {
@@ -939,6 +953,23 @@ resource_state::choice resource_state::choose(arena& a, free_index& index, std::
         at = far;
         unmapped = there;
       }
+    // Inside a block larger than the request by a page or more, the run with the fewest
+    // pages to map: a large free block (the top of an arena, where the largest blocks of a
+    // step come and go) holds the pages of the blocks freed in it where they lay, and a
+    // request a little larger or smaller than one of them takes those pages where they are
+    // instead of moving them from the block's start. Replays of bench/data (OS host, two
+    // passes, the device 25 / 1,000 events behind): pages stitched 7,817 -> 48 on
+    // gpt2_dynamic, 8,167-8,177 -> 2,010 / 247 on gpt2_from_start, 1,353-1,993 -> 258-320 on
+    // vit, 6,071-6,285 -> 2,741-5,206 on llama_from_start; reserved / live as before or
+    // lower. Live quick training on an H200 (2026-11-28, two rounds): gpt2's slow path 4.5-5.4
+    // -> 0.5-1.1 ms a step, its host waits 5 -> 2. Linear in the block's pages that have been
+    // held, as is mapping one.
+    if (unmapped != 0 && b->size >= size + a.page_size())
+      if (const auto [start, fewest] = a.fewest_unmapped(b->offset, b->end(), size); fewest < unmapped)
+        if (const std::size_t there = pages_to_map(start); there < unmapped) {
+          at = start;
+          unmapped = there;
+        }
     if (unmapped < best.unmapped) best = choice{&a, b, at, unmapped};
     return best.unmapped == 0 || ++weighed >= candidates_weighed;
   });
