@@ -60,8 +60,7 @@ std::pair<std::uint64_t, std::size_t> arena::fewest_unmapped(std::uint64_t begin
   // A start past page_count() has no page mapped: the starts up to it are all that differ.
   const std::size_t high = std::min<std::size_t>(static_cast<std::size_t>((end - size) >> page_shift_),
                                                  std::max(low, page_count()));
-  std::size_t missing = 0;
-  for (std::size_t p = low; p < low + n; ++p) missing += mapped(p) ? 0 : 1;
+  std::size_t missing = unmapped_pages(first_start, size, n);
   std::size_t best = missing;
   std::size_t best_start = low;
   for (std::size_t s = low + 1; s <= high && best != 0; ++s) {

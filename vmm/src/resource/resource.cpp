@@ -592,12 +592,13 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
 std::uint64_t resource_state::stitch_limit() const noexcept {
   // The reserved memory past which a page is stitched rather than created: the most ever
   // in use, and 1/256 more for the pages shared at the edges of runs of blocks, a large
-  // page (large_page_room), and the headroom learned (up to memory_resource_properties::headroom of the most
-  // in use: by default 1/8; 1/256 when the blocks whose layout moves most, the large ones, have large pages,
-  // which move for 1/16 of the cost). 1/256 rather than 1/128: on the five traces of bench/data replayed with
-  // no lag, reserved / live 1.0079-1.0083 instead of 1.0079-1.0125, for 0-5 % more pages moved or made (up to
-  // 40 % more on gpt2_from_start with the device 500 events behind); further behind, the headroom is not what
-  // decides (vmm-replay --lag, 2026-11-24).
+  // page (large_page_room), and the headroom learned (up to
+  // memory_resource_properties::headroom of the most in use: by default 1/8; 1/256 when the
+  // blocks whose layout moves most, the large ones, have large pages, which move for 1/16 of
+  // the cost). 1/256 rather than 1/128: on the five traces of bench/data replayed with no
+  // lag, reserved / live 1.0079-1.0083 instead of 1.0079-1.0125, for 0-5 % more pages moved
+  // or made (up to 40 % more on gpt2_from_start with the device 500 events behind); further
+  // behind, the headroom is not what decides (vmm-replay --lag, 2026-11-24).
   const std::uint64_t high = most_in_use();
   const auto most_headroom =
       static_cast<std::uint64_t>(static_cast<long double>(high) * properties_.headroom);
