@@ -133,6 +133,16 @@ def bad_input(replay):
         result = run(replay, good, "--location", "os_host", "--simulate", "1GiB", "--lag", "1", "--after", good)
         if result.returncode != 0 or "device 1 events behind the host" not in result.stdout:
             failures.append(f"--lag --after: exit {result.returncode}, stdout {result.stdout!r}, stderr {result.stderr!r}")
+        # The counts are TRACE's alone, not those of the trace replayed first and its trim.
+        counts = []
+        for extra in ([], ["--after", good]):
+            out = os.path.join(directory, "after.json")
+            result = run(replay, good, "--location", "os_host", "--simulate", "1GiB", "--json", out, *extra)
+            with open(out) as f:
+                report = json.load(f)
+            counts.append({k: report.get(k) for k in ("pages_created", "pages_stitched", "pages_released", "host_waits")})
+        if counts[0] != counts[1] or counts[0]["pages_created"] != 1:
+            failures.append(f"--after: the counts alone {counts[0]}, after the trace replayed first {counts[1]}")
         # The good trace replays (simulated: the search for the largest allocation at the end
         # would commit the whole budget); a page held for 4096 bytes is far past a ratio of 1.5.
         result = run(replay, good, "--location", "os_host", "--simulate", "1GiB")
@@ -143,7 +153,7 @@ def bad_input(replay):
             failures.append(f"--max-ratio: exit {result.returncode}, stderr {result.stderr!r}")
     for failure in failures:
         print("FAILED:", failure)
-    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 2} bad arguments, 3 good runs checked")
+    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 2} bad arguments, 5 good runs checked")
     return 1 if failures else 0
 
 

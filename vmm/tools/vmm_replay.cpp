@@ -436,6 +436,9 @@ int main(int argc, char** argv) try {
     resource.trim_to(0);
     resource.reset_high_water_marks();
   }
+  // The counts of the resource's lifetime, from here on: TRACE's alone (not FIRST's, nor its trim).
+  const vmm::memory_resource_statistics before = resource.statistics();
+  const auto device_before = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
   // Samples in the call clock's ticks until the replay ends, then in ns.
   std::vector<double> allocate_ns;
   std::vector<double> deallocate_ns;
@@ -479,7 +482,13 @@ int main(int argc, char** argv) try {
   timer.calibrate();
   for (std::vector<double>* samples : {&allocate_ns, &deallocate_ns, &pair_ns})
     for (double& ticks : *samples) ticks = timer.to_ns(ticks);
-  const vmm::memory_resource_statistics after = resource.statistics();
+  vmm::memory_resource_statistics after = resource.statistics();
+  after.pages_created -= before.pages_created;
+  after.pages_stitched -= before.pages_stitched;
+  after.pages_released -= before.pages_released;
+  after.host_waits -= before.host_waits;
+  after.slow_path_time -= before.slow_path_time;
+  after.host_wait_time -= before.host_wait_time;
 
   // The largest single allocation still possible, the trace's last live set allocated.
   std::uint64_t low = 0;
@@ -536,7 +545,9 @@ int main(int argc, char** argv) try {
   fmt::print("{} host waits of the resource; slow path {:.1f} ms of host time ({:.1f} ms waiting); ",
              after.host_waits, ms(after.slow_path_time), ms(after.host_wait_time));
   fmt::print("replay {:.2f} s\n", seconds);
-  const auto [waits, waited] = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
+  auto [waits, waited] = device ? device->waits() : std::pair<std::uint64_t, std::uint64_t>{};
+  waits -= device_before.first;
+  waited -= device_before.second;
   if (device)
     fmt::print(
         "device {} events behind the host: the host waited for it {} times, {} events of work in all\n",
@@ -549,12 +560,13 @@ int main(int argc, char** argv) try {
         "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
-        "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"segments\": {}, "
+        "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"pages_released\": {}, \"segments\": {}, "
         "\"host_waits\": {}, \"slow_path_ms\": {:.3f}, \"host_wait_ms\": {:.3f}, \"lag_events\": {}, "
         "\"device_waits\": {}, \"events_waited\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
         after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
-        clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.segments, after.host_waits,
+        clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.pages_released, after.segments,
+        after.host_waits,
         ms(after.slow_path_time), ms(after.host_wait_time), device ? device->lag() : 0, waits, waited);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }
