@@ -560,14 +560,15 @@ int main(int argc, char** argv) try {
         "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
-        "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"pages_released\": {}, \"segments\": {}, "
+        "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"pages_released\": {}, "
+        "\"segments\": {}, "
         "\"host_waits\": {}, \"slow_path_ms\": {:.3f}, \"host_wait_ms\": {:.3f}, \"lag_events\": {}, "
         "\"device_waits\": {}, \"events_waited\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
         after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
-        clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.pages_released, after.segments,
-        after.host_waits,
-        ms(after.slow_path_time), ms(after.host_wait_time), device ? device->lag() : 0, waits, waited);
+        clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.pages_released,
+        after.segments, after.host_waits, ms(after.slow_path_time), ms(after.host_wait_time),
+        device ? device->lag() : 0, waits, waited);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }
   if (max_ratio != 0 && ratio > max_ratio) {
