@@ -59,6 +59,15 @@ allocator. On the lent H200 (2026-11-28) pinning to eight cores held native's qu
 at 45.4-45.8 ms over three rounds (45.7-48.5 ms unpinned in the rounds before); the
 host-bound gpt2 and llama still moved by up to 19 % between processes.
 
+Attention runs off cuDNN: torch.nn.functional.scaled_dot_product_attention picks cuDNN's
+kernels on Hopper, and cuDNN builds a plan on the host for every new sequence length (a
+profile on the lent H200, 2026-11-28: 5-9 ms of host time a call, ~130 ms of a ~200 ms gpt2
+step, whose GPU work was ~82 ms), so with lengths that change every step gpt2 and llama
+timed cuDNN's planner and moved by up to 50 % with the host's speed. Off cuDNN, torch takes
+flash attention; the steps are the GPU's (gpt2 ~90 ms, llama ~60 ms) and the allocators'
+rounds agree to 1-3 %. --cudnn-attention leaves torch's choice (the runs before
+bench/results/h200-2026-11-28-attention).
+
 --vmm-headroom X runs vmm with vmm_torch.use(headroom=X): the idle share of its peak use a
 resource may learn to keep mapped (vmm's default 1/256 reserves the least; more moves fewer
 pages when shapes change every step).
@@ -172,7 +181,7 @@ def build_floor_allocator():
 class Child:
     """Sets up one allocator before CUDA starts, and measures with its statistics."""
 
-    def __init__(self, allocator, vmm_headroom=None):
+    def __init__(self, allocator, vmm_headroom=None, cudnn_attention=False):
         self.allocator = allocator
         self.vmm = None
         self.vmm_before = {}
@@ -197,6 +206,8 @@ class Child:
         self.device = torch.device("cuda", 0)
         torch.zeros(1, device=self.device)  # CUDA starts here, on the chosen allocator
         assert not torch.backends.cudnn.benchmark
+        # cuDNN's attention plans every new sequence length on the host (see --cudnn-attention).
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
 
     def clean(self):
         import gc
@@ -534,7 +545,7 @@ def sleep_wake(child, s):
 
 
 def run_child(arguments):
-    child = Child(arguments.allocator, arguments.vmm_headroom)
+    child = Child(arguments.allocator, arguments.vmm_headroom, arguments.cudnn_attention)
     s = settings(arguments.quick)
     torch = child.torch
     properties = torch.cuda.get_device_properties(0)
@@ -609,7 +620,7 @@ def recorded(child, name, run, folder):
 
 def run_probe(arguments):
     """One attempt at a gpt2 batch: exit 0 when two training steps fit, OOM_EXIT when not."""
-    child = Child(arguments.allocator, arguments.vmm_headroom)
+    child = Child(arguments.allocator, arguments.vmm_headroom, arguments.cudnn_attention)
     try:
         model, optimizer, config = gpt2_model(child)
         ids = child.torch.randint(0, config.vocab_size, (arguments.batch, arguments.sequence), device=child.device)
@@ -666,6 +677,8 @@ def spawn(allocator, extra, timeout, arguments):
         command += ["--vmm-headroom", repr(arguments.vmm_headroom)]
     if arguments.cpus is not None:
         command += ["--cpus", arguments.cpus]
+    if arguments.cudnn_attention:
+        command.append("--cudnn-attention")
     return subprocess.run(command, env=environment_for(allocator), timeout=timeout, capture_output=True, text=True)
 
 
@@ -871,6 +884,7 @@ def main():
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
     parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm_torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/256)")
     parser.add_argument("--rounds", type=int, default=1, help="every allocator's process this many times, in alternating order")
+    parser.add_argument("--cudnn-attention", action="store_true", help="leave cuDNN's attention in torch's scaled_dot_product_attention (torch's choice on Hopper; it plans every new sequence length on the host, so gpt2 and llama time cuDNN's planner)")
     parser.add_argument("--cpus", help="run every process on these CPUs, e.g. 0-7 or 0,2,4-6 (default: wherever the OS puts it)")
     # the children
     parser.add_argument("--allocator", choices=ALLOCATORS)
@@ -930,6 +944,7 @@ def main():
         "rounds": arguments.rounds,
         "vmm_headroom": arguments.vmm_headroom,
         "cpus": sorted(os.sched_getaffinity(0)) if arguments.cpus is not None else None,
+        "cudnn_attention": arguments.cudnn_attention,
         "settings": settings(arguments.quick),
         "seconds": time.time() - started,
         "results": results,
