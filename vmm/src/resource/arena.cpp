@@ -35,20 +35,63 @@ stream_slot& arena::add_slot(stream_record& record) {
   return *slots_.back();
 }
 
-std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std::size_t stop) const noexcept {
-  const auto [first, count] = page_span(offset, size);
-  const std::size_t known = std::clamp(held_.size(), first, first + count);
-  std::size_t unmapped = first + count - known;  // pages never held are not mapped
-  for (std::size_t p = first; p < known && unmapped < stop;) {
+std::size_t page_bits::unmapped(std::size_t first, std::size_t count, std::size_t stop) const noexcept {
+  const std::size_t end = std::clamp(known, first, first + count);
+  std::size_t missing = first + count - end;  // pages never held are not mapped
+  for (std::size_t p = first; p < end && missing < stop;) {
     const std::size_t bit = p % 64;
-    const std::size_t n = std::min<std::size_t>(64 - bit, known - p);
+    const std::size_t n = std::min<std::size_t>(64 - bit, end - p);
     const std::uint64_t span = n < 64 ? (std::uint64_t{1} << n) - 1 : ~std::uint64_t{0};
     // Counted only where a page is missing: without -mpopcnt, std::popcount is a call.
-    if (const std::uint64_t missing = ~(mapped_bits_[p / 64] >> bit) & span; missing != 0)
-      unmapped += static_cast<std::size_t>(std::popcount(missing));
+    if (const std::uint64_t bits = ~(mapped[p / 64] >> bit) & span; bits != 0)
+      missing += static_cast<std::size_t>(std::popcount(bits));
     p += n;
   }
-  return std::min(unmapped, stop);
+  return std::min(missing, stop);
+}
+
+std::uint64_t page_bits::unmapped_from(std::size_t p) const noexcept {
+  const auto word = [&](std::size_t w) -> std::uint64_t {
+    if (w >= mapped.size() || w * 64 >= known) return 0;
+    const std::size_t valid = known - w * 64;
+    return valid >= 64 ? mapped[w] : mapped[w] & ((std::uint64_t{1} << valid) - 1);
+  };
+  const std::size_t w = p / 64;
+  const auto bit = static_cast<unsigned>(p % 64);
+  std::uint64_t bits = word(w) >> bit;
+  if (bit != 0) bits |= word(w + 1) << (64 - bit);
+  return ~bits;
+}
+
+std::pair<std::size_t, std::size_t> page_bits::fewest_unmapped(std::size_t low, std::size_t high,
+                                                               std::size_t n) const noexcept {
+  std::size_t missing = unmapped(low, n, n);
+  std::size_t best = missing;
+  std::size_t best_start = low;
+  // From start s - 1 to s, page s - 1 leaves the run and page s + n - 1 enters it: 64
+  // starts at a time, the count changes only where exactly one of the two is mapped.
+  for (std::size_t first = low + 1; first <= high && best != 0; first += 64) {
+    const std::size_t starts = std::min<std::size_t>(64, high - first + 1);
+    const std::uint64_t in_word = starts < 64 ? (std::uint64_t{1} << starts) - 1 : ~std::uint64_t{0};
+    const std::uint64_t leaving = unmapped_from(first - 1) & in_word;
+    const std::uint64_t entering = unmapped_from(first + n - 1) & in_word;
+    for (std::uint64_t changes = leaving ^ entering; changes != 0; changes &= changes - 1) {
+      const auto i = static_cast<unsigned>(std::countr_zero(changes));
+      if ((leaving >> i & 1) == 0) {
+        ++missing;
+      } else if (--missing < best) {
+        best = missing;
+        best_start = first + i;
+        if (best == 0) break;
+      }
+    }
+  }
+  return {best_start, best};
+}
+
+std::size_t arena::unmapped_pages(std::uint64_t offset, std::uint64_t size, std::size_t stop) const noexcept {
+  const auto [first, count] = page_span(offset, size);
+  return mapped_pages().unmapped(first, count, stop);
 }
 
 std::pair<std::uint64_t, std::size_t> arena::fewest_unmapped(std::uint64_t begin, std::uint64_t end,
@@ -60,17 +103,8 @@ std::pair<std::uint64_t, std::size_t> arena::fewest_unmapped(std::uint64_t begin
   // A start past page_count() has no page mapped: the starts up to it are all that differ.
   const std::size_t high = std::min<std::size_t>(static_cast<std::size_t>((end - size) >> page_shift_),
                                                  std::max(low, page_count()));
-  std::size_t missing = unmapped_pages(first_start, size, n);
-  std::size_t best = missing;
-  std::size_t best_start = low;
-  for (std::size_t s = low + 1; s <= high && best != 0; ++s) {
-    missing = missing - (mapped(s - 1) ? 0 : 1) + (mapped(s + n - 1) ? 0 : 1);
-    if (missing < best) {
-      best = missing;
-      best_start = s;
-    }
-  }
-  return {std::uint64_t{best_start} << page_shift_, best};
+  const auto [start, fewest] = mapped_pages().fewest_unmapped(low, high, n);
+  return {std::uint64_t{start} << page_shift_, fewest};
 }
 
 std::size_t arena::idle_page_below(std::size_t end) const noexcept {
