@@ -61,12 +61,12 @@ host-bound gpt2 and llama still moved by up to 19 % between processes.
 
 Attention runs off cuDNN: torch.nn.functional.scaled_dot_product_attention picks cuDNN's
 kernels on Hopper, and cuDNN builds a plan on the host for every new sequence length (a
-profile on the lent H200, 2026-11-28: 5-9 ms of host time a call, ~130 ms of a ~200 ms gpt2
-step, whose GPU work was ~82 ms), so with lengths that change every step gpt2 and llama
+profile on the lent H200, 2026-11-28: 5-9 ms of host time a call, 126-148 ms of a 160-264 ms
+gpt2 step whose kernels ran 82.5 ms), so with lengths that change every step gpt2 and llama
 timed cuDNN's planner and moved by up to 50 % with the host's speed. Off cuDNN, torch takes
-flash attention; the steps are the GPU's (gpt2 ~90 ms, llama ~60 ms) and the allocators'
-rounds agree to 1-3 %. --cudnn-attention leaves torch's choice (the runs before
-bench/results/h200-2026-11-28-attention).
+flash attention; the steps are the GPU's (gpt2 ~90 ms, llama ~60 ms) and the four
+allocators' medians of six rounds lie within 3 % of each other. --cudnn-attention leaves
+torch's choice (the runs before bench/results/h200-2026-11-28-attention).
 
 --vmm-headroom X runs vmm with vmm_torch.use(headroom=X): the idle share of its peak use a
 resource may learn to keep mapped (vmm's default 1/256 reserves the least; more moves fewer
