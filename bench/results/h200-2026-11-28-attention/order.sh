@@ -2,13 +2,16 @@
 # Does the order of the workloads in one process move vit's step? Eight processes on
 # cores 0-7, vit alone or after gpt2 and llama, vmm and native, alternating; one line each
 # (vit's step median, the host's share, vmm's slow path a step and pages, torch.empty + del
-# at 4 KiB). Each process's JSON is order/oN.json.
+# at 4 KiB). Each process's JSON is order/oN.json. bash order.sh [SPEC...] runs those
+# processes instead (SPEC: allocator:workloads, e.g. vmm:gpt2,llama,vit).
 start=$SECONDS
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > /tmp/cfg.log 2>&1 &&
   cmake --build build-gpu -j16 --target vmm_torch_allocator > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
 export VMM_TORCH_LIBRARY=$PWD/build-gpu/python/libvmm_torch_allocator.so
 i=0
-for spec in vmm:vit vmm:gpt2,llama,vit native:gpt2,llama,vit native:vit vmm:gpt2,llama,vit vmm:vit native:vit native:gpt2,llama,vit; do
+specs=("$@")
+[ ${#specs[@]} -gt 0 ] || specs=(vmm:vit vmm:gpt2,llama,vit native:gpt2,llama,vit native:vit vmm:gpt2,llama,vit vmm:vit native:vit native:gpt2,llama,vit)
+for spec in "${specs[@]}"; do
   i=$((i+1)); a=${spec%%:*}; w=${spec#*:}
   timeout 120 python3 bench/torch_allocators.py --quick --cpus 0-7 --allocators $a --workloads $w --no-sleep-wake --max-batch off --json /tmp/o$i.json > /tmp/o$i.log 2>&1
   python3 - /tmp/o$i.json "$spec" <<'PY'
