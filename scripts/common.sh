@@ -51,3 +51,18 @@ vmm_install_fuzz_tools() {
   fi
   [ -f "$runtime" ] || { echo "libFuzzer runtime not found: $runtime" >&2; return 1; }
 }
+
+# For the scripts under bench/results that time vmm_torch on the lent GPU machine: configures
+# a Release build of the source tree SOURCE in BUILD_DIR, builds only the PyTorch allocator
+# library and exports VMM_TORCH_LIBRARY for bench/torch_allocators.py. The logs go to
+# BUILD_DIR.configure.log and BUILD_DIR.build.log; the build log's tail is printed on failure.
+# Usage: vmm_build_torch_allocator SOURCE BUILD_DIR
+vmm_build_torch_allocator() {
+  local source=$1 build_dir=$2
+  cmake -S "$source" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$build_dir.configure.log" 2>&1 ||
+    { tail -30 "$build_dir.configure.log"; return 1; }
+  cmake --build "$build_dir" -j "${VMM_JOBS:-$(nproc)}" --target vmm_torch_allocator >"$build_dir.build.log" 2>&1 ||
+    { tail -30 "$build_dir.build.log"; return 1; }
+  VMM_TORCH_LIBRARY=$(realpath "$build_dir")/python/libvmm_torch_allocator.so
+  export VMM_TORCH_LIBRARY
+}
