@@ -50,7 +50,7 @@ def main(paths):
     print("round  " + "  ".join(f"{a:>15}" for a in allocators) + "  vmm / fastest other")
     round_ratios = []
     for n, (key, r) in enumerate(rounds.items(), 1):
-        cells = "  ".join(f"{r[a]['step']:15.2f}" if a in r else f"{"-":>15}" for a in allocators)
+        cells = "  ".join(f"{r[a]['step']:15.2f}" if a in r else f"{'-':>15}" for a in allocators)
         others = [s["step"] for a, s in r.items() if a != "vmm"]
         line = f"{n:5}  {cells}"
         if "vmm" in r and others:
