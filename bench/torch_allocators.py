@@ -54,6 +54,11 @@ workload's step time is then the median of the rounds' medians, its reserved / a
 the largest of the rounds', torch.empty + del the median; each round's figures are kept
 (*_rounds).
 
+--steps N runs N steps of each training workload instead of the settings' (warm-up included).
+The lent host's speed moves by up to 1.5x from one second to the next (docs/GPU-FACTS.md), and
+a full vit process times only ~1.4 s of steps: one process samples one moment of the host.
+Longer runs (e.g. --steps 400, ~16 s of vit steps) spread every process over many moments.
+
 --cpus 0-7 runs every process on those CPUs (os.sched_setaffinity), the same set for every
 allocator. On the lent H200 (2026-11-28) pinning to eight cores held native's quick vit step
 at 45.4-45.8 ms over three rounds (45.7-48.5 ms unpinned in the rounds before); the
@@ -112,17 +117,28 @@ MIB = 1 << 20
 # ---- settings ------------------------------------------------------------------------------
 
 
-def settings(quick):
-    """The sizes of every workload: the full run, or the --quick one."""
-    if quick:
-        return {
-            "gpt2": {"steps": 20, "warmup": 5, "tokens": 16384},
-            "llama": {"steps": 12, "warmup": 4, "tokens": 16384, "generate": [(8, 256)], "new_tokens": 16},
-            "vit": {"steps": 12, "warmup": 4, "batch_at_224": 64},
-            "grow": {"target": 4 * GIB, "chunk": 256 * MIB},
-            "empty_del": {"rounds": 15, "per_round": 1000},
-            "sleep_wake": {"weights": 2 * GIB, "dropped": 1 * GIB, "cycles": 2},
-        }
+def settings(quick, steps=None):
+    """The sizes of every workload: the full run, or the --quick one; `steps` (--steps) sets
+    the steps of the training workloads, warm-up included."""
+    chosen = quick_settings() if quick else full_settings()
+    if steps is not None:
+        for name in ("gpt2", "llama", "vit"):
+            chosen[name]["steps"] = steps
+    return chosen
+
+
+def quick_settings():
+    return {
+        "gpt2": {"steps": 20, "warmup": 5, "tokens": 16384},
+        "llama": {"steps": 12, "warmup": 4, "tokens": 16384, "generate": [(8, 256)], "new_tokens": 16},
+        "vit": {"steps": 12, "warmup": 4, "batch_at_224": 64},
+        "grow": {"target": 4 * GIB, "chunk": 256 * MIB},
+        "empty_del": {"rounds": 15, "per_round": 1000},
+        "sleep_wake": {"weights": 2 * GIB, "dropped": 1 * GIB, "cycles": 2},
+    }
+
+
+def full_settings():
     return {
         "gpt2": {"steps": 60, "warmup": 10, "tokens": 16384},
         "llama": {"steps": 40, "warmup": 8, "tokens": 16384, "generate": [(8, 512), (16, 128), (4, 1024)], "new_tokens": 64},
@@ -546,7 +562,7 @@ def sleep_wake(child, s):
 
 def run_child(arguments):
     child = Child(arguments.allocator, arguments.vmm_headroom, arguments.cudnn_attention)
-    s = settings(arguments.quick)
+    s = settings(arguments.quick, arguments.steps)
     torch = child.torch
     properties = torch.cuda.get_device_properties(0)
     out = {
@@ -687,6 +703,8 @@ def measure(allocator, arguments, folder):
     extra = ["--child", "measure", "--child-out", path, "--workloads", arguments.workloads]
     if arguments.quick:
         extra.append("--quick")
+    if arguments.steps is not None:
+        extra += ["--steps", str(arguments.steps)]
     if arguments.no_sleep_wake:
         extra.append("--no-sleep-wake")
     if arguments.record and allocator == "native":
@@ -878,6 +896,7 @@ def main():
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--json", default=os.path.join(REPOSITORY, "bench-torch-allocators.json"))
     parser.add_argument("--max-batch", choices=("on", "off", "auto"), default="auto", help="the largest-batch search (auto: off with --quick)")
+    parser.add_argument("--steps", type=int, help="steps of gpt2, llama and vit, their warm-up included (default: 60 / 40 / 40, --quick 20 / 12 / 12); a long run spreads each process over more of the host's moments")
     parser.add_argument("--sequence", type=int, default=2048, help="sequence length of the largest-batch search")
     parser.add_argument("--no-sleep-wake", action="store_true")
     parser.add_argument("--record", metavar="DIR", help="native allocator only: also write each workload's allocation trace (from before its model is built) to DIR/NAME.trace.gz, for vmm-replay")
@@ -917,6 +936,10 @@ def main():
         parser.error("--record records under the native allocator: add native to --allocators")
     if arguments.vmm_headroom is not None and not 0 <= arguments.vmm_headroom <= 1:
         parser.error(f"--vmm-headroom {arguments.vmm_headroom}: expected a share from 0 to 1")
+    if arguments.steps is not None:
+        warmup = max(w["warmup"] for w in settings(arguments.quick).values() if "warmup" in w)
+        if not warmup < arguments.steps <= 100000:
+            parser.error(f"--steps {arguments.steps}: expected more than the {warmup} warm-up steps and at most 100000")
     if not 1 <= arguments.rounds <= 100:
         parser.error(f"--rounds {arguments.rounds}: expected 1 to 100")
     if arguments.record and arguments.rounds != 1:
@@ -945,7 +968,7 @@ def main():
         "vmm_headroom": arguments.vmm_headroom,
         "cpus": sorted(os.sched_getaffinity(0)) if arguments.cpus is not None else None,
         "cudnn_attention": arguments.cudnn_attention,
-        "settings": settings(arguments.quick),
+        "settings": settings(arguments.quick, arguments.steps),
         "seconds": time.time() - started,
         "results": results,
     }
