@@ -12,7 +12,7 @@ page, with vmm-replay's reason.
 `bad-input`: every malformed trace (bad lines, reused or unknown ids, sizes and streams out
 of range, a damaged gzip, no events) and every bad argument ends with exit status 1 or 2
 and a message naming the problem (and the line), never a crash; --max-ratio fails a replay
-that passes it with exit status 3.
+that passes it with exit status 3; --headroom reaches the resource.
 """
 
 import gzip
@@ -84,6 +84,10 @@ BAD_ARGUMENTS = [
     (["--simulate", "99999999999GiB"], "--simulate 99999999999GiB"),
     (["--max-ratio", "0.5"], "--max-ratio 0.5"),
     (["--max-ratio", "nan"], "--max-ratio nan"),
+    (["--headroom", "2"], "--headroom 2"),
+    (["--headroom", "-0.5"], "--headroom -0.5"),
+    (["--headroom", "nan"], "--headroom nan"),
+    (["--headroom", "0.1x"], "--headroom 0.1x"),
     (["--location", "gpu-1"], "--location gpu-1"),
     (["--location", "tpu0"], "--location tpu0"),
     (["--json"], "--json needs a value"),
@@ -143,6 +147,15 @@ def bad_input(replay):
             counts.append({k: report.get(k) for k in ("pages_created", "pages_stitched", "pages_released", "host_waits")})
         if counts[0] != counts[1] or counts[0]["pages_created"] != 1:
             failures.append(f"--after: the counts alone {counts[0]}, after the trace replayed first {counts[1]}")
+        # --headroom reaches the resource (its properties() say what it runs with); without
+        # it the resource's own default, 1/256 with large pages.
+        for extra, expected in (([], 1 / 256), (["--headroom", "0.015625"], 0.015625)):
+            out = os.path.join(directory, "headroom.json")
+            result = run(replay, good, "--location", "os_host", "--simulate", "1GiB", "--json", out, *extra)
+            with open(out) as f:
+                headroom = json.load(f).get("headroom")
+            if result.returncode != 0 or headroom != expected:
+                failures.append(f"{extra}: exit {result.returncode}, headroom {headroom}, expected {expected}")
         # The good trace replays (simulated: the search for the largest allocation at the end
         # would commit the whole budget); a page held for 4096 bytes is far past a ratio of 1.5.
         result = run(replay, good, "--location", "os_host", "--simulate", "1GiB")
@@ -153,7 +166,7 @@ def bad_input(replay):
             failures.append(f"--max-ratio: exit {result.returncode}, stderr {result.stderr!r}")
     for failure in failures:
         print("FAILED:", failure)
-    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 2} bad arguments, 5 good runs checked")
+    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 2} bad arguments, 7 good runs checked")
     return 1 if failures else 0
 
 

@@ -2,7 +2,7 @@
 // the resource reserved against what was in use, and what each call cost the host.
 //
 //   vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--after FIRST]
-//              [--json FILE] [--repeat N] [--max-ratio R]
+//              [--json FILE] [--repeat N] [--max-ratio R] [--headroom SHARE]
 //
 // TRACE is a text file, gzip-compressed or not, one event a line ('#' starts a comment):
 //   a <id> <bytes> <stream>   allocate <bytes> on stream number <stream> (0, 1, ...)
@@ -38,6 +38,10 @@
 // bench/torch_allocators.py does between workloads, through vmm_torch.trim()): the figures
 // are TRACE's alone, on the layout FIRST left behind.
 // --max-ratio R: exit status 3 when peak reserved / peak live passes R (a check for CI).
+// --headroom SHARE: memory_resource_properties::headroom (the idle share of its peak the
+// resource may learn to keep mapped; 0, the default, is the resource's own), as
+// vmm_torch.use(headroom=...) sets it: what memory more room costs on a trace, and how many
+// pages it stops moving.
 
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -275,7 +279,9 @@ std::size_t parse_bytes(const std::string& text) {
       fmt::format("--simulate {}: expected bytes from 1 to 2^48, as 4096, 512MiB or 80GiB", text));
 }
 
-double parse_ratio(const std::string& text) {
+// A number from low to high (NaN and trailing characters refused), for FLAG.
+double parse_number(const std::string& flag, const std::string& text, double low, double high,
+                    const char* expected) {
   std::size_t used = 0;
   double value = 0;
   try {
@@ -283,8 +289,8 @@ double parse_ratio(const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || !(value >= 1.0 && value < 1000.0))
-    throw std::invalid_argument(fmt::format("--max-ratio {}: expected a number from 1 to 1000", text));
+  if (used != text.size() || !(value >= low && value <= high))
+    throw std::invalid_argument(fmt::format("{} {}: expected {}", flag, text, expected));
   return value;
 }
 
@@ -307,7 +313,7 @@ int usage() {
   std::fprintf(
       stderr,
       "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--after FIRST] "
-      "[--json FILE] [--repeat N] [--max-ratio R]\n");
+      "[--json FILE] [--repeat N] [--max-ratio R] [--headroom SHARE]\n");
   return 2;
 }
 
@@ -322,6 +328,7 @@ int main(int argc, char** argv) try {
   std::size_t simulate_bytes = 0;
   double max_ratio = 0;
   std::optional<std::uint64_t> lag;
+  vmm::memory_resource_properties properties;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto value = [&]() -> std::string {
@@ -337,7 +344,10 @@ int main(int argc, char** argv) try {
     else if (arg == "--simulate")
       simulate_bytes = parse_bytes(value());
     else if (arg == "--max-ratio")
-      max_ratio = parse_ratio(value());
+      max_ratio = parse_number(arg, value(), 1, 1000, "a number from 1 to 1000");
+    else if (arg == "--headroom")
+      properties.headroom =
+          parse_number(arg, value(), 0, 1, "a share from 0 to 1, as 0.0078125 (0: the resource's default)");
     else if (arg == "--lag") {
       const std::string n = value();
       if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
@@ -390,7 +400,6 @@ int main(int argc, char** argv) try {
                                                                   .commit_on_create = simulate_bytes == 0,
                                                                   .executor = device ? &*device : nullptr})
                                     : vmm::provider_for(*where));
-  vmm::memory_resource_properties properties;
   const std::size_t memory = pool->provider()->capabilities().physical_memory_size;
   const std::size_t granularity = pool->granularity();
   if (os_pages != SIZE_MAX && memory / granularity > os_pages) properties.max_size = os_pages * granularity;
@@ -527,7 +536,7 @@ int main(int argc, char** argv) try {
   fmt::print("peak live      {:.3f} GiB ({} bytes)\n", static_cast<double>(peak_live) / gib, peak_live);
   fmt::print("peak reserved  {:.3f} GiB ({} bytes)\n", static_cast<double>(after.reserved_high) / gib,
              after.reserved_high);
-  fmt::print("reserved/live  {:.4f}\n", ratio);
+  fmt::print("reserved/live  {:.4f} (headroom {:.6g})\n", ratio, resource.properties().headroom);
   fmt::print("largest allocation possible at the end: {:.3f} GiB (max_size {:.3f} GiB)\n",
              static_cast<double>(largest_after) / gib,
              static_cast<double>(resource.properties().max_size) / gib);
@@ -557,7 +566,8 @@ int main(int argc, char** argv) try {
     out << fmt::format(
         "{{\"trace\": \"{}\", \"location\": \"{}\", \"simulated\": {}, \"events\": {}, \"passes\": {}, "
         "\"peak_live_bytes\": {}, "
-        "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"largest_possible_bytes\": {}, "
+        "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"headroom\": {:.9g}, "
+        "\"largest_possible_bytes\": {}, "
         "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
         "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
         "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"pages_released\": {}, "
@@ -565,10 +575,10 @@ int main(int argc, char** argv) try {
         "\"host_waits\": {}, \"slow_path_ms\": {:.3f}, \"host_wait_ms\": {:.3f}, \"lag_events\": {}, "
         "\"device_waits\": {}, \"events_waited\": {}}}\n",
         trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
-        after.reserved_high, ratio, largest_after, a.median, a.p99, d.median, d.p99, p.median, p.p99,
-        clock_ns, timer.name(), after.pages_created, after.pages_stitched, after.pages_released,
-        after.segments, after.host_waits, ms(after.slow_path_time), ms(after.host_wait_time),
-        device ? device->lag() : 0, waits, waited);
+        after.reserved_high, ratio, resource.properties().headroom, largest_after, a.median, a.p99, d.median,
+        d.p99, p.median, p.p99, clock_ns, timer.name(), after.pages_created, after.pages_stitched,
+        after.pages_released, after.segments, after.host_waits, ms(after.slow_path_time),
+        ms(after.host_wait_time), device ? device->lag() : 0, waits, waited);
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
   }
   if (max_ratio != 0 && ratio > max_ratio) {
