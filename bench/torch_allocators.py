@@ -74,8 +74,8 @@ allocators' medians of six rounds lie within 3 % of each other. --cudnn-attentio
 torch's choice (the runs before bench/results/h200-2026-11-28-attention).
 
 --vmm-headroom X runs vmm with vmm_torch.use(headroom=X): the idle share of its peak use a
-resource may learn to keep mapped (vmm's default 1/256 reserves the least; more moves fewer
-pages when shapes change every step).
+resource may learn to keep mapped (vmm's default 1/128; less reserves less and, when shapes
+change every step, moves more pages).
 
 Writes one JSON (--json) and prints a table with the targets checked.
 """
@@ -901,7 +901,7 @@ def main():
     parser.add_argument("--no-sleep-wake", action="store_true")
     parser.add_argument("--record", metavar="DIR", help="native allocator only: also write each workload's allocation trace (from before its model is built) to DIR/NAME.trace.gz, for vmm-replay")
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
-    parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm_torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/256)")
+    parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm_torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/128)")
     parser.add_argument("--rounds", type=int, default=1, help="every allocator's process this many times, in alternating order")
     parser.add_argument("--cudnn-attention", action="store_true", help="leave cuDNN's attention in torch's scaled_dot_product_attention (torch's choice on Hopper; it plans every new sequence length on the host, so gpt2 and llama time cuDNN's planner)")
     parser.add_argument("--cpus", help="run every process on these CPUs, e.g. 0-7 or 0,2,4-6 (default: wherever the OS puts it)")

@@ -448,7 +448,7 @@ TYPED_TEST(memory_resources, properties_are_checked_and_initial_size_is_spare) {
   // Headroom: a share from 0 to 1; 0 is the default, which properties() says.
   for (double bad : {-0.01, 1.01, std::numeric_limits<double>::quiet_NaN()})
     EXPECT_THROW(this->make({.headroom = bad}), invalid_argument) << bad;
-  EXPECT_EQ(this->make()->properties().headroom, 1.0 / 256);                      // large pages on
+  EXPECT_EQ(this->make()->properties().headroom, 1.0 / 128);                      // large pages on
   EXPECT_EQ(this->make({.large_page_size = g})->properties().headroom, 1.0 / 8);  // off
   EXPECT_EQ(this->make({.headroom = 0.25})->properties().headroom, 0.25);
 }

@@ -250,7 +250,7 @@ def use(*, max_size=None, release_threshold=None, headroom=None):
         release_threshold: reserved bytes above which a free gives idle pages back at once
             (None: keep them for reuse until trim()).
         headroom: the most idle memory each resource learns to keep mapped, as a share of
-            its peak use, from 0 to 1 (None: 1/256). More is faster where shapes change
+            its peak use, from 0 to 1 (None: 1/128). More is faster where shapes change
             every step (fewer pages moved) and reserves more; see
             vmm::memory_resource_properties::headroom.
 

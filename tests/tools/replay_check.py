@@ -148,8 +148,8 @@ def bad_input(replay):
         if counts[0] != counts[1] or counts[0]["pages_created"] != 1:
             failures.append(f"--after: the counts alone {counts[0]}, after the trace replayed first {counts[1]}")
         # --headroom reaches the resource (its properties() say what it runs with); without
-        # it the resource's own default, 1/256 with large pages.
-        for extra, expected in (([], 1 / 256), (["--headroom", "0.015625"], 0.015625)):
+        # it the resource's own default, 1/128 with large pages.
+        for extra, expected in (([], 1 / 128), (["--headroom", "0.015625"], 0.015625)):
             out = os.path.join(directory, "headroom.json")
             result = run(replay, good, "--location", "os_host", "--simulate", "1GiB", "--json", out, *extra)
             with open(out) as f:

@@ -42,7 +42,7 @@
 /// pages their predecessors left where they lie). A page stitched costs
 /// the driver 57-79 us on an H100 (unmap, map, access), so the resource learns headroom: it
 /// keeps one page more for every small page it has had to stitch, up to 1/8 of the most
-/// ever in use, 1/256 with large pages, which move for the cost of one small page each
+/// ever in use, 1/128 with large pages, which move for the cost of one small page each
 /// (docs/GPU-FACTS.md, "Moving pages"), and with large pages the room of one large page
 /// more where that is at most 1/128 of the most in use (memory moves between the two sizes
 /// a large page at a time; with less room, the two would trade one back and forth every
@@ -143,11 +143,17 @@ struct memory_resource_properties {
   std::size_t large_page_size = 0;
   /// The most idle memory the resource learns to keep mapped, as a share of the most it
   /// has had in use: each page of the granularity it has to stitch lets it keep one page
-  /// more, up to this share, before it stitches again. 0: 1/256 with large pages, 1/8
+  /// more, up to this share, before it stitches again. 0: 1/128 with large pages, 1/8
   /// without. Larger trades memory for host time: a page stitched costs the host ~70 us on
-  /// an H100, and live training with changing shapes stitches pages every step (README,
-  /// "Measured results", 2026-11-25: 1/8 against 1/256 on quick PyTorch training). From 0
-  /// to 1; properties() gives the share in use.
+  /// an H100, and live training with changing shapes stitches pages every step. With large
+  /// pages, less room than the shapes' swing makes the two page sizes trade memory every
+  /// step (a page given back in one size, one made in the other): live ViT training at
+  /// changing resolutions on an H200 (README, "Measured results", 2026-11-29) traded ~1 ms of
+  /// host time a step at 1/256 (1.048x native's step, 1.016 reserved / allocated) and nothing
+  /// at 1/128 (0.993x, 1.020); GPT-2 and Llama training 1.003x / 1.013x at 1/128 (1.010-1.015).
+  /// The reserved memory stays under the most in use times 1 + 1/256 + headroom, plus a large
+  /// page where that is at most 1/128 of it, two pages and the rounding of blocks to pages.
+  /// From 0 to 1; properties() gives the share in use.
   double headroom = 0;
 };
 

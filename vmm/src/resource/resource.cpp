@@ -316,8 +316,9 @@ class resource_state {
   std::size_t reserved_high_ = 0;
   std::size_t pages_stitched_ = 0;
   // Every page stitched lets the resource hold one page more before it stitches again (up
-  // to 1/8 of the most ever in use): a workload whose layout keeps moving pages learns the
-  // room it needs, one that never moves any keeps to the most it used and 1/256.
+  // to memory_resource_properties::headroom of the most ever in use): a workload whose
+  // layout keeps moving pages learns the room it needs, one that never moves any keeps to
+  // the most it used and 1/256.
   std::uint64_t learned_headroom_ = 0;
   std::size_t pages_created_ = 0;
   std::size_t pages_released_ = 0;
@@ -398,7 +399,7 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
   if (!(properties_.headroom >= 0 && properties_.headroom <= 1))  // NaN too
     throw invalid_argument(
         fmt::format("memory_resource: headroom {} is not a share from 0 to 1", properties_.headroom));
-  if (properties_.headroom == 0) properties_.headroom = large_page_ == page_ ? 1.0 / 8 : 1.0 / 256;
+  if (properties_.headroom == 0) properties_.headroom = large_page_ == page_ ? 1.0 / 8 : 1.0 / 128;
   const std::size_t initial = round_up(properties_.initial_size, page_) / page_;
   for (std::size_t i = 0; i < initial; ++i) {
     spare_[0].push_back(std::make_shared<const pooled_chunk>(pool_->acquire(page_)));
@@ -593,9 +594,9 @@ std::uint64_t resource_state::stitch_limit() const noexcept {
   // The reserved memory past which a page is stitched rather than created: the most ever
   // in use, and 1/256 more for the pages shared at the edges of runs of blocks, a large
   // page (large_page_room), and the headroom learned (up to
-  // memory_resource_properties::headroom of the most in use: by default 1/8; 1/256 when the
+  // memory_resource_properties::headroom of the most in use: by default 1/8; 1/128 when the
   // blocks whose layout moves most, the large ones, have large pages, which move for 1/16 of
-  // the cost). 1/256 rather than 1/128: on the five traces of bench/data replayed with no
+  // the cost). The fixed 1/256 rather than 1/128: on the five traces of bench/data replayed with no
   // lag, reserved / live 1.0079-1.0083 instead of 1.0079-1.0125, for 0-5 % more pages moved
   // or made (up to 40 % more on gpt2_from_start with the device 500 events behind); further
   // behind, the headroom is not what decides (vmm-replay --lag, 2026-11-24).
