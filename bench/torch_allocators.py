@@ -465,22 +465,30 @@ def workload_grow(child, s):
     }
 
 
-def empty_del(child, s):
+def empty_del_samples(child, rounds, per_round):
+    """Microseconds a torch.empty + del pair, one sample per round of per_round pairs, for
+    4 KiB and 1 MiB: `rounds` rounds of each, the sizes alternating round by round, so that
+    both sizes meet the same moments of the host (whose speed moves from one to the next)."""
     torch = child.torch
-    result = {}
-    for size in (4096, MIB):
+    sizes = (4096, MIB)
+    for size in sizes:  # warm-up
         for _ in range(2000):
             t = torch.empty(size, dtype=torch.uint8, device=child.device)
             del t
-        samples = []
-        for _ in range(s["rounds"]):
-            start = time.perf_counter_ns()
-            for _ in range(s["per_round"]):
-                t = torch.empty(size, dtype=torch.uint8, device=child.device)
-                del t
-            samples.append((time.perf_counter_ns() - start) / s["per_round"] / 1000)
-        result[str(size)] = statistics.median(samples)
-    return result
+    samples = {size: [] for size in sizes}
+    for i in range(2 * rounds):
+        size = sizes[i % 2]
+        start = time.perf_counter_ns()
+        for _ in range(per_round):
+            t = torch.empty(size, dtype=torch.uint8, device=child.device)
+            del t
+        samples[size].append((time.perf_counter_ns() - start) / per_round / 1000)
+    return samples
+
+
+def empty_del(child, s):
+    samples = empty_del_samples(child, s["rounds"], s["per_round"])
+    return {str(size): statistics.median(times) for size, times in samples.items()}
 
 
 def sleep_wake(child, s):

@@ -36,26 +36,7 @@ for size in ("4096", "1048576"):
         print(f"vmm / native {size} B: {median['vmm', size] / median['native', size]:.3f}x")
 PY
 echo "empty+del done at $((SECONDS - start)) s"
-work=$(mktemp -d)
-runs=("native" "vmm 0.015625" "vmm 0.03125")
-round=0
-last=0
-while ((SECONDS - start + last + 10 < budget)); do
-  began=$SECONDS
-  set -- ${runs[round % 3]}
-  name=$1${2:+-$2}
-  echo "$name at $((began - start)) s"
-  python3 bench/torch_allocators.py --rounds 1 --steps 400 --cpus 0-7 --allocators "$1" ${2:+--vmm-headroom $2} \
-    --workloads vit --no-sleep-wake --max-batch off --json "$work/$(printf %02d $round)-$name.json" >"$work/$round.log" 2>&1 ||
-    { echo "$name failed"; tail -20 "$work/$round.log"; }
-  round=$((round + 1))
-  last=$((SECONDS - began))
-done
-tar czf "$OUT/headroom.tar.gz" -C "$work" .
-for f in "$work"/*.json; do
-  python3 -c "
-import json, sys
-d = json.load(open(sys.argv[1])); (a, r), = d['results'].items(); v = r['workloads']['vit']
-print(f\"{sys.argv[1].split('/')[-1]:28} step {v['step_ms_median']:.2f} ms, reserved/allocated {v['reserved_over_allocated']:.4f}, slow path {v.get('vmm_slow_path_ms_median') or 0:.2f} ms\")" "$f"
-done | tee "$OUT/headroom.txt"
+# The loop that ran here is ../h200-2026-11-29-shares/shares.sh (its lines now add vmm's page counts).
+bash "$here/../h200-2026-11-29-shares/shares.sh" $((budget - (SECONDS - start))) headroom 400 vit \
+  native "vmm 0.015625" "vmm 0.03125"
 echo "done at $((SECONDS - start)) s"
