@@ -36,21 +36,29 @@ def run(replay, *args):
     return subprocess.run([replay, *args], capture_output=True, text=True, errors="replace", timeout=600)
 
 
-def shared(replay, trace):
+def replay_report(replay, trace, *args):
+    """vmm-replay TRACE ARGS --json, its output passed on: (exit status, the JSON report, or
+    None when it failed). Exit status 4: the process may not open a descriptor per page."""
     with tempfile.TemporaryDirectory() as directory:
         out = os.path.join(directory, "replay.json")
-        result = run(replay, trace, "--location", "os_host", "--simulate", "24GiB", "--max-ratio", "1.04",
-                     "--json", out)
+        result = run(replay, trace, *args, "--json", out)
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         if result.returncode == 4:
             print("skipped: the process may not open a descriptor per page (see above)")
-            return SKIP
         if result.returncode != 0:
-            print(f"FAILED: vmm-replay exited with {result.returncode}")
-            return 1
+            return result.returncode, None
         with open(out) as f:
-            report = json.load(f)
+            return 0, json.load(f)
+
+
+def shared(replay, trace):
+    status, report = replay_report(replay, trace, "--location", "os_host", "--simulate", "24GiB", "--max-ratio", "1.04")
+    if status == 4:
+        return SKIP
+    if status != 0:
+        print(f"FAILED: vmm-replay exited with {status}")
+        return 1
     failures = []
     if not report["simulated"]:
         failures.append("the JSON does not say the run was simulated")
@@ -179,26 +187,18 @@ def bad_input(replay):
 
 def trade(replay, trace):
     failures = []
-    with tempfile.TemporaryDirectory() as directory:
-        out = os.path.join(directory, "replay.json")
-        for extra, check in (([], lambda r: r["headroom"] == 1 / 128 and r["pages_released"] <= 64
-                              and 1 <= r["reserved_over_live"] <= 1.02),
-                             (["--headroom", "0.00390625"], lambda r: r["pages_released"] >= 500)):
-            result = run(replay, trace, "--location", "os_host", "--simulate", "8GiB", "--lag", "150",
-                         "--repeat", "2", "--json", out, *extra)
-            sys.stdout.write(result.stdout)
-            sys.stderr.write(result.stderr)
-            if result.returncode == 4:
-                print("skipped: the process may not open a descriptor per page (see above)")
-                return SKIP
-            if result.returncode != 0:
-                failures.append(f"{extra}: exit {result.returncode}")
-                continue
-            with open(out) as f:
-                report = json.load(f)
-            if not check(report):
-                failures.append(f"{extra or 'the default'}: headroom {report['headroom']}, "
-                                f"{report['pages_released']} pages given back, reserved/live {report['reserved_over_live']}")
+    for extra, check in (([], lambda r: r["headroom"] == 1 / 128 and r["pages_released"] <= 64
+                          and 1 <= r["reserved_over_live"] <= 1.02),
+                         (["--headroom", "0.00390625"], lambda r: r["pages_released"] >= 500)):
+        status, report = replay_report(replay, trace, "--location", "os_host", "--simulate", "8GiB", "--lag", "150",
+                                       "--repeat", "2", *extra)
+        if status == 4:
+            return SKIP
+        if status != 0:
+            failures.append(f"{extra}: exit {status}")
+        elif not check(report):
+            failures.append(f"{extra or 'the default'}: headroom {report['headroom']}, "
+                            f"{report['pages_released']} pages given back, reserved/live {report['reserved_over_live']}")
     for failure in failures:
         print("FAILED:", failure)
     return 1 if failures else 0
