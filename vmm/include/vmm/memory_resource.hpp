@@ -148,7 +148,7 @@ struct memory_resource_properties {
   /// an H100, and live training with changing shapes stitches pages every step. With large
   /// pages, less room than the shapes' swing makes the two page sizes trade memory every
   /// step (a page given back in one size, one made in the other): live ViT training at
-  /// changing resolutions on an H200 (README, "Measured results", 2026-11-29) traded ~1 ms of
+  /// changing resolutions on an H200 (README, "Measured results", 2026-11-29) traded 1-2 ms of
   /// host time a step at 1/256 (1.048x native's step, 1.016 reserved / allocated) and nothing
   /// at 1/128 (0.993x, 1.020); GPT-2 and Llama training 1.003x / 1.013x at 1/128 (1.010-1.015).
   /// The reserved memory stays under the most in use times 1 + 1/256 + headroom, plus a large
