@@ -47,6 +47,16 @@ of memory never poisons a measurement), and for vmm a sleep/wake of 8 GiB of wei
 the same process (the sleep is timed without the gc.collect() vmm_torch.sleep() runs by
 default, which is timed on its own).
 
+torch.empty + del is also measured side by side (--side-by-side, on unless "off"): every
+allocator's process runs the loop over the same seconds, each on a CPU of a core of its own
+(the CPUs rotated over --side-by-side-repeats), with vmm_pool beside them when vmm is one:
+vmm_torch.mem_pool() under torch.cuda.use_mem_pool, torch's caching allocator on top of vmm.
+The lent host runs the same Python at two speeds (a pair ~2.2 or ~4 us under any allocator)
+and moves between them within seconds, so processes measured one after the other compare
+moments of the host more than allocators (30 processes on 2026-11-29 01:03Z: every
+allocator's process medians spread from ~2.1 to ~4.4 us). The target is checked on the
+median over 250 ms bins of each bin's ratio to native. --empty-del-only runs only that.
+
 --rounds N runs every allocator's process N times, in alternating order (A B C D, then
 D C B A, ...), so that the machine's drift (clocks, temperature, the host's other guests:
 the same code's step moved by up to 8 % between runs) falls on every allocator alike. A
@@ -210,10 +220,10 @@ class Child:
             torch.cuda.memory.change_current_allocator(
                 torch.cuda.memory.CUDAPluggableAllocator(library, "floor_alloc", "floor_free"))
             return  # no memory is ever touched: nothing may run a kernel here
-        if allocator == "vmm":
+        if allocator in ("vmm", "vmm_pool"):
             sys.path.insert(0, os.path.join(REPOSITORY, "python"))
             import vmm_torch
-
+        if allocator == "vmm":
             vmm_torch.use(headroom=vmm_headroom)
             self.vmm = vmm_torch
         import torch
@@ -221,6 +231,13 @@ class Child:
         self.torch = torch
         self.device = torch.device("cuda", 0)
         torch.zeros(1, device=self.device)  # CUDA starts here, on the chosen allocator
+        if allocator == "vmm_pool":
+            # Every later allocation of this thread goes to a pool over vmm, torch's caching
+            # allocator on top (autograd's backward threads would still use torch's own: this
+            # mode runs only torch.empty + del, on the main thread).
+            self.pool = vmm_torch.mem_pool()
+            self.pool_scope = torch.cuda.use_mem_pool(self.pool)
+            self.pool_scope.__enter__()
         assert not torch.backends.cudnn.benchmark
         # cuDNN's attention plans every new sequence length on the host (see --cudnn-attention).
         torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
@@ -465,30 +482,162 @@ def workload_grow(child, s):
     }
 
 
+EMPTY_DEL_SIZES = (4096, MIB)
+
+
+def empty_del_round(child, size, per_round):
+    """Microseconds a torch.empty + del pair of `size` bytes, over per_round pairs."""
+    torch = child.torch
+    start = time.perf_counter_ns()
+    for _ in range(per_round):
+        t = torch.empty(size, dtype=torch.uint8, device=child.device)
+        del t
+    return (time.perf_counter_ns() - start) / per_round / 1000
+
+
 def empty_del_samples(child, rounds, per_round):
     """Microseconds a torch.empty + del pair, one sample per round of per_round pairs, for
     4 KiB and 1 MiB: `rounds` rounds of each, the sizes alternating round by round, so that
     both sizes meet the same moments of the host (whose speed moves from one to the next)."""
-    torch = child.torch
-    sizes = (4096, MIB)
-    for size in sizes:  # warm-up
-        for _ in range(2000):
-            t = torch.empty(size, dtype=torch.uint8, device=child.device)
-            del t
-    samples = {size: [] for size in sizes}
+    for size in EMPTY_DEL_SIZES:  # warm-up
+        empty_del_round(child, size, 2000)
+    samples = {size: [] for size in EMPTY_DEL_SIZES}
     for i in range(2 * rounds):
-        size = sizes[i % 2]
-        start = time.perf_counter_ns()
-        for _ in range(per_round):
-            t = torch.empty(size, dtype=torch.uint8, device=child.device)
-            del t
-        samples[size].append((time.perf_counter_ns() - start) / per_round / 1000)
+        size = EMPTY_DEL_SIZES[i % 2]
+        samples[size].append(empty_del_round(child, size, per_round))
     return samples
 
 
 def empty_del(child, s):
     samples = empty_del_samples(child, s["rounds"], s["per_round"])
     return {str(size): statistics.median(times) for size, times in samples.items()}
+
+
+# ---- torch.empty + del side by side ------------------------------------------------------
+# The lent host runs the same Python at two speeds (a pair ~2.2 or ~4 us) and moves between
+# them within seconds, on every CPU alike, so processes measured one after the other compare
+# moments of the host more than allocators. Side by side, every allocator's process runs the
+# loop over the same seconds, each on a CPU (a core) of its own, their CPUs rotated from one
+# repeat to the next; the figures are medians over those seconds, and the median over time
+# bins of each bin's ratio to native.
+
+SIDE_BY_SIDE_PER_ROUND = 500
+SIDE_BY_SIDE_BIN_NS = 250_000_000
+
+
+def run_side_child(arguments):
+    """One allocator's loop of torch.empty + del: prints "ready" once warm, reads the start and
+    end (time.monotonic_ns, the same clock in every process) from stdin, waits for the start,
+    then alternates the sizes round by round until the end. Writes its rounds to --child-out."""
+    child = Child(arguments.allocator, arguments.vmm_headroom)
+    for size in EMPTY_DEL_SIZES:
+        empty_del_round(child, size, 5000)
+    print("ready", flush=True)
+    start, end = (int(x) for x in sys.stdin.readline().split())
+    while time.monotonic_ns() < start:
+        time.sleep(0.001)
+    rounds = []  # (ns when the round began, size, us a pair)
+    gc.disable()
+    while (now := time.monotonic_ns()) < end:
+        size = EMPTY_DEL_SIZES[len(rounds) % 2]
+        rounds.append((now, size, empty_del_round(child, size, SIDE_BY_SIDE_PER_ROUND)))
+    gc.enable()
+    with open(arguments.child_out, "w") as file:
+        json.dump({"allocator": arguments.allocator, "cpu": sorted(os.sched_getaffinity(0)), "rounds": rounds}, file)
+
+
+def one_cpu_per_core(cpus):
+    """The CPUs of `cpus`, one per physical core where the kernel says which share a core
+    (SMT siblings would slow each other's loop), the rest after them."""
+    first, rest, seen = [], [], set()
+    for cpu in sorted(cpus):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as file:
+                core = file.read().strip()
+        except OSError:
+            core = str(cpu)
+        (rest if core in seen else first).append(cpu)
+        seen.add(core)
+    return first + rest
+
+
+def side_by_side(allocators, arguments, folder):
+    """torch.empty + del of every allocator in `allocators` at the same moments (see above)."""
+    cpus = one_cpu_per_core(os.sched_getaffinity(0))
+    if len(cpus) < len(allocators):
+        return {"error": f"{len(allocators)} allocators side by side need as many CPUs; this process may use {cpu_ranges(cpus)}"}
+    cpus = cpus[: len(allocators)]
+    repeats = []
+    for repeat in range(arguments.side_by_side_repeats):
+        placed = {a: cpus[(i + repeat) % len(cpus)] for i, a in enumerate(allocators)}
+        children = {}
+        try:
+            for allocator, cpu in placed.items():
+                path = os.path.join(folder, f"side-{repeat}-{allocator}.json")
+                command = [sys.executable, os.path.abspath(__file__), "--child", "side", "--allocator", allocator,
+                           "--child-out", path, "--cpus", str(cpu)]
+                if allocator == "vmm" and arguments.vmm_headroom is not None:
+                    command += ["--vmm-headroom", repr(arguments.vmm_headroom)]
+                children[allocator] = (subprocess.Popen(command, env=environment_for(allocator), stdin=subprocess.PIPE,
+                                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), path)
+            for allocator, (process, _) in children.items():
+                line = process.stdout.readline()
+                if line.strip() != "ready":
+                    process.wait(timeout=60)
+                    raise RuntimeError(f"{allocator}'s process did not start (exit {process.returncode}): {process.stderr.read()[-3000:]}")
+            start = time.monotonic_ns() + 200_000_000
+            end = start + int(arguments.side_by_side_seconds * 1e9)
+            for process, _ in children.values():
+                process.stdin.write(f"{start} {end}\n")
+                process.stdin.flush()
+            loaded = {}
+            for allocator, (process, path) in children.items():
+                _, error = process.communicate(timeout=arguments.side_by_side_seconds + 120)
+                if process.returncode != 0:
+                    raise RuntimeError(f"{allocator}'s process failed (exit {process.returncode}): {error[-3000:]}")
+                with open(path) as file:
+                    loaded[allocator] = json.load(file)
+        finally:
+            for process, _ in children.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        repeats.append({"cpus": placed, "start_ns": start, "end_ns": end,
+                        "rounds": {a: loaded[a]["rounds"] for a in allocators}})
+        print(f"[side by side] repeat {repeat + 1}: " + ", ".join(
+            f"{a} (CPU {placed[a]}) {statistics.median(r[2] for r in loaded[a]['rounds']):.2f} us" for a in allocators),
+            file=sys.stderr, flush=True)
+    return summarize_side_by_side(allocators, repeats, arguments)
+
+
+def summarize_side_by_side(allocators, repeats, arguments):
+    """Each allocator's median pair over every repeat, and the median over time bins (of
+    every repeat) of its bin's median divided by native's in the same bin."""
+    result = {"seconds": arguments.side_by_side_seconds, "repeats": len(repeats), "pairs_a_round": SIDE_BY_SIDE_PER_ROUND,
+              "bin_ms": SIDE_BY_SIDE_BIN_NS / 1e6, "cpus": [r["cpus"] for r in repeats], "median_us": {}, "bin_ratio_to_native": {},
+              "repeat_median_us": []}
+    for size in EMPTY_DEL_SIZES:
+        key = str(size)
+        every = {a: [us for r in repeats for _, s, us in r["rounds"][a] if s == size] for a in allocators}
+        for a in allocators:
+            result["median_us"].setdefault(a, {})[key] = statistics.median(every[a]) if every[a] else None
+        bins = {}  # (repeat, bin) -> allocator -> samples
+        for index, r in enumerate(repeats):
+            for a in allocators:
+                for at, s, us in r["rounds"][a]:
+                    if s == size:
+                        bins.setdefault((index, (at - r["start_ns"]) // SIDE_BY_SIDE_BIN_NS), {}).setdefault(a, []).append(us)
+        if "native" in allocators:
+            for a in allocators:
+                ratios = [statistics.median(b[a]) / statistics.median(b["native"]) for b in bins.values() if a in b and "native" in b]
+                if ratios:
+                    result["bin_ratio_to_native"].setdefault(a, {})[key] = {
+                        "median": statistics.median(ratios), "bins": len(ratios),
+                        "share_of_bins_at_most_native": sum(x <= 1 for x in ratios) / len(ratios)}
+    for r in repeats:
+        result["repeat_median_us"].append({a: {str(size): statistics.median(us for _, s, us in r["rounds"][a] if s == size)
+                                               for size in EMPTY_DEL_SIZES} for a in allocators})
+    return result
 
 
 def sleep_wake(child, s):
@@ -808,7 +957,7 @@ def fmt(value, pattern="{:.3f}"):
     return "-" if value is None else pattern.format(value)
 
 
-def report(results, arguments):
+def report(results, arguments, side=None):
     rows = []
     header = ["allocator"]
     for name in arguments.workloads.split(","):
@@ -826,7 +975,8 @@ def report(results, arguments):
         row += [fmt(micro.get("4096"), "{:.2f}"), fmt(micro.get(str(MIB)), "{:.2f}"), str(result.get("max_batch", {}).get("batch", "-"))]
         rows.append(row)
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    if rows:
+        print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     for name in arguments.workloads.split(","):
@@ -848,16 +998,25 @@ def report(results, arguments):
         )
     elif sleep:
         print(f"vmm sleep/wake: {sleep['error']}")
+    if side and "error" not in side:
+        print(f"torch.empty + del side by side ({side['repeats']} x {side['seconds']:g} s, the same moments, a CPU each):")
+        for allocator, figures in side["median_us"].items():
+            ratios = side["bin_ratio_to_native"].get(allocator, {})
+            print(f"  {allocator:16s}" + "".join(
+                f"  {size} B {figures[size]:.2f} us" + (f" ({ratios[size]['median']:.3f}x native over {ratios[size]['bins']} bins)" if size in ratios and allocator != "native" else "")
+                for size in figures))
+    elif side:
+        print(f"torch.empty + del side by side: {side['error']}")
     print()
     print("targets:")
-    for line in check_targets(results, arguments):
+    for line in check_targets(results, arguments, side):
         print("  " + line)
 
 
-def check_targets(results, arguments):
+def check_targets(results, arguments, side=None):
     lines = []
     vmm = results.get("vmm", {})
-    workloads = arguments.workloads.split(",")
+    workloads = arguments.workloads.split(",") if results else []
     for name in workloads:
         torch_times = [
             results[a]["workloads"][name]["step_ms_median"]
@@ -881,7 +1040,12 @@ def check_targets(results, arguments):
         if size in ours:
             r = ours[size] / native[size]
             beside = f"; torch's pluggable interface over an allocator that does nothing {floor[size]:.2f} us" if size in floor else ""
-            lines.append(f"{'PASS' if r <= 1.0 else 'FAIL'} torch.empty+del {size} B: vmm {ours[size]:.2f} us, native {native[size]:.2f} us ({r:.2f}x, target <= 1){beside}")
+            lines.append(f"{'PASS' if r <= 1.0 else 'FAIL'} torch.empty+del {size} B, one process after the other: vmm {ours[size]:.2f} us, native {native[size]:.2f} us ({r:.2f}x, target <= 1){beside}")
+    if side and "error" not in side:
+        for allocator in ("vmm", "vmm_pool"):
+            for size, r in side["bin_ratio_to_native"].get(allocator, {}).items():
+                lines.append(f"{'PASS' if r['median'] <= 1.0 else 'FAIL'} torch.empty+del {size} B side by side: {allocator} {side['median_us'][allocator][size]:.2f} us, "
+                             f"native {side['median_us']['native'][size]:.2f} us; {r['median']:.3f}x native, median over {r['bins']} bins of {side['bin_ms']:g} ms (target <= 1)")
     sleep = vmm.get("sleep_wake")
     if sleep and "error" not in sleep:
         ok = sleep["bit_identical"] and sleep["pointers_unchanged"]
@@ -914,8 +1078,12 @@ def main():
     parser.add_argument("--cudnn-attention", action="store_true", help="leave cuDNN's attention in torch's scaled_dot_product_attention (torch's choice on Hopper; it plans every new sequence length on the host, so gpt2 and llama time cuDNN's planner)")
     parser.add_argument("--cpus", help="run every process on these CPUs, e.g. 0-7 or 0,2,4-6 (default: wherever the OS puts it)")
     # the children
-    parser.add_argument("--allocator", choices=ALLOCATORS)
-    parser.add_argument("--child", choices=("measure", "probe"))
+    parser.add_argument("--side-by-side", default="auto", help="torch.empty + del of these allocators side by side, at the same moments (comma-separated; auto: those of --allocators, and vmm_pool, vmm_torch.mem_pool() with torch's caching allocator on top, when vmm is one of them; off: none)")
+    parser.add_argument("--side-by-side-seconds", type=float, help="seconds of each side-by-side repeat (default 8, --quick 3)")
+    parser.add_argument("--side-by-side-repeats", type=int, help="side-by-side repeats, the CPUs rotated between them (default 3, --quick 1)")
+    parser.add_argument("--empty-del-only", action="store_true", help="only torch.empty + del side by side: no workloads, no largest-batch search")
+    parser.add_argument("--allocator", choices=ALLOCATORS + ("vmm_pool",))
+    parser.add_argument("--child", choices=("measure", "probe", "side"))
     parser.add_argument("--child-out")
     parser.add_argument("--batch", type=int)
     arguments = parser.parse_args()
@@ -930,6 +1098,8 @@ def main():
         return run_child(arguments)
     if arguments.child == "probe":
         return run_probe(arguments)
+    if arguments.child == "side":
+        return run_side_child(arguments)
 
     import tempfile
 
@@ -952,14 +1122,41 @@ def main():
         parser.error(f"--rounds {arguments.rounds}: expected 1 to 100")
     if arguments.record and arguments.rounds != 1:
         parser.error("--record writes one trace per workload: use it with --rounds 1")
+    if arguments.side_by_side == "auto":
+        side = allocators + (["vmm_pool"] if "vmm" in allocators else [])
+    elif arguments.side_by_side == "off":
+        side = []
+    else:
+        side = [a for a in arguments.side_by_side.split(",") if a]
+        for a in side:
+            if a not in ALLOCATORS + ("vmm_pool",):
+                parser.error(f"--side-by-side: unknown allocator {a}")
+    if arguments.side_by_side_seconds is None:
+        arguments.side_by_side_seconds = 3.0 if arguments.quick else 8.0
+    if arguments.side_by_side_repeats is None:
+        arguments.side_by_side_repeats = 1 if arguments.quick else 3
+    if not 0.5 <= arguments.side_by_side_seconds <= 600:
+        parser.error(f"--side-by-side-seconds {arguments.side_by_side_seconds}: expected 0.5 to 600")
+    if not 1 <= arguments.side_by_side_repeats <= 100:
+        parser.error(f"--side-by-side-repeats {arguments.side_by_side_repeats}: expected 1 to 100")
+    if arguments.empty_del_only:
+        if len(side) < 2:
+            parser.error("--empty-del-only compares allocators side by side: name two or more (--side-by-side, --allocators)")
+        allocators = []
     started = time.time()
     runs = {allocator: [] for allocator in allocators}
     with tempfile.TemporaryDirectory() as folder:
         for round_index in range(arguments.rounds):
             for allocator in allocators if round_index % 2 == 0 else allocators[::-1]:
                 runs[allocator].append(measure(allocator, arguments, folder))
-    results = {allocator: combine(runs[allocator]) for allocator in allocators}
-    search = arguments.max_batch == "on" or (arguments.max_batch == "auto" and not arguments.quick)
+        results = {allocator: combine(runs[allocator]) for allocator in allocators}
+        side_result = None
+        if len(side) >= 2:
+            try:
+                side_result = side_by_side(side, arguments, folder)
+            except Exception as error:
+                side_result = {"error": f"{type(error).__name__}: {error}"[:3000]}
+    search = not arguments.empty_del_only and (arguments.max_batch == "on" or (arguments.max_batch == "auto" and not arguments.quick))
     if search:
         guess = first_guess(results, arguments.sequence)
         for allocator in allocators:
@@ -979,12 +1176,13 @@ def main():
         "settings": settings(arguments.quick, arguments.steps),
         "seconds": time.time() - started,
         "results": results,
+        "empty_del_side_by_side": side_result,
     }
-    document["targets"] = check_targets(results, arguments)
+    document["targets"] = check_targets(results, arguments, side_result)
     with open(arguments.json, "w") as file:
         json.dump(document, file, indent=1)
     print()
-    report(results, arguments)
+    report(results, arguments, side_result)
     print(f"\n{time.time() - started:.0f} s; JSON: {arguments.json}")
 
 

@@ -5,7 +5,8 @@
 
 Every bad argument ends with exit status 2 and a message naming it before any process is
 started or torch imported; --steps sets the steps of the three training workloads only,
-and leaves the settings of later calls as they were.
+and leaves the settings of later calls as they were; the side-by-side torch.empty + del
+summary compares allocators bin by bin (made-up rounds).
 """
 
 import copy
@@ -26,7 +27,45 @@ BAD_ARGUMENTS = [
     (["--cpus", "3-1"], "runs backwards"),
     (["--cpus", "99999"], "are not available to this process"),
     (["--record", "/tmp/x", "--allocators", "vmm"], "--record records under the native allocator"),
+    (["--side-by-side", "native,baz"], "--side-by-side: unknown allocator baz"),
+    (["--side-by-side-seconds", "0.1"], "--side-by-side-seconds 0.1: expected 0.5 to 600"),
+    (["--side-by-side-repeats", "0"], "--side-by-side-repeats 0: expected 1 to 100"),
+    (["--empty-del-only", "--side-by-side", "off"], "--empty-del-only compares allocators side by side"),
+    (["--empty-del-only", "--side-by-side", "vmm"], "--empty-del-only compares allocators side by side"),
 ]
+
+
+def check_side_by_side(bench):
+    """summarize_side_by_side on made-up rounds: native's pair moves between 2 and 4 us from
+    one bin to the next, and vmm's is 0.9x native's in every bin but ran more of its rounds in
+    the slow bins, so that its plain median is above native's. The bins' ratio must say 0.9."""
+    failures = []
+    bin_ns = bench.SIDE_BY_SIDE_BIN_NS
+    rounds = {"native": [], "vmm": []}
+    for b in range(8):
+        native_us = 2.0 if b % 2 == 0 else 4.0
+        for allocator, scale, count in (("native", 1.0, 10), ("vmm", 0.9, 4 if b % 2 == 0 else 16)):
+            for i in range(count):
+                for size in bench.EMPTY_DEL_SIZES:
+                    rounds[allocator].append((b * bin_ns + i * (bin_ns // 40), size, scale * native_us))
+    repeats = [{"cpus": {"native": 0, "vmm": 1}, "start_ns": 0, "end_ns": 8 * bin_ns, "rounds": rounds}]
+
+    class Arguments:
+        side_by_side_seconds = 2.0
+
+    result = bench.summarize_side_by_side(["native", "vmm"], repeats, Arguments)
+    for size in map(str, bench.EMPTY_DEL_SIZES):
+        ratio = result["bin_ratio_to_native"]["vmm"][size]
+        if abs(ratio["median"] - 0.9) > 1e-9 or ratio["bins"] != 8 or ratio["share_of_bins_at_most_native"] != 1.0:
+            failures.append(f"side by side, {size} B: {ratio}, expected 0.9 over 8 bins")
+        if not result["median_us"]["vmm"][size] > result["median_us"]["native"][size]:
+            failures.append(f"side by side, {size} B: the made-up rounds should put vmm's plain median above native's: {result['median_us']}")
+        if result["bin_ratio_to_native"]["native"][size]["median"] != 1.0:
+            failures.append(f"side by side, {size} B: native against itself {result['bin_ratio_to_native']['native'][size]}")
+    cpus = [0, 1, 2, 3]
+    if sorted(bench.one_cpu_per_core(cpus)) != cpus:
+        failures.append(f"one_cpu_per_core({cpus}) = {bench.one_cpu_per_core(cpus)}: not the same CPUs")
+    return failures
 
 
 def main():
@@ -53,9 +92,10 @@ def main():
             failures.append(f"--steps changed a workload that has no steps (quick={quick})")
         if bench.settings(quick) != plain:
             failures.append(f"settings({quick}) changed after a call with steps")
+    failures += check_side_by_side(bench)
     for failure in failures:
         print("FAILED:", failure)
-    print(f"{len(BAD_ARGUMENTS)} bad arguments and the settings of --steps checked")
+    print(f"{len(BAD_ARGUMENTS)} bad arguments, the settings of --steps and the side-by-side summary checked")
     return 1 if failures else 0
 
 
