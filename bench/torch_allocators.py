@@ -54,8 +54,10 @@ vmm_torch.mem_pool() under torch.cuda.use_mem_pool, torch's caching allocator on
 The lent host runs the same Python at two speeds (a pair ~2.2 or ~4 us under any allocator)
 and moves between them within seconds, so processes measured one after the other compare
 moments of the host more than allocators (30 processes on 2026-11-29 01:03Z: every
-allocator's process medians spread from ~2.1 to ~4.4 us). The target is checked on the
-median over 250 ms bins of each bin's ratio to native. --empty-del-only runs only that.
+allocator's process medians spread from ~2.1 to ~4.4 us). Each process also times a fixed
+piece of pure-Python work between its rounds (the host's speed as it sees it); the target is
+checked on the pair over that reference (the median over 250 ms bins), against native's.
+--empty-del-only runs only that.
 
 --rounds N runs every allocator's process N times, in alternating order (A B C D, then
 D C B A, ...), so that the machine's drift (clocks, temperature, the host's other guests:
@@ -514,36 +516,78 @@ def empty_del(child, s):
 
 
 # ---- torch.empty + del side by side ------------------------------------------------------
-# The lent host runs the same Python at two speeds (a pair ~2.2 or ~4 us) and moves between
-# them within seconds, on every CPU alike, so processes measured one after the other compare
-# moments of the host more than allocators. Side by side, every allocator's process runs the
-# loop over the same seconds, each on a CPU (a core) of its own, their CPUs rotated from one
-# repeat to the next; the figures are medians over those seconds, and the median over time
-# bins of each bin's ratio to native.
+# The lent host runs the same Python at two speeds (a pair ~2.2 or ~4 us under any allocator)
+# and a process can sit at either for seconds, so processes measured one after the other
+# compare moments of the host more than allocators. Side by side, every allocator's process
+# runs the loop over the same seconds, each on a core of its own, their CPUs rotated from one
+# repeat to the next, and each process times a fixed piece of pure-Python work (no torch, no
+# allocator) between its rounds: the speed of the host as that process sees it at that moment.
+# An allocator's figure is its pair over the reference work of the same process in the same
+# 250 ms (the median over such bins), compared with native's.
 
 SIDE_BY_SIDE_PER_ROUND = 500
 SIDE_BY_SIDE_BIN_NS = 250_000_000
+REFERENCE = "reference"
+
+
+class _ReferenceWork:
+    __slots__ = ("index", "name", "shape")
+
+    def __init__(self, index, name):
+        self.index = index
+        self.name = name
+        self.shape = (index, 1)
+
+
+def reference_round(per_round):
+    """Microseconds of one piece of pure-Python work (an object made and dropped), per_round
+    times: the host's speed as this process sees it now."""
+    start = time.perf_counter_ns()
+    for i in range(per_round):
+        t = _ReferenceWork(i, "uint8")
+        del t
+    return (time.perf_counter_ns() - start) / per_round / 1000
+
+
+def context_switches():
+    """This process's involuntary context switches so far (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/status") as file:
+            for line in file:
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def run_side_child(arguments):
     """One allocator's loop of torch.empty + del: prints "ready" once warm, reads the start and
     end (time.monotonic_ns, the same clock in every process) from stdin, waits for the start,
-    then alternates the sizes round by round until the end. Writes its rounds to --child-out."""
+    then runs rounds of 4 KiB, the reference, 1 MiB, the reference, ... until the end. Writes
+    its rounds, and how much of the time its thread ran, to --child-out."""
     child = Child(arguments.allocator, arguments.vmm_headroom)
     for size in EMPTY_DEL_SIZES:
         empty_del_round(child, size, 5000)
+    reference_round(5000)
     print("ready", flush=True)
     start, end = (int(x) for x in sys.stdin.readline().split())
     while time.monotonic_ns() < start:
         time.sleep(0.001)
-    rounds = []  # (ns when the round began, size, us a pair)
+    kinds = (EMPTY_DEL_SIZES[0], REFERENCE, EMPTY_DEL_SIZES[1], REFERENCE)
+    rounds = []  # (ns when the round began, size or REFERENCE, us a pair or a piece of the reference)
     gc.disable()
+    switches, ran, began = context_switches(), time.thread_time_ns(), time.monotonic_ns()
     while (now := time.monotonic_ns()) < end:
-        size = EMPTY_DEL_SIZES[len(rounds) % 2]
-        rounds.append((now, size, empty_del_round(child, size, SIDE_BY_SIDE_PER_ROUND)))
+        kind = kinds[len(rounds) % len(kinds)]
+        us = reference_round(SIDE_BY_SIDE_PER_ROUND) if kind == REFERENCE else empty_del_round(child, kind, SIDE_BY_SIDE_PER_ROUND)
+        rounds.append((now, kind, us))
+    ran, wall = time.thread_time_ns() - ran, time.monotonic_ns() - began
+    switches = context_switches() - switches
     gc.enable()
     with open(arguments.child_out, "w") as file:
-        json.dump({"allocator": arguments.allocator, "cpu": sorted(os.sched_getaffinity(0)), "rounds": rounds}, file)
+        json.dump({"allocator": arguments.allocator, "cpu": sorted(os.sched_getaffinity(0)), "rounds": rounds,
+                   "thread_ran_share": ran / wall, "involuntary_switches": switches}, file)
 
 
 def one_cpu_per_core(cpus):
@@ -603,40 +647,49 @@ def side_by_side(allocators, arguments, folder):
                     process.kill()
                     process.wait()
         repeats.append({"cpus": placed, "start_ns": start, "end_ns": end,
-                        "rounds": {a: loaded[a]["rounds"] for a in allocators}})
+                        "rounds": {a: loaded[a]["rounds"] for a in allocators},
+                        "process": {a: {k: loaded[a][k] for k in ("thread_ran_share", "involuntary_switches")} for a in allocators}})
         print(f"[side by side] repeat {repeat + 1}: " + ", ".join(
-            f"{a} (CPU {placed[a]}) {statistics.median(r[2] for r in loaded[a]['rounds']):.2f} us" for a in allocators),
+            f"{a} (CPU {placed[a]}) {statistics.median(us for _, kind, us in loaded[a]['rounds'] if kind == EMPTY_DEL_SIZES[0]):.2f} us, "
+            f"reference {statistics.median(us for _, kind, us in loaded[a]['rounds'] if kind == REFERENCE):.3f}" for a in allocators),
             file=sys.stderr, flush=True)
     return summarize_side_by_side(allocators, repeats, arguments)
 
 
 def summarize_side_by_side(allocators, repeats, arguments):
-    """Each allocator's median pair over every repeat, and the median over time bins (of
-    every repeat) of its bin's median divided by native's in the same bin."""
+    """Per allocator and size: the plain median pair over every repeat, and the median over
+    every 250 ms bin of every repeat of the bin's pair over the bin's reference work (the
+    same process, the same moments), and that divided by native's."""
     result = {"seconds": arguments.side_by_side_seconds, "repeats": len(repeats), "pairs_a_round": SIDE_BY_SIDE_PER_ROUND,
-              "bin_ms": SIDE_BY_SIDE_BIN_NS / 1e6, "cpus": [r["cpus"] for r in repeats], "median_us": {}, "bin_ratio_to_native": {},
-              "repeat_median_us": []}
-    for size in EMPTY_DEL_SIZES:
-        key = str(size)
-        every = {a: [us for r in repeats for _, s, us in r["rounds"][a] if s == size] for a in allocators}
-        for a in allocators:
-            result["median_us"].setdefault(a, {})[key] = statistics.median(every[a]) if every[a] else None
-        bins = {}  # (repeat, bin) -> allocator -> samples
-        for index, r in enumerate(repeats):
-            for a in allocators:
-                for at, s, us in r["rounds"][a]:
-                    if s == size:
-                        bins.setdefault((index, (at - r["start_ns"]) // SIDE_BY_SIDE_BIN_NS), {}).setdefault(a, []).append(us)
-        if "native" in allocators:
-            for a in allocators:
-                ratios = [statistics.median(b[a]) / statistics.median(b["native"]) for b in bins.values() if a in b and "native" in b]
-                if ratios:
-                    result["bin_ratio_to_native"].setdefault(a, {})[key] = {
-                        "median": statistics.median(ratios), "bins": len(ratios),
-                        "share_of_bins_at_most_native": sum(x <= 1 for x in ratios) / len(ratios)}
+              "bin_ms": SIDE_BY_SIDE_BIN_NS / 1e6, "median_us": {}, "reference_us": {}, "over_reference": {},
+              "ratio_to_native": {}, "each_repeat": []}
+    kinds = list(EMPTY_DEL_SIZES) + [REFERENCE]
+    over = {a: {size: [] for size in EMPTY_DEL_SIZES} for a in allocators}
     for r in repeats:
-        result["repeat_median_us"].append({a: {str(size): statistics.median(us for _, s, us in r["rounds"][a] if s == size)
-                                               for size in EMPTY_DEL_SIZES} for a in allocators})
+        each = {"cpus": r["cpus"], "bins": {}, "median_us": {}}
+        for a in allocators:
+            bins = {}
+            for at, kind, us in r["rounds"][a]:
+                bins.setdefault((at - r["start_ns"]) // SIDE_BY_SIDE_BIN_NS, {}).setdefault(kind, []).append(us)
+            medians = {str(k): [statistics.median(b[k]) if k in b else None for _, b in sorted(bins.items())] for k in kinds}
+            each["bins"][a] = medians
+            each["median_us"][a] = {str(k): statistics.median(us for _, kind, us in r["rounds"][a] if kind == k) for k in kinds}
+            for size in EMPTY_DEL_SIZES:
+                over[a][size] += [x / y for x, y in zip(medians[str(size)], medians[REFERENCE]) if x is not None and y is not None]
+            for key in ("thread_ran_share", "involuntary_switches"):
+                if key in r.get("process", {}).get(a, {}):
+                    each.setdefault(key, {})[a] = r["process"][a][key]
+        result["each_repeat"].append(each)
+    for a in allocators:
+        every = [(kind, us) for r in repeats for _, kind, us in r["rounds"][a]]
+        result["reference_us"][a] = statistics.median(us for kind, us in every if kind == REFERENCE)
+        for size in EMPTY_DEL_SIZES:
+            result["median_us"].setdefault(a, {})[str(size)] = statistics.median(us for kind, us in every if kind == size)
+            result["over_reference"].setdefault(a, {})[str(size)] = statistics.median(over[a][size])
+    if "native" in allocators:
+        for a in allocators:
+            result["ratio_to_native"][a] = {size: result["over_reference"][a][size] / result["over_reference"]["native"][size]
+                                            for size in result["over_reference"][a]}
     return result
 
 
@@ -1001,10 +1054,10 @@ def report(results, arguments, side=None):
     if side and "error" not in side:
         print(f"torch.empty + del side by side ({side['repeats']} x {side['seconds']:g} s, the same moments, a CPU each):")
         for allocator, figures in side["median_us"].items():
-            ratios = side["bin_ratio_to_native"].get(allocator, {})
+            ratios = side["ratio_to_native"].get(allocator, {})
             print(f"  {allocator:16s}" + "".join(
-                f"  {size} B {figures[size]:.2f} us" + (f" ({ratios[size]['median']:.3f}x native over {ratios[size]['bins']} bins)" if size in ratios and allocator != "native" else "")
-                for size in figures))
+                f"  {size} B {figures[size]:.2f} us, {side['over_reference'][allocator][size]:.2f} reference" + (f" ({ratios[size]:.3f}x native)" if size in ratios and allocator != "native" else "")
+                for size in figures) + f"; reference {side['reference_us'][allocator]:.3f} us")
     elif side:
         print(f"torch.empty + del side by side: {side['error']}")
     print()
@@ -1043,9 +1096,10 @@ def check_targets(results, arguments, side=None):
             lines.append(f"{'PASS' if r <= 1.0 else 'FAIL'} torch.empty+del {size} B, one process after the other: vmm {ours[size]:.2f} us, native {native[size]:.2f} us ({r:.2f}x, target <= 1){beside}")
     if side and "error" not in side:
         for allocator in ("vmm", "vmm_pool"):
-            for size, r in side["bin_ratio_to_native"].get(allocator, {}).items():
-                lines.append(f"{'PASS' if r['median'] <= 1.0 else 'FAIL'} torch.empty+del {size} B side by side: {allocator} {side['median_us'][allocator][size]:.2f} us, "
-                             f"native {side['median_us']['native'][size]:.2f} us; {r['median']:.3f}x native, median over {r['bins']} bins of {side['bin_ms']:g} ms (target <= 1)")
+            for size, r in side["ratio_to_native"].get(allocator, {}).items():
+                lines.append(f"{'PASS' if r <= 1.0 else 'FAIL'} torch.empty+del {size} B side by side, over each process's reference work: {allocator} {r:.3f}x native "
+                             f"({side['over_reference'][allocator][size]:.2f} against {side['over_reference']['native'][size]:.2f}; plain medians "
+                             f"{side['median_us'][allocator][size]:.2f} and {side['median_us']['native'][size]:.2f} us) (target <= 1)")
     sleep = vmm.get("sleep_wake")
     if sleep and "error" not in sleep:
         ok = sleep["bit_identical"] and sleep["pointers_unchanged"]
