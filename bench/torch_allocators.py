@@ -963,8 +963,9 @@ def combine(rounds):
     return result
 
 
-def largest_batch(allocator, arguments, start):
-    """The largest gpt2 batch at --sequence that fits: grow by 1.5x from `start`, then bisect to 2 %."""
+def largest_batch(allocator, arguments, start, step=1.5):
+    """The largest gpt2 batch at --sequence that fits: from `start`, up by `step` while it fits
+    (down while it does not), then bisect to 2 %."""
     probes = []
 
     def fits(batch):
@@ -976,13 +977,26 @@ def largest_batch(allocator, arguments, start):
         return done.returncode == 0
 
     low, high, batch = 0, None, max(1, start)
-    while high is None:
-        if fits(batch):
-            low, batch = batch, max(batch + 1, int(batch * 1.5))
-        else:
-            high = batch
-        if batch > 4096:
-            return {"batch": low, "sequence": arguments.sequence, "probes": probes, "note": "no limit found below 4096"}
+    if fits(batch):
+        low = batch
+        while high is None:
+            batch = max(batch + 1, int(batch * step))
+            if batch > 4096:
+                return {"batch": low, "sequence": arguments.sequence, "probes": probes, "note": "no limit found below 4096"}
+            if fits(batch):
+                low = batch
+            else:
+                high = batch
+    else:
+        high = batch
+        while low == 0 and batch > 1:
+            batch = min(batch - 1, int(batch / step))
+            if fits(batch):
+                low = batch
+            else:
+                high = batch
+        if low == 0:
+            return {"batch": 0, "sequence": arguments.sequence, "probes": probes, "note": "not even a batch of 1 fits"}
     while high - low > max(1, int(low * 0.02)):
         middle = (low + high) // 2
         if fits(middle):
@@ -1212,12 +1226,14 @@ def main():
                 side_result = {"error": f"{type(error).__name__}: {error}"[:3000]}
     search = not arguments.empty_del_only and (arguments.max_batch == "on" or (arguments.max_batch == "auto" and not arguments.quick))
     if search:
-        guess = first_guess(results, arguments.sequence)
+        guess, step = first_guess(results, arguments.sequence), 1.5
         for allocator in allocators:
             if allocator == "pluggable_floor":
                 continue  # no memory to train in
             try:
-                results[allocator]["max_batch"] = largest_batch(allocator, arguments, guess)
+                results[allocator]["max_batch"] = largest_batch(allocator, arguments, guess, step)
+                # the next allocator's limit is near this one's: start there, in smaller steps
+                guess, step = max(1, results[allocator]["max_batch"]["batch"]), 1.1
             except Exception as error:
                 results[allocator]["max_batch"] = {"error": str(error)[:3000]}
     document = {

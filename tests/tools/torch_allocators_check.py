@@ -75,6 +75,27 @@ def check_side_by_side(bench):
     return failures
 
 
+def check_largest_batch(bench):
+    """largest_batch against a made-up GPU where batches up to `limit` fit: it must find a
+    batch within 2 % below the limit (none above it), from starts below and above the limit."""
+    import types
+
+    failures = []
+    real_spawn = bench.spawn
+    try:
+        for limit, start, step in ((137, 90, 1.5), (137, 150, 1.1), (137, 400, 1.5), (1, 5, 1.5), (0, 5, 1.5), (60, 60, 1.1)):
+            def spawn(allocator, extra, timeout, arguments, limit=limit):
+                return types.SimpleNamespace(returncode=0 if int(extra[extra.index("--batch") + 1]) <= limit else bench.OOM_EXIT, stderr="")
+
+            bench.spawn = spawn
+            result = bench.largest_batch("made-up", types.SimpleNamespace(sequence=2048), start, step)
+            if not (limit - max(1, int(limit * 0.02)) <= result["batch"] <= limit):
+                failures.append(f"largest_batch with limit {limit}, start {start}, step {step}: {result}")
+    finally:
+        bench.spawn = real_spawn
+    return failures
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -100,9 +121,10 @@ def main():
         if bench.settings(quick) != plain:
             failures.append(f"settings({quick}) changed after a call with steps")
     failures += check_side_by_side(bench)
+    failures += check_largest_batch(bench)
     for failure in failures:
         print("FAILED:", failure)
-    print(f"{len(BAD_ARGUMENTS)} bad arguments, the settings of --steps and the side-by-side summary checked")
+    print(f"{len(BAD_ARGUMENTS)} bad arguments, the settings of --steps and the side-by-side summary and the largest-batch search checked")
     return 1 if failures else 0
 
 
