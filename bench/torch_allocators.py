@@ -576,7 +576,7 @@ def run_side_child(arguments):
         time.sleep(0.001)
     kinds = (EMPTY_DEL_SIZES[0], REFERENCE, EMPTY_DEL_SIZES[1], REFERENCE)
     rounds = []  # (ns when the round began, size or REFERENCE, us a pair or a piece of the reference)
-    gc.disable()
+    gc.disable()  # the process ends after the loop: nothing turns it on again
     switches, ran, began = context_switches(), time.thread_time_ns(), time.monotonic_ns()
     while (now := time.monotonic_ns()) < end:
         kind = kinds[len(rounds) % len(kinds)]
@@ -584,7 +584,6 @@ def run_side_child(arguments):
         rounds.append((now, kind, us))
     ran, wall = time.thread_time_ns() - ran, time.monotonic_ns() - began
     switches = context_switches() - switches
-    gc.enable()
     with open(arguments.child_out, "w") as file:
         json.dump({"allocator": arguments.allocator, "cpu": sorted(os.sched_getaffinity(0)), "rounds": rounds,
                    "thread_ran_share": ran / wall, "involuntary_switches": switches}, file)
@@ -618,10 +617,7 @@ def side_by_side(allocators, arguments, folder):
         try:
             for allocator, cpu in placed.items():
                 path = os.path.join(folder, f"side-{repeat}-{allocator}.json")
-                command = [sys.executable, os.path.abspath(__file__), "--child", "side", "--allocator", allocator,
-                           "--child-out", path, "--cpus", str(cpu)]
-                if allocator == "vmm" and arguments.vmm_headroom is not None:
-                    command += ["--vmm-headroom", repr(arguments.vmm_headroom)]
+                command = child_command(allocator, ["--child", "side", "--child-out", path], arguments, cpus=str(cpu))
                 children[allocator] = (subprocess.Popen(command, env=environment_for(allocator), stdin=subprocess.PIPE,
                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), path)
             for allocator, (process, _) in children.items():
@@ -897,15 +893,23 @@ def cpu_ranges(cpus):
     return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
 
 
-def spawn(allocator, extra, timeout, arguments):
+def child_command(allocator, extra, arguments, cpus=None):
+    """This script as one allocator's child, with the options every child takes from the
+    parent's; cpus (a CPU list such as "3") replaces --cpus."""
     command = [sys.executable, os.path.abspath(__file__), "--allocator", allocator] + extra
     if allocator == "vmm" and arguments.vmm_headroom is not None:
         command += ["--vmm-headroom", repr(arguments.vmm_headroom)]
-    if arguments.cpus is not None:
-        command += ["--cpus", arguments.cpus]
+    cpus = cpus if cpus is not None else arguments.cpus
+    if cpus is not None:
+        command += ["--cpus", cpus]
     if arguments.cudnn_attention:
         command.append("--cudnn-attention")
-    return subprocess.run(command, env=environment_for(allocator), timeout=timeout, capture_output=True, text=True)
+    return command
+
+
+def spawn(allocator, extra, timeout, arguments):
+    return subprocess.run(child_command(allocator, extra, arguments), env=environment_for(allocator), timeout=timeout,
+                          capture_output=True, text=True)
 
 
 def measure(allocator, arguments, folder):
