@@ -69,7 +69,8 @@ int producer(const std::string& socket) {
   out.provider()->executor().synchronize({});
   store.seal("squares");  // committed: it outlives this process, and nobody writes any more
   // [/readme:share-producer]
-  fmt::print("producer (pid {}): {} MiB on {}, sealed\n", ::getpid(), out.size() >> 20, vmm::to_string(where));
+  fmt::print("producer (pid {}): {} MiB on {}, sealed\n", ::getpid(), out.size() >> 20,
+             vmm::to_string(where));
   return 0;
 }
 
