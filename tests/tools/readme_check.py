@@ -12,7 +12,8 @@ fails ("no rule checks this block"):
   must be defined by python/vmm_torch.
 - A `sh` block is a list of commands, each checked against the tree: `bash SCRIPT` and
   `python3 SCRIPT` name a tracked file, and each option given appears in that file (the
-  scripts' own option parsing); `--help` is run. `cmake` options `-DNAME` are the project's
+  scripts' own option parsing); `--help` is run; `pip install PATH` (or `python3 -m pip`)
+  names a folder with a pyproject.toml or setup.py. `cmake` options `-DNAME` are the project's
   option()s or CMake's own, `--target NAME` a target the project defines; `ctest -R PATTERN`
   matches a registered test when --build-dir is given; `export VAR=$PWD/PATH` names a
   tracked path.
@@ -231,6 +232,8 @@ class Checker:
 
     def check_command(self, number, words):
         program, args = words[0], words[1:]
+        if program in ("python3", "python") and args[:2] == ["-m", "pip"]:
+            program, args = "pip", args[2:]
         # [--a|--b] in a usage line: each alternative is an option to check.
         options = [part for arg in args for part in arg.strip("[]").split("|") if part.startswith("-")]
         if program in ("bash", "python3", "python"):
@@ -262,6 +265,16 @@ class Checker:
                     if not re.search(r"add_(?:executable|library|custom_target)\(\s*" + re.escape(target) + r"\b",
                                      self.cmake_text()):
                         self.problem(number, f"--target {target}: the project defines no such target")
+        elif program in ("pip", "pip3"):
+            # pip install [options] PATH: PATH is a folder of the repository with a Python
+            # project (pyproject.toml or setup.py).
+            paths = [a for a in args[1:] if not a.startswith("-")] if args[:1] == ["install"] else None
+            if not paths:
+                self.problem(number, "the check knows pip only as pip install PATH")
+            for path in paths or []:
+                folder = os.path.normpath(path)
+                if not any(self.exists(os.path.join(folder, name)) for name in ("pyproject.toml", "setup.py")):
+                    self.problem(number, f"pip install {path}: no pyproject.toml or setup.py there")
         elif program == "ctest":
             for i, arg in enumerate(args[:-1]):
                 if arg == "-R" and self.build_dir:
