@@ -409,7 +409,8 @@ std::unique_ptr<memory_target> make_os_target() {
 std::vector<grow_entry> os_baseline_contenders() {
   return {
       {"floor", contender_role::floor, [] { return std::make_unique<host_floor>(); }},
-      {"map_committed_pages", contender_role::baseline, [] { return std::make_unique<host_map_committed>(); }},
+      {"map_committed_pages", contender_role::baseline,
+       [] { return std::make_unique<host_map_committed>(); }},
       {"realloc_copy_2x", contender_role::baseline, [] { return std::make_unique<host_realloc_2x>(); }},
       {"std_vector_resize", contender_role::baseline, [] { return std::make_unique<host_vector_resize>(); }},
   };
