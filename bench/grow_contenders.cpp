@@ -255,6 +255,54 @@ class host_vector_resize final : public grow_contender {
   std::optional<std::vector<char, counting_allocator<char>>> vector_;
 };
 
+// The OS's own cost of growth by mapping: one committed memfd of the final size, each step's
+// new pages mapped (MAP_FIXED | MAP_SHARED) at the end of a reservation, their page tables
+// filled at once (MADV_POPULATE_WRITE), as the OS provider does. Without huge pages for
+// shared memory every 4 KiB page still takes a page-table entry, which is what separates
+// growth by mapping from writes into memory touched long before (the floor).
+class host_map_committed final : public grow_contender {
+ public:
+  ~host_map_committed() override { end(); }
+  void begin(std::size_t final_size, memory_probe*) override {
+    end();
+    fd_ = ::memfd_create("vmm-bench", MFD_CLOEXEC);
+    if (fd_ < 0) throw_errno(errno, "memfd_create");
+    if (::fallocate(fd_, 0, 0, static_cast<off_t>(final_size)) != 0) throw_errno(errno, "fallocate");
+    void* base = ::mmap(nullptr, final_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) throw_errno(errno, fmt::format("mmap(PROT_NONE, {})", final_size));
+    base_ = static_cast<char*>(base);
+    reserved_ = final_size;
+  }
+  char* grow(std::size_t new_size) override {
+    if (new_size > reserved_) throw bench_failure(fmt::format("grow to {} past {}", new_size, reserved_));
+    if (new_size > mapped_) {
+      const std::size_t bytes = new_size - mapped_;
+      if (::mmap(base_ + mapped_, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
+                 static_cast<off_t>(mapped_)) == MAP_FAILED)
+        throw_errno(errno, fmt::format("mmap(MAP_SHARED | MAP_FIXED, {})", bytes));
+      (void)::madvise(base_ + mapped_, bytes, MADV_POPULATE_WRITE);  // advice: faults otherwise
+      mapped_ = new_size;
+    }
+    return base_;
+  }
+  void end() noexcept override {
+    if (base_ != nullptr && ::munmap(base_, reserved_) != 0)
+      std::fprintf(stderr, "vmm_bench_grow: munmap failed: %s\n", std::strerror(errno));
+    if (fd_ >= 0) ::close(fd_);
+    base_ = nullptr;
+    fd_ = -1;
+    reserved_ = mapped_ = 0;
+  }
+  [[nodiscard]] std::size_t own_peak_bytes() const override { return reserved_; }
+  [[nodiscard]] std::size_t handle_count() const override { return 1; }
+
+ private:
+  int fd_ = -1;
+  char* base_ = nullptr;
+  std::size_t reserved_ = 0;
+  std::size_t mapped_ = 0;
+};
+
 // What the OS provider does under map + set_access, with no registry, lock or pool around
 // it: mmap(MAP_FIXED) of a memfd into a PROT_NONE reservation, then mprotect.
 class raw_os_once final : public grow_once_contender {
@@ -361,6 +409,8 @@ std::unique_ptr<memory_target> make_os_target() {
 std::vector<grow_entry> os_baseline_contenders() {
   return {
       {"floor", contender_role::floor, [] { return std::make_unique<host_floor>(); }},
+      {"map_committed_pages", contender_role::baseline,
+       [] { return std::make_unique<host_map_committed>(); }},
       {"realloc_copy_2x", contender_role::baseline, [] { return std::make_unique<host_realloc_2x>(); }},
       {"std_vector_resize", contender_role::baseline, [] { return std::make_unique<host_vector_resize>(); }},
   };

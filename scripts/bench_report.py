@@ -557,6 +557,22 @@ def grow_tables(runs, is_gpu, out):
         table(out, header, body)
         if is_gpu:
             grow_targets(rows, floor, baselines, case, out)
+        else:
+            os_mapping_limit(rows, out)
+
+
+def os_mapping_limit(rows, out):
+    """On the OS provider: vmm's warm growth against the OS's own cost of mapping the same
+    committed pages (map_committed_pages), which bounds any growth by mapping there."""
+    limit = next((r for r in rows if r.contender == "map_committed_pages" and r.ok and r.seconds), None)
+    if limit is None:
+        return
+    lines = [f"- {r.contender}: {r.seconds / limit.seconds:.2f}× map_committed_pages"
+             for r in rows if r.role == "vmm" and r.ok and r.contender.endswith("_warm")]
+    if lines:
+        out.append("Warm growth against the OS mapping the same committed pages (its 4 KiB page tables are the limit):")
+        out.extend(lines)
+        out.append("")
 
 
 def grow_targets(rows, floor, baselines, case, out):
