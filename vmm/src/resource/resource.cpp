@@ -1238,8 +1238,8 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
     const std::uint64_t size = b->size;
     // Small blocks wait in a quick bin for the next request of their size (arena.hpp). Not
     // larger ones: kept whole, they change where other sizes are placed, and the replays of
-    // bench/data then stitched up to 600 times the pages (gpt2: 3,556-6,018 instead of 10;
-    // vit 1,450-2,167 instead of 916). Small blocks have arenas of their own.
+    // bench/data then stitch far more pages (docs/design/memory_resource.md, "Quick bins").
+    // Small blocks have arenas of their own.
     const bool quick = size < small_limit;
     if (entry == nullptr) {
       if (!(quick && a->keep_quick(b, nullptr, 0))) a->free_released(b);
