@@ -4,9 +4,9 @@
 ///
 /// The driver scrubs freed device memory on the GPU after cuMemRelease (or cudaFree) has
 /// returned: writes run slower meanwhile, and large handles created during the scrub are
-/// slow to grant (docs/GPU-FACTS.md, "Freed memory", has the rate). A benchmark that frees and then measures fresh memory again waits here first, so
-/// every timed run starts from the same state and a row's time does not depend on what ran
-/// before it.
+/// slow to grant (docs/GPU-FACTS.md, "Freed memory", has the rate). A benchmark that frees
+/// and then measures fresh memory again waits here first, so every timed run starts from the
+/// same state and a row's time does not depend on what ran before it.
 
 #include <chrono>
 #include <cstddef>

@@ -649,8 +649,9 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
   // Idle pages go from the top of each arena down, the newest arena first. The pages
   // highest up are where a request lands only when nothing lower fits, so moving them
   // unsettles the least; taking the pages of the smallest free blocks first stitches more
-  // and reserves more (docs/design/memory_resource.md, "Stitching"). Only pages of the target's size fit it. Moving a large page costs the driver about
-  // what a small one does, so only small pages teach the resource headroom.
+  // and reserves more (docs/design/memory_resource.md, "Stitching"). Only pages of the
+  // target's size fit it. Moving a large page costs the driver about what a small one does,
+  // so only small pages teach the resource headroom.
   std::vector<shared_chunk> stolen;
   const std::size_t size = target.page_size();
   const auto skip = [&](const arena& a, std::size_t p) {
@@ -1542,8 +1543,9 @@ void resource_state::give_back_host_copies() {
   }
   // Pinned copies go back to the system on a thread of their own: unpinning and unmapping
   // them costs about as much as the rest of the wake (docs/design/memory_resource.md,
-  // "Sleep and wake"), and nothing waits for it. The next sleep() and the destructor wait for it. The thread holds
-  // what it uses (the copies use the executor, a static): it may outlive the resource.
+  // "Sleep and wake"), and nothing waits for it. The next sleep() and the destructor wait for
+  // it. The thread holds what it uses (the copies use the executor, a static): it may outlive
+  // the resource.
   wait_for_host_release();
   host_releases_running& running = host_releases_running::instance();
   running.add(this);
