@@ -37,7 +37,7 @@ inline constexpr std::size_t gib = std::size_t{1} << 30;
 class memory_target {
  public:
   virtual ~memory_target() = default;
-  /// "gpu 0: NVIDIA H200, 139.8 GiB" or "os host".
+  /// "gpu 0: <the device's name>, 139.8 GiB" or "os host".
   [[nodiscard]] virtual std::string name() const = 0;
   /// Whether this is a GPU (the GPU contender set) or host memory (the OS-provider set).
   [[nodiscard]] virtual bool is_gpu() const noexcept = 0;

@@ -2,7 +2,7 @@
 // that grows its output while kernels fill it. Each append grows a device_vector-like
 // growable_buffer by --append bytes (default 64 MiB) up to --total (default 4 GiB) and
 // launches a kernel that writes the new slice --passes times (default 8: GPU work of a few
-// hundred microseconds per append on an H100/H200, long enough to hide the driver's work).
+// hundred microseconds per append on a current GPU, long enough to hide the driver's work).
 // The rows, in the same run:
 //
 //   floor      the same kernels into memory mapped before the loop (no growth at all);
@@ -27,8 +27,8 @@
 //
 // Rows that start from an empty pool wait before their timed loop until the driver is done
 // with the memory the previous iteration released (bench/settle.hpp: creating memory while
-// the driver still scrubs freed memory made fresh_floor 1.11x warm instead of 1.03x on an
-// H100; --settle_ms=0 turns the wait off, --settle_ms=N waits N ms).
+// the driver still scrubs freed memory slows the writes into it, docs/GPU-FACTS.md, "Freed
+// memory"; --settle_ms=0 turns the wait off, --settle_ms=N waits N ms).
 //
 // Reported: the loop's time (host clock from the first append to the stream's end, every
 // grow included; manual time), GB/s written, and vs_warm = the time over warm's of this

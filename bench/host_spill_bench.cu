@@ -3,8 +3,8 @@
 //
 // By default the GPU pool is capped at --cap (4 GiB) and the vector holds --host (4 GiB)
 // more, so it runs on any GPU. --oversubscribe=1.5 sizes the vector to 1.5 x the GPU's
-// memory instead, with the GPU pool uncapped (it fills the GPU, then spills): the issue's
-// H200 case (needs about 0.5 x 141 GB = 70 GB of pinned host memory).
+// memory instead, with the GPU pool uncapped (it fills the GPU, then spills): it needs half
+// the GPU's memory again in pinned host memory.
 //
 // Rows, in the same run, each a kernel (or copy) over the bytes named:
 //   read/device_part    a kernel reads the GPU part of the vector (16-byte loads);

@@ -5,7 +5,7 @@
 // importer can launch a kernel on it" (the pointer is mapped with access set), for 64 MiB
 // and 4 GiB:
 //   vmm_cold       a new buffer each iteration: the first cuMemExportToShareableHandle of
-//                  its handle (570-720 us on the lent driver) is inside the time;
+//                  its handle (many times a later export: docs/GPU-FACTS.md) is inside the time;
 //   vmm_warm       one buffer, its fd already in the exporter's cache: a dup, no driver call;
 //                  rows for one chunk (what a buffer grown in one step maps), for 2 MiB
 //                  chunks (32 handles: the per-handle cost), and for a reservation of the
@@ -33,7 +33,7 @@
 // time, the importer checks the first and last 4 KiB of what it mapped with a kernel (a
 // wrong byte fails the benchmark), then unmaps, and the next iteration starts only once it
 // has. first_us is the first iteration alone (first-time costs of the importing process:
-// legacy's 316 us first open). A summary at the end gives each row's mean and its ratio to
+// legacy's slow first open). A summary at the end gives each row's mean and its ratio to
 // legacy at the same size.
 // Without a GPU every benchmark is skipped with the reason.
 

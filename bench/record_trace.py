@@ -30,7 +30,7 @@ which is program order). Sizes are the bytes asked for (requested_size), not the
 allocator's rounded blocks. Streams (cudaStream_t values) are numbered 0, 1, ... with the
 default stream 0.
 
-Output: the format of shared/traces/README.md, gzip-compressed when the name ends in .gz:
+Output: the trace format of bench/data/README.md, gzip-compressed when the name ends in .gz:
 
     # comments (torch version, workload, allocator, device, counts, peaks)
     a <id> <bytes> <stream>

@@ -233,7 +233,7 @@ void ring_windows(benchmark::State& state) {
   cudaFree(sink);
 }
 
-// 24 MiB fits in the L2 cache (50 MiB on H100/H200): there the index arithmetic shows;
+// 24 MiB fits in the L2 cache of a current data-centre GPU: there the index arithmetic shows;
 // 1 GiB and 1.5 GiB stream from HBM, which hides most of it.
 BENCHMARK(ring_windows<indexing::wrap>)
     ->Name("ring_windows/wrap")

@@ -36,7 +36,7 @@
 // The importer times its own import (counter importer_us), the exporter its export
 // (export_us, the send excluded), and arrival_us is when the importer had the message,
 // from the start of the hand-off (steady_clock is one clock for both processes of a host).
-// On the lent H100 the importer is back at its receive only ~0.6 ms after the next hand-off
+// On a GPU the importer may be back at its receive only some time after the next hand-off
 // began, for cudaMemPool and vmm alike (not for round_trip, whose importer runs no CUDA
 // work): arrival_us shows it, and export_us + importer_us are each side's own cost. Outside the time the
 // importer checks the first and last 4 KiB of what it mapped (a kernel on the GPU, memcmp on the host: a

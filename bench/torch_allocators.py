@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's allocators against vmm on the same workloads, one process per allocator.
 
-    python3 bench/torch_allocators.py                 # about 6-8 minutes on an H100
+    python3 bench/torch_allocators.py                 # several minutes on one GPU
     python3 bench/torch_allocators.py --quick         # about 2 minutes, no largest-batch search
     python3 bench/torch_allocators.py --allocators native,vmm --workloads gpt2,grow
     python3 bench/torch_allocators.py --quick --rounds 3   # every process three times, interleaved
@@ -17,7 +17,7 @@ Allocators, each in a process of its own (this script runs itself with --child):
 
 Workloads (random weights, fixed seeds: every allocator runs the same sequence):
   gpt2   GPT-2 small (GPT2Config in code), bf16, AdamW, 60 steps whose sequence lengths vary
-         between 128 and 2048 at about 16k tokens a step: the workload of shared/traces.
+         between 128 and 2048 at about 16k tokens a step: the workload of bench/data/gpt2.trace.gz.
   llama  a small Llama (LlamaConfig in code: 8 layers, hidden 1024, GQA), bf16, AdamW,
          training at lengths 256..4096, then generate() (greedy, KV cache) at three shapes.
   vit    ViT-B/16 (transformers' ViTConfig; torchvision's vit_b_16 refuses other image
@@ -51,39 +51,35 @@ torch.empty + del is also measured side by side (--side-by-side, on unless "off"
 allocator's process runs the loop over the same seconds, each on a CPU of a core of its own
 (the CPUs rotated over --side-by-side-repeats), with vmm_pool beside them when vmm is one:
 vmm_torch.mem_pool() under torch.cuda.use_mem_pool, torch's caching allocator on top of vmm.
-The lent host runs the same Python at two speeds (a pair ~2.2 or ~4 us under any allocator)
-and moves between them within seconds, so processes measured one after the other compare
-moments of the host more than allocators (30 processes on 2026-11-29 01:03Z: every
-allocator's process medians spread from ~2.1 to ~4.4 us). Each process also times a fixed
+A host may run the same Python at two speeds (docs/GPU-FACTS.md, "The host") and move
+between them within seconds, so processes measured one after the other compare moments of
+the host more than allocators. Each process also times a fixed
 piece of pure-Python work between its rounds (the host's speed as it sees it); the target is
 checked on the pair over that reference (the median over 250 ms bins), against native's.
 --empty-del-only runs only that.
 
 --rounds N runs every allocator's process N times, in alternating order (A B C D, then
-D C B A, ...), so that the machine's drift (clocks, temperature, the host's other guests:
-the same code's step moved by up to 8 % between runs) falls on every allocator alike. A
+D C B A, ...), so that the machine's drift (clocks, temperature, the host's other guests)
+falls on every allocator alike. A
 workload's step time is then the median of the rounds' medians, its reserved / allocated
 the largest of the rounds', torch.empty + del the median; each round's figures are kept
 (*_rounds).
 
 --steps N runs N steps of each training workload instead of the settings' (warm-up included).
-The lent host's speed moves by up to 1.5x from one second to the next (docs/GPU-FACTS.md), and
-a full vit process times only ~1.4 s of steps: one process samples one moment of the host.
+A host's speed can move from one second to the next (docs/GPU-FACTS.md, "The host"), and a
+full vit process times only a second or two of steps: one process samples one moment of the
+host.
 Longer runs (e.g. --steps 400, ~16 s of vit steps) spread every process over many moments.
 
 --cpus 0-7 runs every process on those CPUs (os.sched_setaffinity), the same set for every
-allocator. On the lent H200 (2026-11-28) pinning to eight cores held native's quick vit step
-at 45.4-45.8 ms over three rounds (45.7-48.5 ms unpinned in the rounds before); the
-host-bound gpt2 and llama still moved by up to 19 % between processes.
+allocator. Pinning steadies a GPU-bound step; host-bound workloads (gpt2, llama) still move
+with the host's speed.
 
 Attention runs off cuDNN: torch.nn.functional.scaled_dot_product_attention picks cuDNN's
-kernels on Hopper, and cuDNN builds a plan on the host for every new sequence length (a
-profile on the lent H200, 2026-11-28: 5-9 ms of host time a call, 126-148 ms of a 160-264 ms
-gpt2 step whose kernels ran 82.5 ms), so with lengths that change every step gpt2 and llama
-timed cuDNN's planner and moved by up to 50 % with the host's speed. Off cuDNN, torch takes
-flash attention; the steps are the GPU's (gpt2 ~90 ms, llama ~60 ms) and the four
-allocators' medians of six rounds lie within 3 % of each other. --cudnn-attention leaves
-torch's choice (the runs before bench/results/h200-2026-11-28-attention).
+kernels on some GPUs, and cuDNN builds a plan on the host for every new sequence length
+(docs/GPU-FACTS.md, "PyTorch"), so with lengths that change every step gpt2 and llama would
+time cuDNN's planner and the host's speed, not the allocator. Off cuDNN, torch takes flash
+attention and the steps are the GPU's. --cudnn-attention leaves torch's choice.
 
 --vmm-headroom X runs vmm with vmm_torch.use(headroom=X): the idle share of its peak use a
 resource may learn to keep mapped (vmm's default 1/128; less reserves less and, when shapes
@@ -516,8 +512,8 @@ def empty_del(child, s):
 
 
 # ---- torch.empty + del side by side ------------------------------------------------------
-# The lent host runs the same Python at two speeds (a pair ~2.2 or ~4 us under any allocator)
-# and a process can sit at either for seconds, so processes measured one after the other
+# A host may run the same Python at two speeds (docs/GPU-FACTS.md, "The host") and a process
+# can sit at either for seconds, so processes measured one after the other
 # compare moments of the host more than allocators. Side by side, every allocator's process
 # runs the loop over the same seconds, each on a core of its own, their CPUs rotated from one
 # repeat to the next, and each process times a fixed piece of pure-Python work (no torch, no
@@ -707,7 +703,7 @@ def sleep_wake(child, s):
     for index, keep in enumerate(plan):
         free_before, _ = torch.cuda.mem_get_info()
         # vmm_torch.sleep() runs gc.collect() first by default; timed apart, since its cost is
-        # the Python heap's (70-120 ms with torch and transformers loaded), not the memory's.
+        # the Python heap's (large with torch and transformers loaded), not the memory's.
         start = time.perf_counter()
         gc.collect()
         collected = time.perf_counter() - start

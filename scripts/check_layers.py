@@ -5,21 +5,30 @@
     python3 scripts/check_layers.py --root DIR   # check another checkout
     python3 scripts/check_layers.py --self-test  # check the checker on a fixture tree
 
-The layers, bottom up, are defined below by path (LAYERS); docs/ARCHITECTURE.md draws them.
-A file may include headers of its own layer and of any layer below it. Two layers of the
-same rank (driver and os) are siblings: neither is above the other.
+    python3 scripts/check_layers.py --table      # print the layer table docs/ARCHITECTURE.md holds
 
-Every .hpp/.cpp/.cu/.h file under vmm/ and ipc/ must belong to exactly one layer, so that a
-new file cannot slip past the check: add it to LAYERS. tests/, bench/ and samples/ use every
-layer and are not checked.
+The layers, bottom up, are defined below by path (LAYERS). A file may include headers of its
+own layer and of any layer below it. Two layers of the same rank (driver and os; tools and
+python) are siblings: neither is above the other.
+
+Every .hpp/.cpp/.cu/.h file under vmm/, ipc/ and python/ must belong to exactly one layer, so
+that a new file cannot slip past the check: add it to LAYERS. tests/, bench/ and samples/ use
+every layer and are not checked.
+
+docs/ARCHITECTURE.md holds the same layers as a table between the markers <!-- layers:begin -->
+and <!-- layers:end -->: one row per layer with its name, its rank and the layers it may
+include. The check fails when that table and LAYERS differ (a layer missing or extra, another
+rank, other layers it may include), so the document cannot drift from the script; --table
+prints the table as it must read.
 
 An #include is resolved as the compiler would: "name" first next to the including file,
 then (for "name" and <name>) under the include directories the targets use: vmm/include,
 ipc/include and vmm/src (private to vmm and vmm::ipc). A name that resolves to no file of
 the repository is a system or third-party header and is not checked.
 
-Exit status: 0 when the layering holds, 1 when a file breaks it or belongs to no layer (each
-problem on its own line, naming the file, the include and both layers), 2 on bad usage.
+Exit status: 0 when the layering holds and the document agrees, 1 when a file breaks it or
+belongs to no layer, or the document's table differs (each problem on its own line, naming the
+file and what differs), 2 on bad usage.
 Python 3 standard library only.
 """
 
@@ -80,11 +89,17 @@ LAYERS: list[tuple[str, int, list[str]]] = [
         "vmm/src/growth_worker.cpp"]),
     # Sharing between processes.
     ("ipc", 6, ["ipc/"]),
-    # Programs built beside the library (vmm-info).
+    # Programs built beside the library (vmm-info, vmm-replay; vmm-store is ipc's).
     ("tools", 7, ["vmm/tools/"]),
+    # The Python layer: the PyTorch / CuPy allocator library and the bindings, over the public
+    # headers of everything below.
+    ("python", 7, ["python/"]),
 ]
 
-CHECKED_FOLDERS = ("vmm", "ipc")
+CHECKED_FOLDERS = ("vmm", "ipc", "python")
+DOCUMENT = "docs/ARCHITECTURE.md"
+TABLE_BEGIN = "<!-- layers:begin -->"
+TABLE_END = "<!-- layers:end -->"
 SOURCE_SUFFIXES = (".hpp", ".h", ".cpp", ".cu", ".cuh")
 INCLUDE_DIRECTORIES = ("vmm/include", "ipc/include", "vmm/src")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
@@ -172,15 +187,80 @@ def check(root: Path) -> list[problem]:
     return problems
 
 
+def may_include(name: str, rank: int) -> list[str]:
+    """The other layers a layer of `rank` may include: those of its rank or below, bottom up."""
+    return [other for other, other_rank, _ in LAYERS if other != name and other_rank <= rank]
+
+
+def layer_table() -> str:
+    """The table docs/ARCHITECTURE.md holds between its markers, as it must read."""
+    rows = [TABLE_BEGIN, "| layer | rank | may include |", "| --- | --- | --- |"]
+    for name, rank, _ in LAYERS:
+        below = ", ".join(may_include(name, rank)) or "nothing"
+        rows.append(f"| {name} | {rank} | {below} |")
+    rows.append(TABLE_END)
+    return "\n".join(rows) + "\n"
+
+
+def check_document(root: Path) -> list[problem]:
+    """Whether DOCUMENT's marked layer table lists exactly LAYERS, their ranks and inclusions."""
+    path = root / DOCUMENT
+    if not path.is_file():
+        return [problem(DOCUMENT, 0, "missing: it must hold the layer table (print it with --table)")]
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    starts = [n for n, line in enumerate(lines, start=1) if line.strip() == TABLE_BEGIN]
+    ends = [n for n, line in enumerate(lines, start=1) if line.strip() == TABLE_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        return [problem(DOCUMENT, 0, f"needs exactly one layer table between {TABLE_BEGIN} and "
+                                     f"{TABLE_END} (print it with --table)")]
+    problems: list[problem] = []
+    listed: dict[str, tuple[int, int, list[str]]] = {}  # name -> (line, rank, may include)
+    for number in range(starts[0] + 1, ends[0]):
+        cells = [cell.strip().strip("`").strip() for cell in lines[number - 1].strip().strip("|").split("|")]
+        if not lines[number - 1].strip() or cells[0] in ("layer", "") or set(cells[0]) <= set("-: "):
+            continue  # a blank line, the header or the separator row
+        if len(cells) < 3 or not cells[1].isdigit():
+            problems.append(problem(DOCUMENT, number, f"a layer row reads | name | rank | may include |: "
+                                                      f"{lines[number - 1].strip()!r}"))
+            continue
+        below = [] if cells[2] in ("nothing", "-", "—") else [n.strip().strip("`") for n in cells[2].split(",")]
+        if cells[0] in listed:
+            problems.append(problem(DOCUMENT, number, f"layer {cells[0]} is listed twice"))
+        listed[cells[0]] = (number, int(cells[1]), below)
+    for name, rank, _ in LAYERS:
+        if name not in listed:
+            problems.append(problem(DOCUMENT, starts[0], f"the layer table lacks layer {name} (rank {rank}) "
+                                                         f"of scripts/check_layers.py"))
+            continue
+        number, doc_rank, doc_below = listed[name]
+        if doc_rank != rank:
+            problems.append(problem(DOCUMENT, number, f"layer {name} has rank {doc_rank} in the table, "
+                                                      f"{rank} in scripts/check_layers.py"))
+        expected = may_include(name, rank)
+        if sorted(doc_below) != sorted(expected):
+            problems.append(problem(DOCUMENT, number,
+                                    f"layer {name} may include {', '.join(sorted(doc_below)) or 'nothing'} "
+                                    f"in the table, but scripts/check_layers.py allows "
+                                    f"{', '.join(sorted(expected)) or 'nothing'}"))
+    known = {name for name, _, _ in LAYERS}
+    for name, (number, _, _) in listed.items():
+        if name not in known:
+            problems.append(problem(DOCUMENT, number, f"the layer table lists {name}, which "
+                                                      f"scripts/check_layers.py does not define"))
+    return problems
+
+
 def run(root: Path) -> int:
-    problems = check(root)
+    problems = check(root) + check_document(root)
     for found in problems:
         print(found, file=sys.stderr)
     if problems:
         print(f"check_layers: {len(problems)} problem(s); the layers are defined in "
-              f"scripts/check_layers.py and drawn in docs/ARCHITECTURE.md", file=sys.stderr)
+              f"scripts/check_layers.py and tabled in {DOCUMENT} (--table prints the table)",
+              file=sys.stderr)
         return 1
-    print(f"check_layers: {len(source_files(root))} files, the layering holds")
+    print(f"check_layers: {len(source_files(root))} files, the layering holds, and {DOCUMENT} "
+          f"agrees with it")
     return 0
 
 
@@ -220,6 +300,9 @@ def self_test() -> int:
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_text(text, encoding="utf-8")
 
+        (root / DOCUMENT).parent.mkdir(parents=True, exist_ok=True)
+        (root / DOCUMENT).write_text("# Layers\n\n" + layer_table() + "\nMore prose.\n", encoding="utf-8")
+
         found = check(root)
         expect(len(found) == 1, f"one violation expected, found {len(found)}: {[str(p) for p in found]}")
         if found:
@@ -234,6 +317,28 @@ def self_test() -> int:
         expect(check(root) == [], f"the fixed tree is clean: {[str(p) for p in check(root)]}")
         expect(run_quietly(root) == 0, "a clean tree exits 0")
 
+        # The document's table: as printed it agrees; each kind of drift is one problem naming it.
+        expect(check_document(root) == [], f"the printed table agrees: {[str(p) for p in check_document(root)]}")
+        good = (root / DOCUMENT).read_text(encoding="utf-8")
+        drifts = {
+            "another rank": (good.replace("| ipc | 6 |", "| ipc | 5 |"), ["layer ipc has rank 5"]),
+            "a missing row": (good.replace("| python | 7 |", "| not-python | 7 |"),
+                              ["lacks layer python", "lists not-python"]),
+            "other inclusions": (good.replace("| os | 1 | base, driver |", "| os | 1 | base, driver, provider |"),
+                                 ["layer os may include base, driver, provider in the table"]),
+            "no markers": (good.replace(TABLE_BEGIN, ""), ["needs exactly one layer table"]),
+        }
+        for what, (text, parts) in drifts.items():
+            (root / DOCUMENT).write_text(text, encoding="utf-8")
+            drift = [str(p) for p in check_document(root)]
+            expect(len(drift) == len(parts) and all(any(part in d for d in drift) for part in parts),
+                   f"{what} is reported: {drift}")
+            expect(run_quietly(root) == 1, f"{what}: the run exits 1")
+        (root / DOCUMENT).write_text(good, encoding="utf-8")
+        (root / DOCUMENT).unlink()
+        expect(any("missing" in str(p) for p in check_document(root)), "a missing document is reported")
+        (root / DOCUMENT).write_text(good, encoding="utf-8")
+
         # A file of no layer is reported, so that a new file cannot slip past.
         (root / "vmm/src/stray.cpp").write_text('#include "vmm/error.hpp"\n', encoding="utf-8")
         stray = check(root)
@@ -247,6 +352,8 @@ def self_test() -> int:
     expect(layer_of("vmm/include/vmm/shared_chunk.hpp") == layer("pool", 4), "shared_chunk")
     expect(layer_of("ipc/include/vmm/ipc/manifest.hpp") == layer("ipc", 6), "ipc")
     expect(layer_of("vmm/src/unknown.cpp") is None, "an unlisted file has no layer")
+    expect(layer_of("python/vmm_torch/allocator.cpp") == layer("python", 7), "python")
+    expect(may_include("os", 1) == ["base", "driver"], f"siblings: {may_include('os', 1)}")
 
     for failure in failures:
         print(f"check_layers self-test FAILED: {failure}", file=sys.stderr)
@@ -272,9 +379,14 @@ def main() -> int:
                         help="the repository to check (default: the one this script is in)")
     parser.add_argument("--self-test", action="store_true",
                         help="check the checker on a fixture tree in a temporary folder")
+    parser.add_argument("--table", action="store_true",
+                        help=f"print the layer table {DOCUMENT} must hold between its markers")
     arguments = parser.parse_args()
     if arguments.self_test:
         return self_test()
+    if arguments.table:
+        print(layer_table(), end="")
+        return 0
     if not (arguments.root / "vmm").is_dir():
         parser.error(f"{arguments.root} holds no vmm/ folder")
     return run(arguments.root)

@@ -767,7 +767,8 @@ TYPED_TEST(ipc_sharing_every_kind, fabric_handles_are_chosen_only_where_they_wor
   EXPECT_EQ(kind == handle_kind::fabric, reason.empty()) << reason;
   if (this->provider_->capabilities().where.kind == memory_kind::device && query_device(0).fabric_supported &&
       kind != handle_kind::fabric) {
-    // The lent H100/H200s: the attribute says yes, creating a fabric handle says no.
+    // Without an IMEX channel the attribute says yes and creating a fabric handle says no
+    // (docs/GPU-FACTS.md, "Capabilities").
     EXPECT_NE(reason.find("CU_MEM_HANDLE_TYPE_FABRIC"), std::string::npos) << reason;
     EXPECT_EQ(kind, handle_kind::posix_fd);
   }

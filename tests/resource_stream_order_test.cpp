@@ -400,9 +400,7 @@ TEST_F(stream_order, a_page_lent_from_a_pending_block_is_mapped_there_again_once
 TEST_F(stream_order, a_page_lent_from_a_pending_block_comes_from_its_far_end) {
   // The stream's next requests land from the start of the block it has freed: a page lent
   // away from there would make them wait for the stream or move pages, one lent from the
-  // far end leaves them whole. Replays of bench/data (OS host, two passes, the device 150 to
-  // 5,000 events behind): lending from the start, gpt2_dynamic moved 12,220 pages; from the
-  // far end 7,817, the same memory.
+  // far end leaves them whole (docs/design/memory_resource.md, "Lending").
   const std::size_t g = 2 * mib;
   auto resource = make({.max_size = 6 * g});
   void* block = resource->allocate(a_, 6 * g);  // all the resource may have

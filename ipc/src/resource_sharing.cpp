@@ -58,7 +58,7 @@ namespace {
 using detail::load;
 using detail::store;
 
-// Field offsets (see the file comment of resource_sharing.hpp).
+// Field offsets (docs/design/resource_sharing.md, "Wire format").
 namespace resource_field {
 constexpr std::size_t magic = 0, version = 4, grant = 6, location_kind = 7, location_id = 8, reserved = 12,
                       resource_id = 16, granularity = 24;
@@ -137,8 +137,8 @@ void check_pointer(const pointer_description& d, std::uint64_t granularity, Fail
     if (d.page_ids[i] == 0) fail(fmt::format("page {} has id 0", i));
 }
 
-// Whether `pages` is the manifest of pointer `d`'s pages (see the file comment of
-// resource_sharing.hpp); bad_manifest naming the first difference otherwise.
+// Whether `pages` is the manifest of pointer `d`'s pages (docs/design/resource_sharing.md,
+// "Wire format"); bad_manifest naming the first difference otherwise.
 void check_pages(const pointer_description& d, const manifest& pages, std::uint64_t granularity,
                  std::size_t fds) {
   const auto fail = [&](const std::string& what) {

@@ -599,8 +599,8 @@ def sleep(offload_tags=None, device=None, collect_garbage=True):
     fails with a clear message and frees wait for the wake.
 
     Before sleeping: gc.collect() unless ``collect_garbage`` is False (so that unreachable
-    tensors are freed, not saved; it costs 70-120 ms in a process with torch and
-    transformers loaded on the H100 machine, about as much as the sleep of 2 GiB itself), and
+    tensors are freed, not saved; in a process with torch and transformers loaded it can cost
+    about as much as the sleep itself: docs/design/memory_resource.md, "Sleep and wake"), and
     with torch, torch.cuda.synchronize() of each device (a pluggable allocator does not see
     Tensor.record_stream, so work of other streams may still use the memory), and under
     mem_pool() torch.cuda.empty_cache(). Don't allocate into a vmm mem_pool() while asleep:

@@ -189,7 +189,7 @@ vmm::memory_resource& resource_of(int device, device_state& state) {
                                ? vmm::handle_kind::none
                                : vmm::handle_kind::posix_fd;
   // Large pages for large tensors, exportable or not: training with changing shapes moves
-  // their memory every step (docs/GPU-FACTS.md, "Fragmentation of live training"). vmm::ipc's
+  // their memory every step (docs/design/memory_resource.md, "Two page sizes"). vmm::ipc's
   // pointer export (resource_exporter) refuses such a resource; exporting the pages under
   // an allocation (pages_of, vmm::ipc::exporter) works.
   properties.large_page_size =

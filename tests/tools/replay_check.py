@@ -18,8 +18,8 @@ that passes it with exit status 3; --headroom reaches the resource.
 `trade`: the live ViT training trace, whose page sizes trade memory (a page given back in one
 size to make one in the other) every step when the resource keeps too little idle memory.
 At the default headroom (1/128) the replay gives back at most 64 pages over two passes with
-the device 150 events behind (28 on 2026-11-29), within 1.02 of peak live; at 1/256 the same
-replay gives back 500 or more (1,794), so the trace still trades and the check can fail.
+the device 150 events behind, within 1.02 of peak live; at 1/256 the same replay gives back
+500 or more, so the trace still trades and the check can fail.
 """
 
 import gzip

@@ -36,43 +36,15 @@
 /// round starts at that window's first input. The order of the appended elements is
 /// unspecified.
 ///
-/// Windows. With input_count n the inputs left, r, are cut into windows that start at r/64
-/// and double up to r/8 (multiples of 4096 inputs, so vector loads stay aligned): when the
-/// capacity is far too small the first window says so after 1/64 of the work, and an
-/// overflow late in the inputs redoes at most 1/8 of them. Without input_count a round is one
-/// launch; an overflow then redoes that launch, which is still exact. Each window costs a
-/// launch and an 8-byte copy on the stream; allocate for the worst case, or leave
-/// input_count 0, where an overflow is not expected.
-///
-/// Growth, from the overflow information (the default). The refused window ran to its end
-/// and counted every element it produced, refused ones included: that is its demand. The
-/// capacity grows to the elements committed, plus that demand, plus the rest of the inputs
-/// at the refused window's rate with 1/16 headroom, within max_size() (exactly the demand when
-/// the refused window was the last one or the round had one window), and at least doubles when
-/// a round is refused at the same window as the round before (the demand did not tell the
-/// whole story: a kernel that stops early when overflowed(), or one that pushes more each
-/// time). With options.growth_factor > 1 the capacity instead grows by that factor at each
-/// overflow. Either way the vector maps what that capacity needs, rounded up to the
-/// granularity (device_vector::reserve_exact): the estimate carries its own headroom, so the
-/// chunk policy's amortizing slack (up to 1/8 of the size with the geometric default) is
-/// left out.
-///
-/// Growth while the next round runs. With a rate to go by, the vector does not map the whole
-/// estimate before the next round: it maps what that round's first window needs (and the
-/// refused window's demand), and then, before each later window, what the windows up to its
-/// end are predicted to produce. The launches are queued, so the GPU runs the windows before
-/// while the host maps, and the driver's mapping cost (tens of microseconds a chunk) hides
-/// behind the kernel instead of adding to it. A window whose prediction fell short is
-/// refused like any other. When memory runs out during a round, the growth stops there (the
-/// windows then refused are grown for by the next round, with no more prediction), so
-/// out_of_memory is thrown only when a refused window's own demand cannot be mapped.
-///
-/// The status block. The counter and the per-window notes live in the last 256 bytes of the
-/// vector's capacity, past the slots the launch may write (they are capacity the vector has
-/// mapped anyway; no other memory is taken). The host writes the counter before a round with
-/// one copy, and reads the block back after it with one copy and one synchronize. When the
-/// vector grows during a round, a copy queued between two windows moves the block to the new
-/// end of the capacity; the windows after it count there.
+/// Windows and growth (docs/design/append.md has the reasons and measurements). With
+/// input_count n the inputs left are cut into windows from 1/64 to 1/8 of them, so that a
+/// capacity far too small says so early and a late overflow redoes little; each window costs
+/// a launch and an 8-byte copy (leave input_count 0 where no overflow is expected). The
+/// refused window's count is its demand: the capacity grows to the elements committed plus
+/// that demand plus the rest of the inputs at its rate with 1/16 headroom (or by
+/// options.growth_factor), mapped exactly (device_vector::reserve_exact), and while the next
+/// round runs the vector maps, window by window, what the windows are predicted to need. The
+/// counter and the window notes live in the last 256 bytes of the vector's capacity.
 ///
 /// Errors and guarantees. A launch that throws, a kernel fault (an illegal address, a trap:
 /// reported by the read of the status block as vmm::driver_error), a launch the runtime

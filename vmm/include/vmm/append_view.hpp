@@ -40,24 +40,14 @@
 ///    partial count, possibly in more steps.
 /// The order of the appended elements is unspecified.
 ///
-/// Warp aggregation. push(value) and push(values, count) gather the lanes that call them
-/// together with cooperative_groups::coalesced_threads(): one lane adds the group's total to
-/// the counter and the others take their slots from it through a shuffle, so a warp makes
-/// one atomic per call instead of one per element. push_selected(values, keep) goes further
-/// for the common filter shape: each lane offers N candidates and a mask of those to keep,
-/// and the warp makes one atomic for all of its 32 * N candidates. Its slots are given value
-/// by value (the kept values j of all lanes are consecutive), so the stores of one j are
-/// coalesced. append_atomics::per_thread selects a plain atomicAdd per element instead. What
-/// the explicit aggregation buys, measured (bench/append_bench.cu, 1 Gi keys, H100): for one
-/// push per kept key nothing, since nvcc aggregates the plain atomicAdd per warp by itself
-/// (9.7 ms either way at 1 % kept; per_warp stays the default so that the aggregation does
-/// not hang on the compiler's choice); push_selected, one atomic for 32 candidates a lane,
-/// 4-12x less time than a push per key. push_selected_block aggregates over a whole
-/// thread block: one atomic per block and call, the kept values gathered in shared memory and
-/// written out with consecutive threads on consecutive slots. It needs every thread of the
-/// block in every call. In exchange the counter, which every block shares, sees 8 times fewer
-/// atomics with 256-thread blocks: over 1 Gi keys on an H100 it took 18-35 % less time than
-/// push_selected per warp at 1-50 % kept (bench/append_bench.cu measures all the forms).
+/// Aggregation. push(value) and push(values, count) gather the lanes that call them with
+/// cooperative_groups::coalesced_threads(): one atomic per warp and call. push_selected(values,
+/// keep) takes N candidates a lane and a mask of those to keep, one atomic for the warp's
+/// 32 * N candidates, with the kept values of one j stored coalesced. push_selected_block
+/// aggregates over a thread block (one atomic per block and call, the kept values gathered in
+/// shared memory); it needs every thread of the block in every call. The fewer atomics the
+/// shared counter sees, the closer a filter runs to its read floor (docs/design/append.md,
+/// "Aggregation"). append_atomics::per_thread selects a plain atomicAdd per element.
 ///
 /// Memory ordering. The counter is advanced with relaxed device-scope atomics and elements
 /// are plain stores to distinct slots. Work queued after the launch in stream order sees the

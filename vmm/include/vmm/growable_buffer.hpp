@@ -21,7 +21,7 @@
 /// power of two), so that small appends map a chunk only every 1/8 of growth and the
 /// mapped-but-unused slack stays under 1/8 of the size. When the device cannot supply a
 /// chunk that large, the grow falls back to smaller chunks down to the granularity, so a
-/// buffer can take all of the memory there is.
+/// buffer can take all of the memory there is (docs/design/growable_buffer.md, "Chunks").
 ///
 /// Streams. Every operation that queues work takes a stream (stream_ref); without one it
 /// uses the buffer's default stream (options.stream, set_stream()). Shrinking records a
@@ -40,58 +40,25 @@
 ///    buffer takes it back at its next grow, and its pool never lends it to anyone else.
 ///
 /// Growth ahead (growable_buffer_options::growth_ahead). A grow that finds no idle chunk
-/// creates one on the caller's thread (cuMemCreate: 20-130 µs for 64 MiB on an H100,
-/// slowest when the device has been idle). A buffer told how far ahead to keep memory ready
+/// creates one on the caller's thread. A buffer told how far ahead to keep memory ready
 /// (bytes, or learned from its last grows) asks a background thread, after each resize or
 /// reserve, for the chunks that its next grows will need: the thread takes them from the
-/// pool, creating them there. The next grow maps these chunks first, so it costs what a grow
-/// from a warm pool costs (a cuMemMap and one access call) and creates nothing itself. What
-/// it cannot take away: creating memory costs the GPU too. An append loop bound by GPU work
-/// ran 6-8 % slower when the raw driver calls created its memory inside the loop than when
-/// they created it before (H100, docs/GPU-FACTS.md, "Freed memory"), so such a loop still
-/// runs slower into fresh memory than into recycled chunks, ahead or not. (The thread once
-/// also mapped each new chunk in a scratch range and set its access there, to pay the first
-/// access grant early; on the H100 that made the loop 3-5 % slower than no growth ahead at
-/// all, and the grant costs the same on fresh and recycled chunks, so it was dropped.) The
-/// decisions, and why:
-///  - One thread for the process, not one per buffer: growth_worker is shared by every
-///    buffer that grows ahead, and ends (joined) when the last of them is destroyed, so its
-///    lifetime is that of the buffers that use it and no thread outlives them.
-///  - The thread never touches the buffer. It owns nothing of the buffer's range or books:
-///    it fills a per-buffer slot of ready chunks under the slot's own mutex, and only the
-///    buffer maps them, in resize() or reserve(), on the caller's thread. So the buffer
-///    stays single-threaded as before; capacity() and chunk_count() change only in calls
-///    the user makes. (Mapping ahead into the buffer's own range would save the map and
-///    the access call too, but would let another thread change the range under a buffer
-///    that is not thread-safe.)
-///  - A grow that needs fresh memory while a request is queued but not started cancels it
-///    and creates its memory itself; one that finds a request running waits for it (its
-///    chunk is what the grow would create, and waiting costs no more than creating it).
-///  - Failures on the thread are not the buffer's: its request was a guess (it may ask
-///    past a pool's cap where the real grow would fit). They are dropped, what was made is
-///    given back, no further request is made until a grow has created memory itself, and
-///    that grow reports its own errors with the strong guarantee as without growth ahead.
-///  - The strong guarantee holds as before: ready chunks that a failed grow mapped are
-///    unmapped and go back to the pool (ready chunks it did not need stay ready).
-///  - Ready chunks count as used in their pool (pool_statistics::used_current) and are
-///    not lent to other buffers. shrink_to_fit() and destruction give them back at once and
-///    make a request in flight deliver nothing (its chunks go back to the pool when it
-///    ends); neither waits for it. Only the destruction of the last buffer that grows
-///    ahead waits for a chunk in preparation (host work: the driver call creating one
-///    chunk, or, when memory ran out, the pool's wait for retired memory).
-///  - Chunks are asked for on the pool the buffer maps from now (no spilling ahead).
+/// pool, creating them there, and the next grow maps them first, so it costs what a grow
+/// from a warm pool costs. One thread serves the process and is joined with the last buffer
+/// that uses it; it never touches a buffer (it fills a per-buffer slot of ready chunks under
+/// the slot's mutex, and only the buffer maps them, in its own resize or reserve), so the
+/// buffer stays single-threaded. Its failures are dropped (the request was a guess); the
+/// buffer's own grow reports errors with the strong guarantee. Ready chunks count as used in
+/// their pool; shrink_to_fit() and destruction give them back at once. Creating memory costs
+/// the GPU too, so a loop bound by GPU work still runs slower into fresh memory than into
+/// recycled chunks, ahead or not. The decisions and their measurements:
+/// docs/design/growable_buffer.md, "Growth ahead".
 ///
-/// Beyond the GPU's memory (growable_buffer_options::spill_to_host, or a pool of
-/// location::pinned_host() in spill_to). A buffer of GPU memory may continue in pinned host
-/// memory (the driver's HOST_NUMA memory, mapped in the same CUDA address space) when its
-/// GPU pools are out of memory: one pointer throughout, and kernels read both parts (the
-/// host part over PCIe or C2C). Every GPU that has access to the GPU part is given access
-/// to the host part (cuMemSetAccess with the device location over HOST_NUMA memory), and
-/// the host gets access to the host part only (the driver cannot give it GPU memory).
-/// Spill pools continue on memory of the first pool's kind (GPU onto GPU: peer memory), or
-/// from GPU memory onto pinned host memory, which then comes last; any other combination is
-/// refused when the buffer is made. Copies and fills across the boundary run piece by piece
-/// (device_vector does this).
+/// Beyond the GPU's memory (growable_buffer_options::spill_to_host, or further pools in
+/// spill_to). A buffer of GPU memory may continue on another GPU's memory or, last, on pinned
+/// host memory in the same CUDA address space when its pools are out of memory: one pointer
+/// throughout, and kernels read every part. Other combinations are refused when the buffer
+/// is made (docs/design/growable_buffer.md, "Spill").
 
 #include <array>
 #include <cstddef>
@@ -118,10 +85,9 @@ class chunk_policy {
   /// Chunks as large as the growth asks, at least 1/slack_divisor of the new size (a power
   /// of two), and none larger than largest_chunk (rounded down to the granularity; a grow
   /// past it maps several): O(log size) handles up to that size, slack under
-  /// size/slack_divisor. The default largest, 256 MiB, weighs two costs of the driver's
-  /// (docs/GPU-FACTS.md, "Chunk size"): fresh memory created and first written costs less in
-  /// 64 MiB handles, but every later grow over recycled chunks pays per handle, so a warm
-  /// 16 GiB grow takes twice as long in 64 MiB chunks. slack_divisor > 0, largest_chunk > 0.
+  /// size/slack_divisor. The default largest, 256 MiB, keeps a warm grow (over recycled
+  /// chunks, which pay per handle) as fast as writing preallocated memory
+  /// (docs/design/growable_buffer.md, "Chunks"). slack_divisor > 0, largest_chunk > 0.
   static constexpr chunk_policy geometric(std::size_t slack_divisor = 8,
                                           std::size_t largest_chunk = std::size_t{256} << 20) noexcept {
     return chunk_policy(false, slack_divisor, largest_chunk);

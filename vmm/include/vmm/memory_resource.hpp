@@ -10,83 +10,46 @@
 ///     gpu.deallocate(stream, p, 3 << 20);                // reusable at once on `stream`
 ///     vmm::memory_resource_statistics s = gpu.statistics();
 ///
-/// Design. Each stream that allocates gets arenas of its own: large address ranges (several
-/// times the memory there is; addresses are cheap) in which blocks are carved by a
-/// two-level segregated fit index, 256 bytes the smallest unit. Requests under 1 MiB, larger
-/// ones, and those of two large pages or more (memory_resource_properties::large_page_size)
-/// live in separate arenas, so that small blocks never pin the pages of large ones; a
-/// smaller request of at least a large page that finds no mapped run in its own arenas
-/// takes one in those of large pages before any page is moved or made (large blocks freed
-/// from step to step then serve it where they are). Physical memory is mapped
-/// page by page (the provider's granularity) only under bytes that blocks use, so blocks share pages at their
-/// edges and a request costs the bytes it asks for plus at most a page at each end of a run of blocks: the
-/// waste of a rounded-up allocation does not exist. Each page counts the bytes of blocks that hold it.
+/// Design (docs/design/memory_resource.md has the reasons and the trade-offs). Each stream
+/// that allocates gets arenas of its own: large address ranges (addresses are cheap) in
+/// which blocks are carved by a two-level segregated fit index, 256 bytes the smallest
+/// unit. Small requests (under 1 MiB), larger ones, and those of two large pages or more
+/// (memory_resource_properties::large_page_size) live in separate arenas. Physical memory
+/// is mapped page by page only under bytes that blocks use, so blocks share pages at their
+/// edges and a request costs its bytes plus at most a page at each end of a run of blocks.
 ///
-/// Reuse and stitching. A freed block is reused at once by its stream, and its pages stay
-/// mapped, so that a workload that repeats itself runs with no driver call at all. A small
-/// block (under 1 MiB) of a size asked for before waits whole in a quick bin of its arena
-/// for the next request of that size (deferred coalescing: no search, split or merge; such
-/// a pair costs 40 % of the instructions of one that splits and merges); anything that
-/// looks further for free memory first frees what the bins hold, so they never cost a
-/// page. When a block needs pages and none is spare, the resource takes a page that no
-/// block holds (an idle page inside a free run, whose streams have passed) from anywhere in any arena,
-/// unmaps it and maps its physical memory where it is needed ("stitching"), the highest
-/// idle pages of an arena first, before it creates any new memory. A request goes where it
-/// needs the fewest pages: to the free run, and to that run's start or, where fewer pages
-/// lack there, its end (so a tensor grown by x = cat(x, y) reuses its freed copy's pages
-/// where they lie, and maps only what it adds); the end of a run whose stream has not
-/// passed its free only when no page below that end is mapped (one there would stay idle
-/// until the stream passes); in a run larger than the request by a page or more, the
-/// page-aligned place with the fewest pages to map (so the largest blocks of a step, which
-/// come and go at the top of an arena with sizes that change a little every step, take the
-/// pages their predecessors left where they lie). A page stitched costs
-/// the driver 57-79 us on an H100 (unmap, map, access), so the resource learns headroom: it
-/// keeps one page more for every small page it has had to stitch, up to 1/8 of the most
-/// ever in use, 1/128 with large pages, which move for the cost of one small page each
-/// (docs/GPU-FACTS.md, "Moving pages"), and with large pages the room of one large page
-/// more where that is at most 1/128 of the most in use (memory moves between the two sizes
-/// a large page at a time; with less room, the two would trade one back and forth every
-/// step). Idle pages of one size are given back to the
-/// device to be made again in the other size rather than reserving more; where the pages of
-/// the other size are held by blocks the allocating stream freed and has not passed yet,
-/// and making every page the request lacks would take the reserved memory past 1/128 above
-/// the most ever in use, the host waits for the stream first (counted in host_waits; a stream
-/// with all the points it may have is first waited for up to its oldest). A page that only
-/// blocks freed on the allocating stream hold is taken even before that stream's queued
-/// work has passed the free, from the end of its block farthest from the request (where
-/// the stream's next requests land least): it is mapped at its new place at once (later
-/// work on the stream is ordered after the free), and its old mapping goes once the stream
-/// has passed the last free over that page. So physical memory
-/// freed anywhere is never stranded behind a fragmented address range, nothing moves, and the memory reserved
-/// stays close to the most the program ever had in use: the fragmentation of a caching allocator does not add
-/// to it. Pages it gives up (trim_to(), the release threshold) go back to the chunk pool,
-/// where growable buffers, vectors and other resources take them.
+/// Reuse and stitching. A freed block is reused at once by its stream with its pages
+/// mapped; a small block of a size asked for before waits in a quick bin for the next such
+/// request (design note, "Quick bins"). A request goes where it needs the fewest pages to
+/// be mapped (design note, "Placement"). When it needs pages and none is spare, the
+/// resource unmaps an idle page (no block holds it, its streams have passed) anywhere in
+/// any arena and maps its memory where it is needed ("stitching"), before it creates any;
+/// each small page stitched teaches it to keep one idle page more, up to
+/// memory_resource_properties::headroom of the most in use. A page that only blocks freed
+/// on the allocating stream hold is lent to that stream's next request at once; its old
+/// mapping goes once the stream has passed the last free over it (design note,
+/// "Lending"). Idle pages of one page size are given back to be made in the other. The
+/// host waits for a stream only where the memory bound needs it, and each wait is counted
+/// (statistics().host_waits; design note, "Waits"). So free memory is never stranded behind
+/// a fragmented address range and the reserved memory stays close to the most ever in use.
+/// Pages given up (trim_to(), the release threshold) go back to the chunk pool.
 ///
 /// Stream order, with the meaning of cudaFreeAsync: memory freed on a stream is reused at
-/// once by that stream (its later work is ordered after the free); another stream gets it
-/// only when the reuse policies allow (reuse_policies). Every few frees the resource
-/// records an event on the freeing stream; blocks freed before an event that has passed
-/// become free for every stream. Nothing is unmapped while queued work may use it: a page
-/// is taken away only when every block that held it has passed its stream.
+/// once by that stream; another stream gets it only when the reuse policies allow
+/// (reuse_policies). Every few frees the resource records an event on the freeing stream;
+/// blocks freed before an event that has passed become free for every stream. Nothing is
+/// unmapped while queued work may use it.
 ///
 /// Threads: thread-safe. Allocations and frees on different streams take different locks
-/// (one per arena); only mapping or taking pages, which calls the driver anyway, takes the
-/// resource's own lock.
+/// (one per arena); only mapping or taking pages takes the resource's own lock.
 ///
-/// Sleep and wake (what vLLM's sleep mode does, on the resource itself). Allocations carry a
-/// tag (allocation_tag; 0 unless given). sleep(offload) copies the bytes of the allocations
-/// whose tags are in `offload` (say, weights) to pinned host memory, drops the rest (say, a
-/// KV cache), and unmaps every page, giving its physical memory back to the pool and the
-/// pool's idle memory back to the device, so that another process can use it. wake(tags)
-/// maps fresh physical memory under the allocations of `tags` at the same addresses and
-/// restores what was saved: every pointer, and every captured CUDA graph, stays valid, and
-/// the saved bytes are identical. Unlike a device-wide synchronize, sleep is stream-ordered:
-/// the copies are queued on the stream given (by default the legacy default stream, which
-/// every blocking stream's earlier work precedes) and the pages go once it has passed them;
-/// work on other streams must be ordered before it. A wake that runs out of memory gives
-/// back what it took and says how much was missing; the pinned copies go once restored,
-/// or stay for the next sleep when the wake says so (after_wake::keep_host_copies).
-/// While asleep, allocate() throws and deallocate() refuses (counted): nothing is lost.
+/// Sleep and wake (vLLM's sleep mode, on the resource itself). Allocations carry a tag
+/// (allocation_tag). sleep(offload) copies the allocations whose tags are in `offload` to
+/// host memory (pinned for a GPU), drops the rest, and unmaps every page, giving the memory
+/// back to the device; wake(tags) maps fresh memory at the same addresses and restores the
+/// bytes: every pointer and every captured CUDA graph stays valid. Sleep is stream-ordered
+/// (the copies are queued on the stream given; work on other streams must be ordered before
+/// it). While asleep, allocate() throws and deallocate() refuses (counted): nothing is lost.
 ///
 /// Host memory (the OS provider) works synchronously: freed memory is free for everyone
 /// at once. Every test suite of the resource runs on it in CI.
@@ -137,23 +100,20 @@ struct memory_resource_properties {
   /// turns them off. 0: 16 times the granularity (32 MiB on a GPU) when handle_type is
   /// none, off for exportable memory (vmm::ipc exports pointers page by page in the
   /// granularity). The driver's cost of mapping, granting and unmapping a page hardly
-  /// depends on its size (docs/GPU-FACTS.md), so large blocks, the ones whose layout
-  /// changes most between the steps of a program with changing shapes, move their memory
-  /// for 1/16 of the cost, at the price of up to a large page at each end of a run of them.
+  /// depends on its size, so large blocks, whose layout changes most between the steps of a
+  /// program with changing shapes, move their memory for a fraction of the cost, at the
+  /// price of up to a large page at each end of a run of them (docs/design/memory_resource.md,
+  /// "Two page sizes").
   std::size_t large_page_size = 0;
   /// The most idle memory the resource learns to keep mapped, as a share of the most it
   /// has had in use: each page of the granularity it has to stitch lets it keep one page
   /// more, up to this share, before it stitches again. 0: 1/128 with large pages, 1/8
-  /// without. Larger trades memory for host time: a page stitched costs the host ~70 us on
-  /// an H100, and live training with changing shapes stitches pages every step. With large
-  /// pages, less room than the shapes' swing makes the two page sizes trade memory every
-  /// step (a page given back in one size, one made in the other): live ViT training at
-  /// changing resolutions on an H200 (README, "Measured results", 2026-11-29) traded 1-2 ms of
-  /// host time a step at 1/256 (1.048x native's step, 1.016 reserved / allocated) and nothing
-  /// at 1/128 (0.993x, 1.020); GPT-2 and Llama training 1.003x / 1.013x at 1/128 (1.010-1.015).
-  /// The reserved memory stays under the most in use times 1 + 1/256 + headroom, plus a large
-  /// page where that is at most 1/128 of it, two pages and the rounding of blocks to pages.
-  /// From 0 to 1; properties() gives the share in use.
+  /// without. Larger trades memory for host time (every page stitched is driver calls on
+  /// the allocating thread); with large pages, less room than the swing of a program's
+  /// shapes makes the two page sizes trade memory every step (docs/design/memory_resource.md,
+  /// "Headroom"). The reserved memory stays under the most in use times
+  /// 1 + 1/256 + headroom, plus a large page where that is at most 1/128 of it, two pages and
+  /// the rounding of blocks to pages. From 0 to 1; properties() gives the share in use.
   double headroom = 0;
 };
 
@@ -222,7 +182,8 @@ enum class after_wake {
   give_back_host_copies,
   /// Keep them (pinned) for the next sleep(), which then only copies when they are large
   /// enough: for a program that sleeps and wakes in a loop. Making fresh host memory
-  /// ready is most of a sleep's time (README, "Measured results"). trim_to() and the
+  /// ready is most of a sleep's time (docs/design/memory_resource.md, "Sleep and wake").
+  /// trim_to() and the
   /// destructor give them back; statistics().host_copy_bytes counts them.
   keep_host_copies,
 };

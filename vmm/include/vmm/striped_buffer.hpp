@@ -57,9 +57,9 @@ struct device_stream {
 /// Settings of a striped_buffer.
 struct striped_buffer_options {
   /// round_robin: the bytes of each stripe; contiguous: the unit block boundaries fall on.
-  /// A multiple of every device's allocation granularity; 0: the granularity (2 MiB on
-  /// H100/H200). Large stripes (64 MiB) make faster streaming and fewer handles; small ones
-  /// balance small buffers better.
+  /// A multiple of every device's allocation granularity; 0: the granularity (2 MiB on the
+  /// GPUs of docs/GPU-FACTS.md). Large stripes (64 MiB) make faster streaming and fewer
+  /// handles; small ones balance small buffers better.
   std::size_t stripe_size = 0;
   stripe_mode mode = stripe_mode::round_robin;
   /// Who gets access, one entry per GPU (accessor::device; GPUs holding no stripe may be

@@ -23,8 +23,9 @@ void require_vmm(int ordinal) {
 }
 
 // Fabric handles need more than the device attribute: the process must be able to use an
-// IMEX channel, and only creating one tells. The lent H100/H200s read the attribute as 1
-// and refuse cuMemCreate with CUDA_ERROR_NOT_PERMITTED. Returns "" when fabric handles
+// IMEX channel, and only creating one tells: without a channel the driver reads the
+// attribute as 1 and still refuses cuMemCreate with CUDA_ERROR_NOT_PERMITTED
+// (docs/GPU-FACTS.md, "Capabilities"). Returns "" when fabric handles
 // work, otherwise the reason; any failure falls back to POSIX fds, never throws for it.
 std::string probe_fabric(int ordinal, CUcontext context, CUmemAllocationProp properties) {
   const CUdevice device = driver::device_at(ordinal);

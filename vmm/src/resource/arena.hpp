@@ -65,9 +65,8 @@ struct page_bits {
   // The start s in [low, high] of the run of pages [s, s + n) with the fewest not mapped,
   // and that count (the lowest start on a tie; a run with none missing ends the search).
   // Each word of 64 starts costs a step, and one more for each start where the count
-  // changes (a run of mapped pages begins or ends under the first or the last page). Over
-  // 100,000 pages, runs of 1,536 (this repository's 2-core host, 2026-11-28): none mapped
-  // 6 us, runs of 1-64 pages half mapped 47 us, against 151 / 142 us page by page.
+  // changes (a run of mapped pages begins or ends under the first or the last page): a few
+  // times faster than page by page (docs/design/memory_resource.md, "Placement").
   [[nodiscard]] std::pair<std::size_t, std::size_t> fewest_unmapped(std::size_t low, std::size_t high,
                                                                     std::size_t n) const noexcept;
   // Bit i set: page p + i is not mapped.

@@ -4,13 +4,12 @@
 // still being made.
 //
 // Fresh host memory costs the kernel a zeroed page for every page touched, and pinning it
-// costs the driver per page. Measured on the H100 machine (16 cores, 2026-11-24) for 2 GiB:
-// cuMemCreate of pinned host memory took 420-640 ms whatever the handle size or the number
-// of threads (the driver serialises it), cuMemHostAlloc 1263 ms; anonymous memory advised
-// to use huge pages and touched by 16 threads took 59 ms, and pinning it
-// (cuMemHostRegister) 54 ms, against 39 ms for the copy from the GPU itself
-// (bench/results/h100-2026-11-24-host-pinning.txt). So the memory is mapped here, touched
-// by several threads at once, and pinned through the executor piece by piece.
+// costs the driver per page. The driver's own pinned host memory (cuMemCreate on the host
+// NUMA node, cuMemHostAlloc) is made serially by the driver and costs many times the copy
+// from the GPU; anonymous memory advised to use huge pages, touched by several threads and
+// pinned with cuMemHostRegister costs about the copy (docs/design/memory_resource.md, "Sleep
+// and wake"). So the memory is mapped here, touched by several threads at once, and pinned
+// through the executor piece by piece.
 
 #include <cstddef>
 #include <functional>

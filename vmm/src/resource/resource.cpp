@@ -1,5 +1,6 @@
 // The memory resource: streams, arenas, and the slow path that maps and stitches pages.
-// The design is in vmm/memory_resource.hpp; the bookkeeping of one arena in arena.hpp.
+// The design is in vmm/memory_resource.hpp and docs/design/memory_resource.md; the
+// bookkeeping of one arena in arena.hpp.
 //
 // Locks. Each arena has a mutex; an allocation or a free on a stream takes only the mutex
 // of the arena it lands in (fast path: a block whose pages are mapped). Everything that
@@ -596,10 +597,9 @@ std::uint64_t resource_state::stitch_limit() const noexcept {
   // page (large_page_room), and the headroom learned (up to
   // memory_resource_properties::headroom of the most in use: by default 1/8; 1/128 when the
   // blocks whose layout moves most, the large ones, have large pages, which move for 1/16 of
-  // the cost). The fixed 1/256 rather than 1/128: on the five traces of bench/data replayed with no
-  // lag, reserved / live 1.0079-1.0083 instead of 1.0079-1.0125, for 0-5 % more pages moved
-  // or made (up to 40 % more on gpt2_from_start with the device 500 events behind); further
-  // behind, the headroom is not what decides (vmm-replay --lag, 2026-11-24).
+  // the cost). The edges get a fixed 1/256 rather than more: it holds the replays of
+  // bench/data closer to their peak for a few more pages moved or made
+  // (docs/design/memory_resource.md, "Headroom").
   const std::uint64_t high = most_in_use();
   const auto most_headroom =
       static_cast<std::uint64_t>(static_cast<long double>(high) * properties_.headroom);
@@ -611,12 +611,7 @@ std::uint64_t resource_state::large_page_room(std::uint64_t high) const noexcept
   // past the most in use is less than a large page, the small pages that one request makes
   // cost the large pages a large page, which the next large request makes again from idle
   // small pages, every step. One large page more of room, where it is at most 1/128 of the
-  // most in use, ends that. Replays of bench/data (OS host, two passes, the device 150
-  // events behind), with runs placed where their pages are (choose()): vit released 1,092
-  // pages and stitched 236 -> 3 and 13, reserved / live 1.0083 -> 1.0157; llama_from_start
-  // 1.0080 -> 1.0106, gpt2_from_start 1.0080 -> 1.0096, their pages about as before. Live
-  // quick training on an H200 (2026-11-28, two rounds): vit's slow path 2.8-3.4 -> 1.3-1.5 ms
-  // a step, 1.0157 reserved / allocated either way.
+  // most in use, ends that (docs/design/memory_resource.md, "Two page sizes").
   return large_page_ != page_ && large_page_ <= high / 128 ? large_page_ : 0;
 }
 
@@ -625,14 +620,10 @@ std::uint64_t resource_state::most_in_use() const noexcept {
 }
 
 std::uint64_t resource_state::wait_limit() const noexcept {
-  // 1/128 past the most in use, about where the stitch limit is without learned headroom.
-  // Live quick training on an H200 (torch_allocators.py, 2026-11-28, six runs of each code
-  // in alternating order on one machine), with the wait weighing every page a request makes
-  // (take_pages): llama 1.0081 reserved / allocated in every run (1/64: 1.0142 in three;
-  // the code before, which weighed only the pages past the stitch limit's room: 1.0139-1.0246,
-  // three of six above 1.02), vit 1.0083-1.0088 (1/64: 1.0139-1.0152), for 11-13 host waits
-  // a llama workload instead of 4-6 and 13-21 a vit one instead of 1-4; the steps moved
-  // more between runs than between the codes (llama's median of six 165 ms against 169).
+  // 1/128 past the most in use, about where the stitch limit is without learned headroom,
+  // weighed on every page a request makes (take_pages): a wider limit lets pending pages of
+  // the other size be made again beside themselves; a narrower one waits more often for
+  // little memory (docs/design/memory_resource.md, "Waits").
   const std::uint64_t high = most_in_use();
   return high + high / 128;
 }
@@ -657,12 +648,10 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
                                                            std::size_t count, std::size_t wanted) {
   // Idle pages go from the top of each arena down, the newest arena first. The pages
   // highest up are where a request lands only when nothing lower fits, so moving them
-  // unsettles the least. Measured with vmm-replay on the traces of bench/data (OS host,
-  // 2026-11-23): taking the pages of the smallest free blocks first instead stitched 7893
-  // pages on llama_from_start and ended at 1.129x its peak live bytes, top down 577 pages
-  // and 1.092x; gpt2_from_start went from 1.085x to 1.092x, the other traces stayed equal.
-  // Only pages of the target's size fit it. Moving a large page costs the driver about
-  // what a small one does, so only small pages teach the resource headroom.
+  // unsettles the least; taking the pages of the smallest free blocks first stitches more
+  // and reserves more (docs/design/memory_resource.md, "Stitching"). Only pages of the
+  // target's size fit it. Moving a large page costs the driver about what a small one does,
+  // so only small pages teach the resource headroom.
   std::vector<shared_chunk> stolen;
   const std::size_t size = target.page_size();
   const auto skip = [&](const arena& a, std::size_t p) {
@@ -696,11 +685,8 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
         // Whole pages of the block, from its end farthest from the target: the stream's
         // next requests land next to this one (the rest of a block it was carved from, or
         // the run a growing tensor leaves below), where a page lent away would make them
-        // wait for the stream or move pages again. Replays of bench/data (OS host, two
-        // passes, the device 150-5,000 events behind), against lending from each block's
-        // start: pages stitched 12,220 -> 7,817 on gpt2_dynamic, 12,608-12,660 -> 8,171-8,185
-        // on gpt2_from_start, 7,278-10,767 -> 5,946-6,246 on llama_from_start, 1,575-1,619 ->
-        // 1,304-1,359 on vit; reserved / live unchanged (1.0072-1.0083).
+        // wait for the stream or move pages again (docs/design/memory_resource.md,
+        // "Lending").
         const std::size_t low = (b->offset + size - 1) / size;
         const std::size_t high = b->end() / size;
         const bool below = &a == &target && high <= first;
@@ -710,10 +696,7 @@ std::vector<shared_chunk> resource_state::steal_idle_pages(const arena& target, 
           // The last free over the page, not the block's newest, must be behind a recorded
           // point, for the old mapping to wait for: a block freed just now takes in the
           // blocks freed before it, and a request that needs the lent page's address again
-          // waits only for the work before its own free. Replays of bench/data (OS host, two
-          // passes), the device 150 / 1,000 events behind: host waits 112 -> 6 on
-          // gpt2_dynamic, 113-114 -> 9-10 on gpt2_from_start, 158 / 210 -> 129 / 144 on
-          // llama_from_start; pages and memory as before.
+          // waits only for the work before its own free, not for the whole block's.
           const std::uint64_t epoch = a.freed_epoch(p, record, b->epoch);
           if (!point_after(record, epoch)) return stolen;
           took();
@@ -959,13 +942,8 @@ resource_state::choice resource_state::choose(arena& a, free_index& index, std::
     // pages to map: a large free block (the top of an arena, where the largest blocks of a
     // step come and go) holds the pages of the blocks freed in it where they lay, and a
     // request a little larger or smaller than one of them takes those pages where they are
-    // instead of moving them from the block's start. Replays of bench/data (OS host, two
-    // passes, the device 25 / 1,000 events behind): pages stitched 7,817 -> 48 on
-    // gpt2_dynamic, 8,167-8,177 -> 2,010 / 247 on gpt2_from_start, 1,353-1,993 -> 258-320 on
-    // vit, 6,071-6,285 -> 2,741-5,206 on llama_from_start; reserved / live as before or
-    // lower. Live quick training on an H200 (2026-11-28, two rounds): gpt2's slow path 4.5-5.4
-    // -> 0.5-1.1 ms a step, its host waits 5 -> 2. Linear in the block's pages that have been
-    // held, as is mapping one.
+    // instead of moving them from the block's start (docs/design/memory_resource.md,
+    // "Placement"). Linear in the block's pages that have been held, as is mapping one.
     if (unmapped != 0 && b->size >= size + a.page_size())
       if (const auto [start, fewest] = a.fewest_unmapped(b->offset, b->end(), size); fewest < unmapped)
         if (const std::size_t there = pages_to_map(start); there < unmapped) {
@@ -1021,10 +999,8 @@ bool resource_state::point_after(stream_record& record, std::uint64_t epoch) {
   record_point(record);  // returns without one only where the stream has all it may have
   if (epoch < record.epoch.load()) return true;
   // Without a point the pages could neither be lent nor waited for, and the request would
-  // make new ones: with the device 2,000-5,000 events behind, the replays of llama_from_start
-  // reserved 1.0103-1.0269x its peak and gpt2_from_start's up to 1.0096x, where this wait
-  // holds both at 1.0080 (with every block of small pages allowed into mapped large pages,
-  // 1.09-1.12x instead of 1.014-1.016).
+  // make new ones beside them: a program far ahead of its GPU would reserve well past its
+  // peak (docs/design/memory_resource.md, "Waits").
   ++host_waits_;
   {
     const timed_into timer(host_wait_time_);
@@ -1183,13 +1159,8 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
     // mapped, in its own arenas or else in those of large pages, before any page is moved
     // or made: the memory that large blocks (activations of changing shapes) free from step
     // to step then serves it where it is, instead of going back to the device in large pages
-    // while small ones are made again. Replays of bench/data (OS host, two passes, the device
-    // 0-5,000 events behind), the driver's work (pages created, stitched and released, each
-    // at its cost on an H200): llama_from_start 40-49 % less, vit 16-39 %, gpt2_from_start
-    // 2-18 %, the other gpt2 traces 4-6 %; reserved / live 1.0037-1.0090 (1.0080-1.0083
-    // before). From a quarter of a large page, llama_from_start's work fell by 2/3 but
-    // small blocks held large pages for little: 1.0284 with the device 25 events behind,
-    // and vit 1.0194 in live training on an H200.
+    // while small ones are made again. Smaller requests would hold large pages for little
+    // (docs/design/memory_resource.md, "Two page sizes").
     if (kind == 1 && large_limit_ != ~std::uint64_t{0} && size >= large_page_)
       for (const std::size_t k : {std::size_t{1}, std::size_t{2}})
         if (const choice c = mapped_run(entry, k, size, alignment, sync); c.b != nullptr)
@@ -1268,8 +1239,8 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
     const std::uint64_t size = b->size;
     // Small blocks wait in a quick bin for the next request of their size (arena.hpp). Not
     // larger ones: kept whole, they change where other sizes are placed, and the replays of
-    // bench/data then stitched up to 600 times the pages (gpt2: 3,556-6,018 instead of 10;
-    // vit 1,450-2,167 instead of 916). Small blocks have arenas of their own.
+    // bench/data then stitch far more pages (docs/design/memory_resource.md, "Quick bins").
+    // Small blocks have arenas of their own.
     const bool quick = size < small_limit;
     if (entry == nullptr) {
       if (!(quick && a->keep_quick(b, nullptr, 0))) a->free_released(b);
@@ -1492,7 +1463,7 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
                     needed_bytes, needed.size(), needed_bytes - taken_bytes, error.what()));
   }
   // A pipeline: the pages are mapped and granted a run at a time (the driver's cost is per
-  // handle, 20-40 us each), and the copy of a saved run is queued as soon as every page it
+  // handle), and the copy of a saved run is queued as soon as every page it
   // touches is granted, so that the copies of the first runs overlap the driver's work on
   // the later ones. `copies`: each waking saved run, after how many of `needed` must be
   // granted before it is copied (0: every page it touches stayed mapped).
@@ -1571,9 +1542,10 @@ void resource_state::give_back_host_copies() {
     return;
   }
   // Pinned copies go back to the system on a thread of their own: unpinning and unmapping
-  // them costs about as much as the rest of the wake (40-65 ms for 2 GiB on an H100), and
-  // nothing waits for it. The next sleep() and the destructor wait for it. The thread holds
-  // what it uses (the copies use the executor, a static): it may outlive the resource.
+  // them costs about as much as the rest of the wake (docs/design/memory_resource.md,
+  // "Sleep and wake"), and nothing waits for it. The next sleep() and the destructor wait for
+  // it. The thread holds what it uses (the copies use the executor, a static): it may outlive
+  // the resource.
   wait_for_host_release();
   host_releases_running& running = host_releases_running::instance();
   running.add(this);

@@ -9,8 +9,9 @@
 ///     sent = exporter.export_growth(buffer, sent.description);
 ///     vmm::ipc::send_manifest(socket, sent);                 // only the new chunks travel
 ///
-/// Export cost and the cache. The first cuMemExportToShareableHandle of a physical handle
-/// costs the driver 570-720 us; a later export of the same handle 15-19 us (docs/GPU-FACTS.md).
+/// Export cost and the cache. The driver's first cuMemExportToShareableHandle of a physical
+/// handle costs many times a later export of the same handle (docs/GPU-FACTS.md, "Per-call
+/// costs").
 /// An exporter therefore exports each chunk once and keeps the resulting fd (or fabric
 /// handle); every later manifest that names the chunk gets a dup of the cached fd (about a
 /// microsecond), so sharing a buffer again, with the same or another importer, costs no

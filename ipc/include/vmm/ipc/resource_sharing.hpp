@@ -18,59 +18,29 @@
 ///                                                        q.reset();   // unmapped once t passes
 ///     pool.deallocate(s, p, n);   // after B let go (a hand-off says when: vmm/ipc/handoff.hpp)
 ///
-/// Design. A memory_resource carves allocations out of a few large address ranges (its
-/// arenas) and maps physical pages (one granule each) only under the bytes blocks use; an
-/// allocation shares the pages at its ends with its neighbours. The importer mirrors the
-/// exporter's layout: for each arena it has seen a pointer in (a "segment"), it reserves an
-/// address range of the arena's size (lazily, on the first pointer in it) and maps each page
-/// at the page's own offset in the arena. So a pointer travels as (segment, offset, bytes)
-/// and lands at mirror_base + offset, with the same byte offsets within its pages as in the
-/// exporter. A page is mapped once however many imported pointers cover it (it is counted),
-/// and is unmapped when the last of them lets go: in stream order, after the streams those
-/// pointers were used on (vmm/retirement.hpp), so that the exporter can trim and the
-/// physical memory is really given back once the importers let go. When a segment maps
-/// nothing any more its reservation is freed too: an importer that let go of everything
-/// holds no address range, handle or mapping of the exporter's.
+/// Design (docs/design/resource_sharing.md). The importer mirrors the exporter's layout: for
+/// each arena of the resource it has seen a pointer in (a "segment") it reserves, on the first
+/// pointer there, a range of the arena's size and maps each page at the page's own offset.
+/// So a pointer travels as (segment, offset, bytes) and lands at mirror_base + offset. A page
+/// is mapped once however many imported pointers cover it, and unmapped in stream order when
+/// the last of them lets go (vmm/retirement.hpp); a segment that maps nothing any more frees
+/// its range. export_pointer() sends every page of the pointer, each with the exporter's page
+/// id (unique for the life of the exporter's physical page), so that an importer never
+/// mistakes other memory at a page's offset for what it maps there; each page's handle is
+/// exported once (vmm::ipc::exporter's cache).
 ///
-/// What travels. export_pointer() sends every page of the pointer, those the importer maps
-/// already included: the exporter cannot know what an importer still maps without being
-/// told, and a page sent twice costs the importer only a close(). Each page carries the
-/// exporter's number for it (a page id, unique for the life of the exporter's physical
-/// page), so that an importer never mistakes other memory at a page's offset for what it
-/// maps there: after the exporter frees an allocation and the resource reuses or stitches
-/// its pages, a page offset may name other physical memory. Each page's handle is exported
-/// once (vmm::ipc::exporter's cache), so sharing the pointers of a working set again costs
-/// no driver call on the exporting side.
+/// Descriptors. On the POSIX-fd path every page travels as a descriptor, and the exporter's
+/// cache keeps one per page it ever exported until the resource gives the page up (purge()):
+/// raise RLIMIT_NOFILE for pointers of thousands of pages, as for vmm::ipc::exporter.
 ///
-/// Descriptors. On the POSIX-fd path every page travels as a descriptor: a pointer of n
-/// pages holds n descriptors in flight on each side while it is sent and imported, and the
-/// exporter's cache keeps one per page it ever exported until the resource gives the page
-/// up (purge()). A pointer of 4 GiB in 2 MiB pages is 2048 of them: raise RLIMIT_NOFILE
-/// for pointers of thousands of pages, as for vmm::ipc::exporter.
-///
-/// Keeping let-go pages (resource_import_options::keep_mapped_bytes). Importing a page
-/// costs a driver call (cuMemImportFromShareableHandle, about 50 µs a 2 MiB page on an
-/// H100) and a mapping; an importer that takes the same allocations again and again (a
-/// pointer exported anew every step) pays that each time, where a cudaMemPool import
-/// costs ~2 µs because the imported pool stays mapped. With a bound set, a page no imported
-/// pointer uses any more stays imported, mapped and accessible (a cached page) while the
-/// cached pages fit the bound; a pointer that arrives with the same page (the same page id)
-/// takes it back with no driver call. Beyond the bound the least recently let-go pages are
-/// unmapped and released as without a cache, in stream order: a cached page keeps the
-/// points of the streams that used it, and goes once they have passed. A cached page whose
-/// offset arrives with another page id (the exporter freed that allocation and put other
-/// memory there) is retired the same way and the new page imported. trim() gives every
-/// cached page back; destroying the imported_resource does, and pointers that outlive it
-/// let go as with no cache. The cost: while the importer caches a page it holds the page's
-/// handle, so the exporter cannot give that physical memory back to its device (its
-/// trim_to() frees its own share only) — exactly as with a cudaMemPool IPC import, whose
-/// importer keeps the pool's memory mapped. How much to keep is the user's choice.
-///
-/// Unlike cudaMemPool IPC. The exporter's resource keeps every feature while it is shared:
-/// it allocates, frees, stitches and trims as before (trim_to(), the release threshold),
-/// and the pages it gives up go back to its chunk pool; the physical memory lives on only
-/// in importers that still map it, and goes when they let go. An importer cannot allocate
-/// from an imported resource (allocate() says so), as with cudaMemPool.
+/// Keeping let-go pages (resource_import_options::keep_mapped_bytes). With a bound set, a
+/// page no imported pointer uses any more stays imported and mapped while the cached pages fit
+/// the bound, and a pointer that arrives with the same page id takes it back with no driver
+/// call; beyond the bound the least recently let-go pages go, in stream order. While cached,
+/// the exporter cannot give that memory back to its device (as with a cudaMemPool IPC
+/// import). The exporter's resource keeps every feature while shared (it allocates, frees,
+/// stitches and trims); an importer cannot allocate. Reasons and costs:
+/// docs/design/resource_sharing.md.
 ///
 /// The rule both sides rely on, as with cudaMemPool IPC: the exporter frees an allocation
 /// only after every importer has let go of it (imported_pointer::reset(), in stream order;
@@ -79,38 +49,13 @@
 /// importer notices where it can (a page id that differs from the page it maps at that
 /// offset, while a pointer it holds still uses that page) and refuses the import.
 ///
-/// Wire format, version 1. Fixed layout, every integer little-endian, no padding.
-///
-///   resource message (send_resource), 32 bytes, no fds
-///    off size field
-///      0   4  magic          "VMMR" (0x524d4d56 read as a little-endian u32)
-///      4   2  version        1
-///      6   1  grant          the most access an importer may map: 1 read-only, 2 read-write
-///      7   1  location kind  0 device, 1 pinned host, 2 os host
-///      8   4  location id    device ordinal (>= 0; 0 for os host)
-///     12   4  reserved       0
-///     16   8  resource id    names the exported resource; non-zero
-///     24   8  granularity    the exporter's page size: a power of two >= 4096
-///
-///   pointer message (send_pointer), 48 bytes + 8 per page, no fds, then a manifest
-///      0   4  magic          "VMMP" (0x504d4d56)
-///      4   2  version        1
-///      6   2  reserved       0
-///      8   8  resource id    as in the resource message
-///     16   4  segment        the exporter's arena: < max_segments
-///     20   4  page count     the pages [offset, offset + bytes) touches, at most
-///                            max_manifest_chunks
-///     24   8  segment size   the arena's size: a non-zero multiple of the granularity
-///     32   8  offset         of the pointer in the arena
-///     40   8  bytes          of the pointer: non-zero; offset + bytes <= segment size
-///     48   8 × page count    page ids, non-zero, in address order
-///   The manifest (vmm/ipc/manifest.hpp, sent by send_manifest) lists the pages: a whole
-///   manifest whose buffer id is the resource id, whose max size is the segment size and
-///   whose base offset is the first page's offset in the arena, with one chunk of one
-///   granule per page, carrying their fds (or fabric handles).
-/// The receiver checks every byte, then the manifest against the pointer message and the
-/// resource; anything that does not hold is a vmm::ipc::protocol_error (a
-/// vmm::ipc::bad_manifest for the manifest itself), with nothing mapped and every fd closed.
+/// Wire format, version 1: a resource message (32 bytes, "VMMR") and, per pointer, a pointer
+/// message (48 bytes and 8 per page id, "VMMP") followed by a whole manifest of its pages
+/// (vmm/ipc/manifest.hpp); every integer little-endian, no padding. The layout, field by field,
+/// is in docs/design/resource_sharing.md, "Wire format". The receiver checks every byte, then
+/// the manifest against the pointer message and the resource; anything that does not hold is
+/// a vmm::ipc::protocol_error (a vmm::ipc::bad_manifest for the manifest itself), with
+/// nothing mapped and every fd closed.
 
 #include <vmm/ipc/exporter.hpp>
 #include <vmm/ipc/fd_channel.hpp>
