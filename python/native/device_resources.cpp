@@ -25,6 +25,8 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -77,6 +79,45 @@ library_state& library() {
 }
 
 thread_local std::uint32_t thread_tag = 0;
+
+// The history (record_history). `recording` is read on every allocation and free without
+// the mutex: only a recording process pays for the lock.
+struct history_book {
+  std::atomic<bool> recording{false};
+  std::mutex mutex;
+  std::deque<history_event> events;
+  std::size_t max_entries = 0;
+  history_context_hook hook = nullptr;
+};
+
+history_book& book() {
+  static auto* const kept = new history_book();  // never destroyed, as the resources
+  return *kept;
+}
+
+void record(bool allocate, int device, std::uintptr_t ptr, std::size_t size, CUstream_st* stream) noexcept {
+  history_book& history = book();
+  if (!history.recording.load(std::memory_order_relaxed)) return;
+  try {
+    history_event event;
+    event.allocate = allocate;
+    event.device = device;
+    event.tag = thread_tag;
+    event.ptr = ptr;
+    event.size = size;
+    event.stream = reinterpret_cast<std::uintptr_t>(stream);
+    event.time_ns = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+    std::lock_guard lock(history.mutex);
+    if (!history.recording.load(std::memory_order_relaxed)) return;
+    if (history.hook != nullptr) event.context = history.hook();
+    if (history.events.size() == history.max_entries) history.events.pop_front();
+    history.events.push_back(std::move(event));
+  } catch (...) {
+    // No memory for the event: the history misses it, the allocation or free stands.
+  }
+}
 
 // vmm reports what its noexcept paths could not do (a refused free, say) through this
 // handler: the message is kept (last_error.hpp) and passed on.
@@ -199,7 +240,9 @@ void* allocate(std::size_t size, int device, CUstream_st* stream) {
   device_state& state = device_at(device);
   if (size == 0) return nullptr;
   try {
-    return allocate_uncounted(size, device, state, stream);
+    void* ptr = allocate_uncounted(size, device, state, stream);
+    record(true, device, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
+    return ptr;
   } catch (const std::bad_alloc&) {
     state.out_of_memory.fetch_add(1, std::memory_order_relaxed);
     throw;
@@ -215,6 +258,9 @@ void deallocate(void* ptr, std::size_t size, int device, CUstream_st* stream) {
   vmm::memory_resource* resource = state.resource.load(std::memory_order_acquire);
   if (resource == nullptr)
     throw vmm::invalid_argument("the device has no vmm resource, so the pointer is not vmm's; nothing freed");
+  // A pointer that is not the resource's is refused by deallocate (and counted), not recorded.
+  if (book().recording.load(std::memory_order_relaxed) && resource->owns(ptr))
+    record(false, device, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
   {
     gate_pass pass(state);
     if (pass.open()) {
@@ -352,6 +398,26 @@ std::vector<int> devices() {
       result.push_back(device);
   }
   return result;
+}
+
+void record_history(bool enabled, std::size_t max_entries, history_context_hook hook) {
+  history_book& history = book();
+  std::lock_guard lock(history.mutex);
+  if (!enabled) {
+    history.recording.store(false);
+    return;
+  }
+  if (max_entries == 0) throw vmm::invalid_argument("max_entries is 0: a history keeps at least one event");
+  history.events.clear();
+  history.max_entries = max_entries;
+  history.hook = hook;
+  history.recording.store(true);
+}
+
+std::vector<history_event> history() {
+  history_book& kept = book();
+  std::lock_guard lock(kept.mutex);
+  return {kept.events.begin(), kept.events.end()};
 }
 
 std::string name_of(int device) {

@@ -100,6 +100,32 @@ void wake(int device, std::span<const std::uint32_t> tags, bool keep_host_copies
 /// The devices that have a resource, ascending.
 [[nodiscard]] std::vector<int> devices();
 
+/// One allocation or free recorded while the history is on (record_history()).
+struct history_event {
+  bool allocate = false;  ///< an allocation, or a free (requested: it completes in stream order)
+  int device = 0;
+  std::uint32_t tag = 0;
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;
+  std::uintptr_t stream = 0;  ///< the CUstream, 0 for the default stream
+  std::uint64_t time_ns = 0;  ///< std::chrono::system_clock, since the epoch
+  std::string context;        ///< what the context hook returned (the caller's stack), or empty
+};
+
+/// Called on the allocating or freeing thread for each recorded event, to describe its
+/// caller (the Python module gives the Python stack). Must not throw.
+using history_context_hook = std::string (*)() noexcept;
+
+/// Starts recording (clearing what was recorded) with at most `max_entries` events kept
+/// (the oldest dropped first), or stops (enabled false; what was recorded stays). `hook`
+/// may be null.
+/// @throws vmm::invalid_argument max_entries is 0 while enabling.
+void record_history(bool enabled, std::size_t max_entries, history_context_hook hook);
+
+/// The events recorded, oldest first.
+/// @throws std::bad_alloc no memory for the copy.
+[[nodiscard]] std::vector<history_event> history();
+
 /// How messages name `device`: "gpu N", or "device N (host memory, for tests)".
 [[nodiscard]] std::string name_of(int device);
 

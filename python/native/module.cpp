@@ -7,6 +7,7 @@
 // statistics are a class with a field per figure, and arguments are converted (and refused
 // with the argument's name) by pybind11.
 
+#include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -74,6 +75,54 @@ void register_exceptions(py::module_& m) {
       PyErr_SetString(types().error, error.what());
     }
   });
+}
+
+// The Python stack of the calling thread, one "file\tline\tfunction" line per frame,
+// innermost first; empty on a thread that does not hold the GIL (torch's autograd threads
+// allocate without it) or while the interpreter is not running.
+std::string python_stack() noexcept {
+  if (Py_IsInitialized() == 0 || PyGILState_Check() == 0) return {};
+  std::string text;
+  try {
+    PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+    Py_XINCREF(frame);
+    while (frame != nullptr) {
+      PyCodeObject* code = PyFrame_GetCode(frame);
+      const char* file = PyUnicode_AsUTF8(code->co_filename);
+      const char* name = PyUnicode_AsUTF8(code->co_name);
+      if (file == nullptr || name == nullptr) PyErr_Clear();
+      text += fmt::format("{}\t{}\t{}\n", file != nullptr ? file : "?", PyFrame_GetLineNumber(frame),
+                          name != nullptr ? name : "?");
+      Py_DECREF(code);
+      PyFrameObject* back = PyFrame_GetBack(frame);
+      Py_DECREF(frame);
+      frame = back;
+    }
+  } catch (...) {
+    // No memory for the text: what was written stays.
+  }
+  return text;
+}
+
+void bind_history(py::module_& m) {
+  using event = vmm_python::history_event;
+  py::class_<event>(m, "HistoryEvent", "An allocation or a free recorded by record_history().")
+      .def_readonly("allocate", &event::allocate)
+      .def_readonly("device", &event::device)
+      .def_readonly("tag", &event::tag)
+      .def_readonly("ptr", &event::ptr)
+      .def_readonly("size", &event::size)
+      .def_readonly("stream", &event::stream)
+      .def_readonly("time_ns", &event::time_ns)
+      .def_readonly("context", &event::context);
+  m.def(
+      "record_history",
+      [](bool enabled, std::size_t max_entries, bool python_stacks) {
+        vmm_python::record_history(enabled, max_entries, python_stacks ? &python_stack : nullptr);
+      },
+      py::arg("enabled"), py::arg("max_entries"), py::arg("python_stacks"),
+      "Starts (clearing) or stops recording every allocation and free of the resources.");
+  m.def("history", &vmm_python::history, "The recorded events, oldest first.");
 }
 
 void bind_resources(py::module_& m) {
@@ -155,5 +204,6 @@ PYBIND11_MODULE(_vmm, m) {
   m.attr("__version__") = VMM_VERSION;
   register_exceptions(m);
   bind_resources(m);
+  bind_history(m);
   vmm_python::bind_buffers(m);
 }
