@@ -19,6 +19,7 @@
 #include "bindings.hpp"
 #include "device_resources.hpp"
 #include "last_error.hpp"
+#include "vmm/byte_size.hpp"
 #include "vmm/error.hpp"
 #include "vmm_torch.h"
 
@@ -195,6 +196,10 @@ void bind_resources(py::module_& m) {
   m.def("last_error", &vmm_python::last_error, "The latest message of the C interface ('' when none).");
   m.def("clear_last_error", &vmm_python::clear_last_error);
   m.attr("max_devices") = vmm_python::max_devices;
+  m.def("parse_byte_size", &vmm::parse_byte_size, py::arg("text"),
+        "Bytes of 4096, 64M, 64MiB, 1.5G, ... (vmm::parse_byte_size); refuses a bad text naming why.");
+  m.def("format_byte_size", &vmm::format_byte_size, py::arg("bytes"),
+        "`bytes` in the largest binary unit, as parse_byte_size reads it back.");
 }
 
 }  // namespace
