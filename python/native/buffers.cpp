@@ -41,13 +41,14 @@ vmm::location parse_location(std::string_view text) {
     const std::string_view number = text.substr(colon + 1);
     const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), id);
     if (number.empty() || error != std::errc() || end != number.data() + number.size() || id < 0)
-      throw vmm::invalid_argument(fmt::format("location \"{}\": \"{}\" is not a device or node number", text, number));
+      throw vmm::invalid_argument(
+          fmt::format("location \"{}\": \"{}\" is not a device or node number", text, number));
   }
   if (kind == "os_host" && colon == std::string_view::npos) return vmm::location::os_host();
   if (kind == "pinned_host") return vmm::location::pinned_host(id);
   if (kind == "cuda") return vmm::location::device(id);
-  throw vmm::invalid_argument(
-      fmt::format("location \"{}\" is not one of \"os_host\", \"pinned_host[:NODE]\", \"cuda[:ORDINAL]\"", text));
+  throw vmm::invalid_argument(fmt::format(
+      "location \"{}\" is not one of \"os_host\", \"pinned_host[:NODE]\", \"cuda[:ORDINAL]\"", text));
 }
 
 std::string name_of(const vmm::location& where) {
@@ -117,7 +118,8 @@ void delete_unused_capsule(PyObject* capsule) noexcept {
 // A capsule over [data, data + product(shape) * bits / 8) of `owner`'s memory.
 py::capsule dlpack_capsule(py::object owner, std::uintptr_t data, const std::vector<std::int64_t>& shape,
                            std::uint8_t code, std::uint8_t bits, std::pair<int, int> device) {
-  if (bits == 0 || bits % 8 != 0) throw vmm::invalid_argument(fmt::format("bits {} is not a whole number of bytes", bits));
+  if (bits == 0 || bits % 8 != 0)
+    throw vmm::invalid_argument(fmt::format("bits {} is not a whole number of bytes", bits));
   for (const std::int64_t extent : shape)
     if (extent < 0) throw vmm::invalid_argument(fmt::format("shape has a negative extent {}", extent));
   auto context = std::make_unique<dlpack_context>();
@@ -142,7 +144,8 @@ py::capsule dlpack_capsule(py::object owner, std::uintptr_t data, const std::vec
 }  // namespace
 
 void bind_buffers(py::module_& m) {
-  py::class_<python_buffer>(m, "GrowableBuffer", py::buffer_protocol(), R"(Bytes that grow at a stable address.
+  py::class_<python_buffer>(m, "GrowableBuffer", py::buffer_protocol(),
+                            R"(Bytes that grow at a stable address.
 
 GrowableBuffer(location="os_host", max_size=0): an address range of max_size bytes (0: the
 location's memory) on "os_host" (host memory from the OS), "pinned_host[:NODE]" or
@@ -156,24 +159,28 @@ new size, which no view may read afterwards.)")
            }),
            py::arg("location") = "os_host", py::arg("max_size") = 0)
       .def(
-          "resize", [](python_buffer& self, std::size_t bytes, std::uintptr_t stream) {
+          "resize",
+          [](python_buffer& self, std::size_t bytes, std::uintptr_t stream) {
             self.buffer.resize(bytes, stream_of(stream));
           },
           py::arg("bytes"), py::arg("stream") = 0, "Sets the size; the address stays.")
       .def(
-          "reserve", [](python_buffer& self, std::size_t bytes, std::uintptr_t stream) {
+          "reserve",
+          [](python_buffer& self, std::size_t bytes, std::uintptr_t stream) {
             self.buffer.reserve(bytes, stream_of(stream));
           },
           py::arg("bytes"), py::arg("stream") = 0, "Maps at least `bytes` without changing the size.")
       .def(
-          "shrink_to_fit", [](python_buffer& self, std::uintptr_t stream) { self.buffer.shrink_to_fit(stream_of(stream)); },
+          "shrink_to_fit",
+          [](python_buffer& self, std::uintptr_t stream) { self.buffer.shrink_to_fit(stream_of(stream)); },
           py::arg("stream") = 0)
       .def_property_readonly("size", [](const python_buffer& self) { return self.buffer.size(); })
       .def("__len__", [](const python_buffer& self) { return self.buffer.size(); })
       .def_property_readonly("capacity", [](const python_buffer& self) { return self.buffer.capacity(); })
       .def_property_readonly("max_size", [](const python_buffer& self) { return self.buffer.max_size(); })
-      .def_property_readonly("data",
-                             [](const python_buffer& self) { return reinterpret_cast<std::uintptr_t>(self.buffer.data()); })
+      .def_property_readonly(
+          "data",
+          [](const python_buffer& self) { return reinterpret_cast<std::uintptr_t>(self.buffer.data()); })
       .def_property_readonly("location", [](const python_buffer& self) { return name_of(self.where); })
       .def(
           "write",
@@ -185,16 +192,18 @@ new size, which no view may read afterwards.)")
                   "write: the buffer is {} memory; copy into it through torch or cupy (from_dlpack)",
                   name_of(self.where)));
             if (offset > self.buffer.size() || bytes > self.buffer.size() - offset)
-              throw vmm::invalid_argument(fmt::format("write: offset {} + {} bytes is past the size {}", offset, bytes,
-                                                      self.buffer.size()));
+              throw vmm::invalid_argument(fmt::format("write: offset {} + {} bytes is past the size {}",
+                                                      offset, bytes, self.buffer.size()));
             std::memcpy(static_cast<std::byte*>(self.buffer.data()) + offset, info.ptr, bytes);
           },
-          py::arg("offset"), py::arg("source"), "Copies a bytes-like object in at `offset` (host memory only).")
+          py::arg("offset"), py::arg("source"),
+          "Copies a bytes-like object in at `offset` (host memory only).")
       .def_buffer([](python_buffer& self) {
         if (!host_readable(self.where))
-          throw py::buffer_error(fmt::format("{} memory has no buffer protocol (the CPU cannot read it): use "
-                                             "__dlpack__ or __cuda_array_interface__",
-                                             name_of(self.where)));
+          throw py::buffer_error(
+              fmt::format("{} memory has no buffer protocol (the CPU cannot read it): use "
+                          "__dlpack__ or __cuda_array_interface__",
+                          name_of(self.where)));
         return py::buffer_info(self.buffer.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(self.buffer.size())}, {1});
       })
@@ -204,15 +213,18 @@ new size, which no view may read afterwards.)")
             const python_buffer& buffer = self.cast<const python_buffer&>();
             const auto data = reinterpret_cast<std::uintptr_t>(buffer.buffer.data());
             const std::vector<std::int64_t> shape{static_cast<std::int64_t>(buffer.buffer.size())};
-            return dlpack_capsule(std::move(self), data, shape, dlpack::uint_code, 8, dlpack_device_of(buffer.where));
+            return dlpack_capsule(std::move(self), data, shape, dlpack::uint_code, 8,
+                                  dlpack_device_of(buffer.where));
           },
           py::arg("stream") = py::none(),
-          "A DLPack capsule of the bytes (uint8, 1-D). Work on the consumer's stream must be ordered after the "
+          "A DLPack capsule of the bytes (uint8, 1-D). Work on the consumer's stream must be ordered after "
+          "the "
           "buffer's by the caller.")
       .def("__dlpack_device__", [](const python_buffer& self) { return dlpack_device_of(self.where); })
       .def_property_readonly("__cuda_array_interface__", [](const python_buffer& self) {
         if (host_readable(self.where))
-          throw py::attribute_error(fmt::format("{} memory has no __cuda_array_interface__", name_of(self.where)));
+          throw py::attribute_error(
+              fmt::format("{} memory has no __cuda_array_interface__", name_of(self.where)));
         py::dict interface;
         interface["shape"] = py::make_tuple(self.buffer.size());
         interface["typestr"] = "|u1";
@@ -227,11 +239,12 @@ new size, which no view may read afterwards.)")
          std::uint8_t bits, int device_type, int device_id) {
         return dlpack_capsule(std::move(owner), data, shape, code, bits, {device_type, device_id});
       },
-      py::arg("owner"), py::arg("data"), py::arg("shape"), py::arg("code"), py::arg("bits"), py::arg("device_type"),
-      py::arg("device_id"),
+      py::arg("owner"), py::arg("data"), py::arg("shape"), py::arg("code"), py::arg("bits"),
+      py::arg("device_type"), py::arg("device_id"),
       "A DLPack capsule over memory that `owner` keeps alive (held until the consumer is done).");
-  m.def("parse_location", [](const std::string& text) { return name_of(parse_location(text)); }, py::arg("location"),
-        "The canonical name of a location; refuses a bad one naming it.");
+  m.def(
+      "parse_location", [](const std::string& text) { return name_of(parse_location(text)); },
+      py::arg("location"), "The canonical name of a location; refuses a bad one naming it.");
 }
 
 }  // namespace vmm_python

@@ -68,7 +68,8 @@ int status_of(outcome result) noexcept {
 }
 
 std::span<const std::uint32_t> tags_of(const std::uint32_t* tags, std::size_t count) {
-  if (count != 0 && tags == nullptr) throw vmm::invalid_argument(fmt::format("vmm_torch: {} tags at NULL", count));
+  if (count != 0 && tags == nullptr)
+    throw vmm::invalid_argument(fmt::format("vmm_torch: {} tags at NULL", count));
   return {tags, count};
 }
 
@@ -82,7 +83,8 @@ extern "C" {
 
 void* vmm_alloc(size_t size, int device, CUstream_st* stream) {
   void* result = nullptr;
-  guarded([&] { result = vmm_python::allocate(size, device, stream); }, [&] { return allocation_name(size, device); });
+  guarded([&] { result = vmm_python::allocate(size, device, stream); },
+          [&] { return allocation_name(size, device); });
   return result;
 }
 
@@ -114,8 +116,11 @@ int vmm_torch_allocate(int device, CUstream_st* stream, size_t size, void** out)
 }
 
 int vmm_torch_configure(size_t max_size, size_t release_threshold, double headroom) {
-  return status_of(guarded([&] { vmm_python::configure({max_size, release_threshold, headroom}); },
-                           [] { return std::string("vmm_torch_configure"); }));
+  return status_of(guarded(
+      [&] {
+        vmm_python::configure({max_size, release_threshold, headroom});
+      },
+      [] { return std::string("vmm_torch_configure"); }));
 }
 
 uint32_t vmm_torch_set_tag(uint32_t tag) {
@@ -136,15 +141,16 @@ int vmm_torch_statistics_of(int device, vmm_torch_statistics* out) {
 }
 
 int vmm_torch_reset_peak(int device) {
-  return status_of(guarded([&] { vmm_python::reset_peak(device); },
-                           [&] { return fmt::format("vmm_torch_reset_peak({})", vmm_python::name_of(device)); }));
+  return status_of(
+      guarded([&] { vmm_python::reset_peak(device); },
+              [&] { return fmt::format("vmm_torch_reset_peak({})", vmm_python::name_of(device)); }));
 }
 
 int vmm_torch_trim(int device, size_t bytes_to_keep) {
   return status_of(guarded([&] { vmm_python::trim(device, bytes_to_keep); },
                            [&] {
-                             return fmt::format("vmm_torch_trim({}, keep {} bytes)", vmm_python::name_of(device),
-                                                bytes_to_keep);
+                             return fmt::format("vmm_torch_trim({}, keep {} bytes)",
+                                                vmm_python::name_of(device), bytes_to_keep);
                            }));
 }
 
@@ -189,8 +195,8 @@ void vmm_torch_clear_last_error(void) {
 }
 
 int vmm_torch_testing_use_host_memory(void) {
-  return status_of(
-      guarded([] { vmm_python::use_host_memory(); }, [] { return std::string("vmm_torch_testing_use_host_memory"); }));
+  return status_of(guarded([] { vmm_python::use_host_memory(); },
+                           [] { return std::string("vmm_torch_testing_use_host_memory"); }));
 }
 
 }  // extern "C"

@@ -106,9 +106,9 @@ void record(bool allocate, int device, std::uintptr_t ptr, std::size_t size, CUs
     event.ptr = ptr;
     event.size = size;
     event.stream = reinterpret_cast<std::uintptr_t>(stream);
-    event.time_ns = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count());
+    event.time_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                   std::chrono::system_clock::now().time_since_epoch())
+                                                   .count());
     std::lock_guard lock(history.mutex);
     if (!history.recording.load(std::memory_order_relaxed)) return;
     if (history.hook != nullptr) event.context = history.hook();
@@ -374,9 +374,11 @@ void wake(int device, std::span<const std::uint32_t> tags, bool keep_host_copies
   vmm::memory_resource* resource = state.resource.load(std::memory_order_acquire);
   std::lock_guard lock(state.mutex);
   if (resource == nullptr || !resource->asleep())
-    throw vmm::invalid_argument("it is not asleep: nothing to wake (vmm.torch.sleep() first); nothing changed");
-  resource->wake(waking, {},
-                 keep_host_copies ? vmm::after_wake::keep_host_copies : vmm::after_wake::give_back_host_copies);
+    throw vmm::invalid_argument(
+        "it is not asleep: nothing to wake (vmm.torch.sleep() first); nothing changed");
+  resource->wake(
+      waking, {},
+      keep_host_copies ? vmm::after_wake::keep_host_copies : vmm::after_wake::give_back_host_copies);
   if (resource->asleep()) return;  // some tags still sleep
   // Every tag is awake: the frees that arrived meanwhile, in the order they came.
   for (const deferred_free& free : state.deferred) resource->deallocate(free.stream, free.ptr, free.size);
@@ -394,7 +396,8 @@ bool asleep(int device) noexcept {
 std::vector<int> devices() {
   std::vector<int> result;
   for (int device = 0; device < max_devices; ++device) {
-    if (library().devices[static_cast<std::size_t>(device)].resource.load(std::memory_order_acquire) != nullptr)
+    if (library().devices[static_cast<std::size_t>(device)].resource.load(std::memory_order_acquire) !=
+        nullptr)
       result.push_back(device);
   }
   return result;

@@ -13,7 +13,14 @@ namespace vmm_python::dlpack {
 enum device_type : std::int32_t { cpu = 1, cuda = 2, cuda_host = 3 };
 
 /// DLDataTypeCode.
-enum type_code : std::uint8_t { int_code = 0, uint_code = 1, float_code = 2, bfloat_code = 4, complex_code = 5, bool_code = 6 };
+enum type_code : std::uint8_t {
+  int_code = 0,
+  uint_code = 1,
+  float_code = 2,
+  bfloat_code = 4,
+  complex_code = 5,
+  bool_code = 6
+};
 
 /// DLDevice.
 struct device {

@@ -163,7 +163,8 @@ void bind_resources(py::module_& m) {
   m.def(
       "deallocate",
       [](std::uintptr_t ptr, std::size_t size, int device, std::uintptr_t stream) {
-        vmm_python::deallocate(reinterpret_cast<void*>(ptr), size, device,  // NOLINT(performance-no-int-to-ptr)
+        vmm_python::deallocate(reinterpret_cast<void*>(ptr), size,
+                               device,  // NOLINT(performance-no-int-to-ptr)
                                stream_of(stream));
       },
       py::arg("ptr"), py::arg("size"), py::arg("device"), py::arg("stream") = 0, "Frees in stream order.");
@@ -177,20 +178,23 @@ void bind_resources(py::module_& m) {
   m.def("use_host_memory", &vmm_python::use_host_memory,
         "For tests: every device from now on is host memory of the OS provider.");
   m.def("uses_host_memory", &vmm_python::uses_host_memory);
-  m.def("set_tag", &vmm_python::set_tag, py::arg("tag"), "Sets the calling thread's tag; returns the previous.");
+  m.def("set_tag", &vmm_python::set_tag, py::arg("tag"),
+        "Sets the calling thread's tag; returns the previous.");
   m.def("current_tag", &vmm_python::current_tag);
   m.def("statistics", &vmm_python::statistics_of, py::arg("device"));
   m.def("reset_peak", &vmm_python::reset_peak, py::arg("device"));
   m.def("trim", &vmm_python::trim, py::arg("device"), py::arg("keep"));
   m.def(
-      "sleep", [](int device, const std::vector<std::uint32_t>& offload) { vmm_python::sleep(device, offload); },
+      "sleep",
+      [](int device, const std::vector<std::uint32_t>& offload) { vmm_python::sleep(device, offload); },
       py::arg("device"), py::arg("offload_tags"), py::call_guard<py::gil_scoped_release>());
   m.def(
       "wake",
       [](int device, const std::vector<std::uint32_t>& tags, bool keep_host_copies) {
         vmm_python::wake(device, tags, keep_host_copies);
       },
-      py::arg("device"), py::arg("tags"), py::arg("keep_host_copies"), py::call_guard<py::gil_scoped_release>());
+      py::arg("device"), py::arg("tags"), py::arg("keep_host_copies"),
+      py::call_guard<py::gil_scoped_release>());
   m.def("asleep", &vmm_python::asleep, py::arg("device"));
   m.def("devices", &vmm_python::devices);
   m.def("last_error", &vmm_python::last_error, "The latest message of the C interface ('' when none).");
