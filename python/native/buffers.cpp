@@ -10,10 +10,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -24,6 +28,10 @@
 #include "dlpack.hpp"
 #include "vmm/error.hpp"
 #include "vmm/growable_buffer.hpp"
+#include "vmm/ipc/exporter.hpp"
+#include "vmm/ipc/importer.hpp"
+#include "vmm/ipc/manifest.hpp"
+#include "vmm/unique_fd.hpp"
 #include "vmm/location.hpp"
 #include "vmm/stream_ref.hpp"
 
@@ -141,6 +149,41 @@ py::capsule dlpack_capsule(py::object owner, std::uintptr_t data, const std::vec
   return py::reinterpret_steal<py::capsule>(capsule);
 }
 
+// The exporter of every buffer this process shares: each chunk is exported once, and its fd
+// cached while the chunk lives (vmm/ipc/exporter.hpp). Never destroyed: a handle may be
+// made while the interpreter shuts down.
+vmm::ipc::exporter& buffer_exporter() {
+  static auto* const kept = new vmm::ipc::exporter();
+  return *kept;
+}
+
+// Another process's buffer (or one of this process's, shared with itself), mapped here.
+struct python_import {
+  vmm::ipc::imported_buffer buffer;
+  vmm::location where;
+  bool read_only = false;
+};
+
+python_import import_shared(const py::bytes& manifest_bytes, const std::vector<int>& fds, bool read_only) {
+  const std::string_view bytes = manifest_bytes;
+  const vmm::ipc::manifest description =
+      vmm::ipc::parse_manifest(std::as_bytes(std::span(bytes.data(), bytes.size())));
+  std::vector<vmm::unique_fd> owned;
+  owned.reserve(fds.size());
+  for (const int fd : fds) {
+    // The handle keeps its own descriptors (it may be opened again): the import gets copies.
+    vmm::unique_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (copy.get() < 0) throw vmm::os_error(errno, fmt::format("fds: cannot duplicate descriptor {}", fd));
+    owned.push_back(std::move(copy));
+  }
+  const bool granted_read_only = description.grant == vmm::access_mode::read_only;
+  vmm::ipc::import_options options;
+  options.access =
+      read_only || granted_read_only ? vmm::access_mode::read_only : vmm::access_mode::read_write;
+  return python_import{vmm::ipc::imported_buffer(description, std::move(owned), options), description.where,
+                       options.access == vmm::access_mode::read_only};
+}
+
 }  // namespace
 
 void bind_buffers(py::module_& m) {
@@ -232,6 +275,44 @@ new size, which no view may read afterwards.)")
         interface["version"] = 3;
         return interface;
       });
+
+  m.def(
+      "share_buffer",
+      [](const python_buffer& self, bool read_only) {
+        vmm::ipc::export_options options;
+        options.grant = read_only ? vmm::access_mode::read_only : vmm::access_mode::read_write;
+        vmm::ipc::exported_manifest sent = buffer_exporter().export_buffer(self.buffer, options);
+        std::vector<int> fds;
+        fds.reserve(sent.fds.size());
+        for (vmm::unique_fd& fd : sent.fds) fds.push_back(fd.release());  // the caller's to close
+        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(sent.bytes.data()), sent.bytes.size()),
+                              fds);
+      },
+      py::arg("buffer"), py::arg("read_only"),
+      "(manifest bytes, fds) of every chunk the buffer maps now (vmm::ipc::exporter); the fds are the "
+      "caller's.");
+
+  py::class_<python_import>(
+      m, "ImportedBuffer", py::buffer_protocol(),
+      "A shared buffer mapped in this process (vmm.open); holds the memory while it lives.")
+      .def(py::init(&import_shared), py::arg("manifest"), py::arg("fds"), py::arg("read_only") = false)
+      .def_property_readonly(
+          "data",
+          [](const python_import& self) { return reinterpret_cast<std::uintptr_t>(self.buffer.data()); })
+      .def_property_readonly("size", [](const python_import& self) { return self.buffer.size(); })
+      .def("__len__", [](const python_import& self) { return self.buffer.size(); })
+      .def_property_readonly("location", [](const python_import& self) { return name_of(self.where); })
+      .def_property_readonly("read_only", [](const python_import& self) { return self.read_only; })
+      .def_buffer([](python_import& self) {
+        if (!host_readable(self.where))
+          throw py::buffer_error(
+              fmt::format("{} memory has no buffer protocol (the CPU cannot read it): use "
+                          "__dlpack__ or __cuda_array_interface__",
+                          name_of(self.where)));
+        return py::buffer_info(self.buffer.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(self.buffer.size())}, {1}, self.read_only);
+      })
+      .def("__dlpack_device__", [](const python_import& self) { return dlpack_device_of(self.where); });
 
   m.def(
       "dlpack_capsule",

@@ -21,6 +21,7 @@
 #include "last_error.hpp"
 #include "vmm/byte_size.hpp"
 #include "vmm/error.hpp"
+#include "vmm/ipc/protocol_error.hpp"
 #include "vmm_torch.h"
 
 namespace py = pybind11;
@@ -74,6 +75,8 @@ void register_exceptions(py::module_& m) {
       PyErr_SetString(types().error, error.what());
     } catch (const vmm::os_error& error) {
       PyErr_SetString(types().error, error.what());
+    } catch (const vmm::ipc::protocol_error& error) {  // bytes from another process: bad input
+      PyErr_SetString(types().invalid_argument, error.what());
     }
   });
 }

@@ -11,13 +11,16 @@ resource under PyTorch (``vmm.torch``) and CuPy (``vmm.cupy``).
 Errors: ``vmm.Error`` (a RuntimeError) for every refused or failed call, with
 ``vmm.OutOfMemoryError`` (also a MemoryError) for memory and ``vmm.InvalidArgumentError``
 (also a ValueError) for bad arguments and settings; the message names what was refused,
-and nothing was changed. Configuration of ``vmm.torch.use()`` by environment variable:
+and nothing was changed. Sharing with another process: ``vmm.share(vector)`` gives a
+handle (file descriptors + a manifest) for multiprocessing or a Unix socket, and
+``vmm.open(handle)`` maps the same physical memory there. Configuration of ``vmm.torch.use()`` by environment variable:
 ``VMM_CONF`` (see ``vmm.torch``). See python/README.md.
 """
 
 from . import _vmm
 from ._vmm import Error, GrowableBuffer, InvalidArgumentError, OutOfMemoryError
 from ._vector import Vector
+from ._sharing import SharedArray, SharedHandle, open, share  # noqa: A004 (vmm.open)
 
 __version__ = _vmm.__version__
 
@@ -27,5 +30,8 @@ __all__ = [
     "InvalidArgumentError",
     "GrowableBuffer",
     "Vector",
+    "SharedHandle",
+    "SharedArray",
+    "share",
     "__version__",
 ]
