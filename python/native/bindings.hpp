@@ -6,7 +6,9 @@
 
 namespace vmm_python {
 
-/// GrowableBuffer (buffer protocol on host memory, DLPack) and the DLPack capsule maker.
+/// Binds GrowableBuffer (buffer protocol on host memory, DLPack), ImportedBuffer and
+/// share_buffer (vmm.share / vmm.open), and the DLPack capsule maker into `m`.
+/// @throws pybind11::error_already_set a binding could not be added.
 void bind_buffers(pybind11::module_& m);
 
 }  // namespace vmm_python
