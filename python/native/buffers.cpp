@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "device_resources.hpp"
 #include "dlpack.hpp"
 #include "vmm/error.hpp"
 #include "vmm/growable_buffer.hpp"
@@ -33,6 +34,7 @@
 #include "vmm/ipc/manifest.hpp"
 #include "vmm/unique_fd.hpp"
 #include "vmm/location.hpp"
+#include "vmm/memory_resource.hpp"
 #include "vmm/stream_ref.hpp"
 
 namespace py = pybind11;
@@ -291,6 +293,27 @@ new size, which no view may read afterwards.)")
       py::arg("buffer"), py::arg("read_only"),
       "(manifest bytes, fds) of every chunk the buffer maps now (vmm::ipc::exporter); the fds are the "
       "caller's.");
+
+  m.def(
+      "share_allocation",
+      [](std::uintptr_t ptr, std::size_t size, int device, bool read_only) {
+        const void* start = reinterpret_cast<const void*>(ptr);  // NOLINT(performance-no-int-to-ptr)
+        const vmm::memory_resource::allocation_pages pages = vmm_python::pages_of(device, start, size);
+        vmm::ipc::export_options options;
+        options.grant = read_only ? vmm::access_mode::read_only : vmm::access_mode::read_write;
+        vmm::ipc::exported_manifest sent = buffer_exporter().export_chunks(pages.pages, options);
+        std::vector<int> fds;
+        fds.reserve(sent.fds.size());
+        for (vmm::unique_fd& fd : sent.fds) fds.push_back(fd.release());  // the caller's to close
+        // The pages travel back to back: the allocation starts this far into the first one.
+        const std::size_t offset = ptr - (pages.arena_base + pages.first_page * pages.page_size);
+        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(sent.bytes.data()), sent.bytes.size()),
+                              fds, offset);
+      },
+      py::arg("ptr"), py::arg("size"), py::arg("device"), py::arg("read_only"),
+      "(manifest bytes, fds, offset) of the pages under a live allocation of a device's resource; the fds "
+      "are "
+      "the caller's.");
 
   py::class_<python_import>(
       m, "ImportedBuffer", py::buffer_protocol(),

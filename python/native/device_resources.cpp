@@ -403,6 +403,21 @@ std::vector<int> devices() {
   return result;
 }
 
+vmm::memory_resource::allocation_pages pages_of(int device, const void* ptr, std::size_t bytes) {
+  const vmm::memory_resource* resource = device_at(device).resource.load(std::memory_order_acquire);
+  if (resource == nullptr)
+    throw vmm::invalid_argument(
+        fmt::format("{} has no vmm resource, so {} is not vmm's", name_of(device), ptr));
+  return resource->pages_of(ptr, bytes);
+}
+
+bool owns(int device, const void* ptr) noexcept {
+  if (device < 0 || device >= max_devices) return false;
+  const vmm::memory_resource* resource =
+      library().devices[static_cast<std::size_t>(device)].resource.load(std::memory_order_acquire);
+  return resource != nullptr && resource->owns(ptr);
+}
+
 void record_history(bool enabled, std::size_t max_entries, history_context_hook hook) {
   history_book& history = book();
   std::lock_guard lock(history.mutex);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "vmm/memory_resource.hpp"
 #include "vmm_torch.h"
 
 namespace vmm_python {
@@ -99,6 +100,15 @@ void wake(int device, std::span<const std::uint32_t> tags, bool keep_host_copies
 
 /// The devices that have a resource, ascending.
 [[nodiscard]] std::vector<int> devices();
+
+/// The physical pages under a live allocation of `device`'s resource, for sharing them
+/// (vmm::memory_resource::pages_of).
+/// @throws vmm::invalid_argument a device out of range or without a resource, or `ptr` is not
+///         a live allocation of `bytes` bytes of it.
+[[nodiscard]] vmm::memory_resource::allocation_pages pages_of(int device, const void* ptr, std::size_t bytes);
+
+/// Whether `ptr` lies in an address range of `device`'s resource (false without a resource).
+[[nodiscard]] bool owns(int device, const void* ptr) noexcept;
 
 /// One allocation or free recorded while the history is on (record_history()).
 struct history_event {

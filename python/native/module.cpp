@@ -199,6 +199,13 @@ void bind_resources(py::module_& m) {
       py::arg("device"), py::arg("tags"), py::arg("keep_host_copies"),
       py::call_guard<py::gil_scoped_release>());
   m.def("asleep", &vmm_python::asleep, py::arg("device"));
+  m.def(
+      "owns",
+      [](int device, std::uintptr_t ptr) {
+        return vmm_python::owns(device,
+                                reinterpret_cast<const void*>(ptr));  // NOLINT(performance-no-int-to-ptr)
+      },
+      py::arg("device"), py::arg("ptr"), "Whether the address is in the device's resource.");
   m.def("devices", &vmm_python::devices);
   m.def("last_error", &vmm_python::last_error, "The latest message of the C interface ('' when none).");
   m.def("clear_last_error", &vmm_python::clear_last_error);

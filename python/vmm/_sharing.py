@@ -34,12 +34,14 @@ class SharedHandle:
     spawn arguments: the descriptors go by SCM_RIGHTS) or send() / receive() on a Unix socket.
     """
 
-    def __init__(self, manifest, fds, dtype="uint8", length=None, read_only=False):
+    def __init__(self, manifest, fds, dtype="uint8", length=None, read_only=False, offset=0, tensor=None):
         self.manifest = bytes(manifest)
         self.fds = list(fds)
         self.dtype = dtype
         self.length = length
         self.read_only = bool(read_only)
+        self.offset = int(offset)  # where the shared bytes start in the mapping
+        self.tensor = tensor  # a torch tensor's dtype, shape, stride and storage offset, or None
 
     def close(self):
         """Closes the descriptors (a receiver that opened the handle keeps its mapping)."""
@@ -54,7 +56,13 @@ class SharedHandle:
             pass
 
     def _meta(self):
-        return {"dtype": self.dtype, "length": self.length, "read_only": self.read_only}
+        return {
+            "dtype": self.dtype,
+            "length": self.length,
+            "read_only": self.read_only,
+            "offset": self.offset,
+            "tensor": self.tensor,
+        }
 
     def send(self, sock):
         """Sends the handle over a connected Unix stream socket (socket.socket or a file number)."""
@@ -95,7 +103,8 @@ class SharedHandle:
             for fd in fds:
                 os.close(fd)
             raise
-        return cls(manifest, fds, header.get("dtype", "uint8"), header.get("length"), header.get("read_only", False))
+        meta = {key: header[key] for key in ("dtype", "length", "read_only", "offset", "tensor") if key in header}
+        return cls(manifest, fds, **meta)
 
     def __reduce__(self):
         raise TypeError(
@@ -142,13 +151,44 @@ def _register():
 _register()
 
 
+def _share_allocation(ptr, size, device, read_only=False, tensor=None):
+    """A handle to the pages under a live allocation of a device's resource (vmm.torch's)."""
+    manifest, fds, offset = _vmm.share_allocation(ptr, size, device, bool(read_only))
+    return SharedHandle(manifest, fds, "|u1", size, read_only, offset, tensor)
+
+
+def _share_tensor(tensor, read_only):
+    if read_only:
+        raise _vmm.InvalidArgumentError("read_only: a torch tensor has no read-only form (DLPack has no such flag)")
+    storage = tensor.untyped_storage()
+    base = storage.data_ptr()
+    device = tensor.device.index if tensor.device.type == "cuda" else None
+    if device is None or not _vmm.owns(device, base):
+        raise _vmm.InvalidArgumentError(
+            f"tensor: its memory ({tensor.device}) is not vmm's: only tensors allocated under vmm.torch.use() are shared"
+        )
+    layout = {
+        "dtype": str(tensor.dtype).replace("torch.", ""),
+        "shape": list(tensor.shape),
+        "stride": list(tensor.stride()),
+        "storage_offset": tensor.storage_offset(),
+    }
+    return _share_allocation(base, storage.nbytes(), device, False, layout)
+
+
 def share(obj, *, read_only=False):
-    """A handle to the physical memory of a vmm.GrowableBuffer or vmm.Vector, for another process.
+    """A handle to the physical memory of a vmm.GrowableBuffer, a vmm.Vector or a torch tensor
+    of vmm's memory (vmm.torch.use()), for another process.
+
+    A tensor's sender keeps it alive while receivers use it (as for torch's CUDA tensors):
+    its memory goes back to the sender's resource when the sender frees it.
 
     Raises:
-        vmm.InvalidArgumentError: obj is neither, or its memory cannot be exported (pinned
-            host memory).
+        vmm.InvalidArgumentError: obj is none of these, a tensor's memory is not vmm's, or its
+            memory cannot be exported (pinned host memory).
     """
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "untyped_storage"):
+        return _share_tensor(obj, read_only)
     if isinstance(obj, Vector):
         manifest, fds = _vmm.share_buffer(obj.buffer, bool(read_only))
         return SharedHandle(manifest, fds, obj.dtype.str, len(obj), read_only)
@@ -163,15 +203,18 @@ class SharedArray:
     dtype and length (numpy.asarray, torch.from_dlpack, cupy.from_dlpack: zero-copy). The
     mapping lives while this object or a view of it does."""
 
-    def __init__(self, imported, dtype, length):
+    def __init__(self, imported, dtype, length, offset=0):
         import numpy
 
         self.buffer = imported  # vmm._vmm.ImportedBuffer: the mapping, with the buffer protocol
         self.dtype = numpy.dtype(dtype)
-        self._length = imported.size // self.dtype.itemsize if length is None else int(length)
-        if self._length * self.dtype.itemsize > imported.size:
+        self._offset = int(offset)
+        available = max(imported.size - self._offset, 0)
+        self._length = available // self.dtype.itemsize if length is None else int(length)
+        if self._offset < 0 or self._length < 0 or self._length * self.dtype.itemsize > available:
             raise _vmm.InvalidArgumentError(
-                f"the handle says {self._length} elements of {self.dtype}, past the {imported.size} bytes shared"
+                f"the handle says {self._length} elements of {self.dtype} at offset {self._offset}, "
+                f"past the {imported.size} bytes shared"
             )
 
     def __len__(self):
@@ -179,7 +222,7 @@ class SharedArray:
 
     @property
     def data(self):
-        return self.buffer.data
+        return self.buffer.data + self._offset
 
     @property
     def read_only(self):
@@ -222,7 +265,9 @@ class SharedArray:
 
 
 def open(handle, *, read_only=False):  # noqa: A001 (vmm.open, as the issue names it)
-    """Maps the memory of a handle from vmm.share() (sent from another process, or this one).
+    """Maps the memory of a handle from vmm.share() (sent from another process, or this one):
+    a vmm.SharedArray, or for a tensor's handle a torch tensor of the same dtype, shape and
+    strides over the same memory.
 
     Args:
         read_only: map read-only even where the sender granted writing.
@@ -235,4 +280,13 @@ def open(handle, *, read_only=False):  # noqa: A001 (vmm.open, as the issue name
     if not isinstance(handle, SharedHandle):
         raise _vmm.InvalidArgumentError(f"handle: expected a vmm.SharedHandle, not {type(handle).__name__}")
     imported = _vmm.ImportedBuffer(handle.manifest, handle.fds, bool(read_only or handle.read_only))
-    return SharedArray(imported, handle.dtype, handle.length)
+    shared = SharedArray(imported, handle.dtype, handle.length, handle.offset)
+    if handle.tensor is None:
+        return shared
+    import torch
+
+    layout = handle.tensor
+    raw = torch.from_dlpack(shared)  # uint8 over the storage's bytes; holds the mapping
+    return raw.view(getattr(torch, layout["dtype"])).as_strided(
+        layout["shape"], layout["stride"], layout["storage_offset"]
+    )

@@ -92,3 +92,54 @@ def test_bad_handles_are_refused_naming_the_problem():
     with pytest.raises(BufferError, match="read-only"):
         read_only.__dlpack__()
     assert numpy.asarray(read_only).flags.writeable is False
+
+
+def _allocation_child(connection):
+    import ctypes
+
+    import numpy
+
+    import vmm
+
+    handle = connection.recv()
+    shared = vmm.open(handle)
+    view = numpy.asarray(shared)
+    connection.send(bytes(view[:16]))
+    view[:4] = numpy.frombuffer(b"back", dtype=numpy.uint8)
+    connection.send(ctypes.addressof(ctypes.c_char.from_address(shared.data)) != 0)
+    connection.recv()
+
+
+def test_an_allocation_of_a_devices_resource_crosses_with_its_offset_into_its_pages(scenario, tmp_path):
+    # vmm.torch's path for tensors (vmm.share(tensor) exports the pages under the tensor's
+    # allocation), on OS host memory standing in for a GPU.
+    scenario(
+        f"""
+        import ctypes, multiprocessing, sys
+        sys.path.insert(0, {str(__import__("os").path.dirname(__file__))!r})
+        import test_sharing
+        from vmm import _vmm, _sharing
+        first = _vmm.allocate(1000, 0)   # so that the next one starts inside a page
+        ptr = _vmm.allocate(3 << 20, 0)
+        ctypes.memmove(ptr, b"tensor bytes 123", 16)
+        handle = _sharing._share_allocation(ptr, 3 << 20, 0)
+        assert handle.offset == ptr % (2 << 20) or handle.offset > 0, handle.offset
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        process = context.Process(target=test_sharing._allocation_child, args=(child,))
+        process.start()
+        parent.send(handle)
+        assert parent.recv() == b"tensor bytes 123"
+        assert parent.recv() is True
+        assert ctypes.string_at(ptr, 4) == b"back"  # the other process wrote our allocation
+        parent.send("done")
+        process.join(timeout=120)
+        assert process.exitcode == 0
+        try:
+            _sharing._share_allocation(ptr + 256, 4096, 0)
+        except vmm.InvalidArgumentError:
+            pass
+        else:
+            raise AssertionError("a pointer inside an allocation was shared")
+        """
+    )

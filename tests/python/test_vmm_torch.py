@@ -380,3 +380,36 @@ def test_torch_and_cupy_share_one_resource_in_one_process():
         assert vmm.torch.memory_stats()["active.all.current"] == baseline
         """
     )
+
+
+def test_a_vmm_tensor_crosses_torch_multiprocessing_as_a_mapping_of_the_same_memory():
+    run(
+        """
+        import torch.multiprocessing as mp
+        vmm.torch.use()
+
+        def child(queue, done):
+            tensor = queue.get()
+            assert tensor.is_cuda and tensor.dtype == torch.float32 and tuple(tensor.shape) == (256, 1024)
+            assert float(tensor[3, 5]) == 3 * 1024 + 5
+            tensor[0, 0] = -1.0  # the parent sees it: the same physical memory
+            torch.cuda.synchronize()
+            done.put("written")
+
+        if __name__ == "__main__":
+            context = mp.get_context("spawn")
+            queue, done = context.Queue(), context.Queue()
+            tensor = torch.arange(256 * 1024, dtype=torch.float32, device="cuda").view(256, 1024)
+            torch.cuda.synchronize()
+            process = context.Process(target=child, args=(queue, done))
+            process.start()
+            queue.put(tensor)
+            assert done.get(timeout=300) == "written"
+            process.join(timeout=300)
+            assert process.exitcode == 0
+            assert float(tensor[0, 0]) == -1.0
+            other = torch.ones(4)  # a CPU tensor keeps torch's own path
+            queue.put(other)
+            assert torch.equal(queue.get(timeout=60), other)
+        """
+    )

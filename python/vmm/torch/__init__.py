@@ -152,7 +152,9 @@ def use(*, max_size=None, release_threshold=None, headroom=None):
     """Makes vmm PyTorch's CUDA allocator for the whole process (every device).
 
     Must run before CUDA is initialized. A second call does nothing. PyTorch's own
-    statistics functions refuse a pluggable allocator: use this module's.
+    statistics functions refuse a pluggable allocator: use this module's. From then on a
+    tensor of vmm's memory sent through torch.multiprocessing arrives as a mapping of the
+    same memory (vmm.share / vmm.open; the sender keeps it alive while receivers use it).
 
     Args (each None: $VMM_CONF's value, else vmm's default):
         max_size: the most physical memory each device's resource reserves (default: the GPU's).
@@ -188,6 +190,34 @@ def use(*, max_size=None, release_threshold=None, headroom=None):
         except RuntimeError as error:
             raise Error(_too_late_message(torch, error)) from error
         _use_allocator = allocator
+        _share_through_multiprocessing(torch)
+
+
+def _open_tensor(handle, requires_grad):
+    from .. import _sharing
+
+    tensor = _sharing.open(handle)
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+
+
+def _share_through_multiprocessing(torch):
+    """Tensors of vmm's memory travel through torch.multiprocessing (Queue, Pipe, spawn
+    arguments) as vmm.share() handles: their pages' descriptors, by SCM_RIGHTS, mapped
+    again by the receiver (torch's own CUDA IPC is refused under a pluggable allocator).
+    Every other tensor keeps torch's own reduction."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    from .. import _sharing
+
+    def reduce(tensor):
+        if tensor.is_cuda and _vmm.owns(tensor.device.index, tensor.untyped_storage().data_ptr()):
+            return (_open_tensor, (_sharing._share_tensor(tensor.detach(), False), tensor.requires_grad))
+        return reductions.reduce_tensor(tensor)
+
+    for kind in (torch.Tensor, torch.nn.parameter.Parameter):
+        ForkingPickler.register(kind, reduce)
 
 
 def is_used():
