@@ -382,8 +382,10 @@ def test_torch_and_cupy_share_one_resource_in_one_process():
     )
 
 
-def test_a_vmm_tensor_crosses_torch_multiprocessing_as_a_mapping_of_the_same_memory():
-    run(
+def test_a_vmm_tensor_crosses_torch_multiprocessing_as_a_mapping_of_the_same_memory(tmp_path):
+    # A file, not `python -c`: spawn's children import the parent's main module by its path.
+    script = tmp_path / "share_tensor.py"
+    script.write_text(PRELUDE + textwrap.dedent(
         """
         import torch.multiprocessing as mp
         vmm.torch.use()
@@ -411,5 +413,11 @@ def test_a_vmm_tensor_crosses_torch_multiprocessing_as_a_mapping_of_the_same_mem
             other = torch.ones(4)  # a CPU tensor keeps torch's own path
             queue.put(other)
             assert torch.equal(queue.get(timeout=60), other)
+            print("ok")
         """
-    )
+    ))
+    environment = dict(os.environ)
+    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    environment.pop("VMM_CONF", None)
+    done = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), (done.stdout, done.stderr)
