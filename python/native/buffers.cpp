@@ -81,6 +81,32 @@ vmm::stream_ref stream_of(std::uintptr_t stream) {
   return vmm::stream_ref(reinterpret_cast<CUstream_st*>(stream));  // NOLINT(performance-no-int-to-ptr)
 }
 
+// The buffer protocol's view of `size` bytes at `data` of memory at `where` (uint8, 1-D).
+py::buffer_info host_bytes(const vmm::location& where, void* data, std::size_t size, bool read_only) {
+  if (!host_readable(where))
+    throw py::buffer_error(
+        fmt::format("{} memory has no buffer protocol (the CPU cannot read it): use "
+                    "__dlpack__ or __cuda_array_interface__",
+                    name_of(where)));
+  return py::buffer_info(data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                         {static_cast<py::ssize_t>(size)}, {1}, read_only);
+}
+
+// (manifest bytes, fds) of an export: the descriptors become the Python caller's to close.
+py::tuple manifest_and_fds(vmm::ipc::exported_manifest& sent) {
+  std::vector<int> fds;
+  fds.reserve(sent.fds.size());
+  for (vmm::unique_fd& fd : sent.fds) fds.push_back(fd.release());
+  return py::make_tuple(py::bytes(reinterpret_cast<const char*>(sent.bytes.data()), sent.bytes.size()), fds);
+}
+
+// The export options of a share: read-only grants the importer read access only.
+vmm::ipc::export_options share_options(bool read_only) {
+  vmm::ipc::export_options options;
+  options.grant = read_only ? vmm::access_mode::read_only : vmm::access_mode::read_write;
+  return options;
+}
+
 // vmm::growable_buffer with the location it was made for.
 struct python_buffer {
   python_buffer(vmm::location where_, std::size_t max_size)
@@ -244,13 +270,7 @@ new size, which no view may read afterwards.)")
           py::arg("offset"), py::arg("source"),
           "Copies a bytes-like object in at `offset` (host memory only).")
       .def_buffer([](python_buffer& self) {
-        if (!host_readable(self.where))
-          throw py::buffer_error(
-              fmt::format("{} memory has no buffer protocol (the CPU cannot read it): use "
-                          "__dlpack__ or __cuda_array_interface__",
-                          name_of(self.where)));
-        return py::buffer_info(self.buffer.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(self.buffer.size())}, {1});
+        return host_bytes(self.where, self.buffer.data(), self.buffer.size(), false);
       })
       .def(
           "__dlpack__",
@@ -281,14 +301,9 @@ new size, which no view may read afterwards.)")
   m.def(
       "share_buffer",
       [](const python_buffer& self, bool read_only) {
-        vmm::ipc::export_options options;
-        options.grant = read_only ? vmm::access_mode::read_only : vmm::access_mode::read_write;
-        vmm::ipc::exported_manifest sent = buffer_exporter().export_buffer(self.buffer, options);
-        std::vector<int> fds;
-        fds.reserve(sent.fds.size());
-        for (vmm::unique_fd& fd : sent.fds) fds.push_back(fd.release());  // the caller's to close
-        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(sent.bytes.data()), sent.bytes.size()),
-                              fds);
+        vmm::ipc::exported_manifest sent =
+            buffer_exporter().export_buffer(self.buffer, share_options(read_only));
+        return manifest_and_fds(sent);
       },
       py::arg("buffer"), py::arg("read_only"),
       "(manifest bytes, fds) of every chunk the buffer maps now (vmm::ipc::exporter); the fds are the "
@@ -299,16 +314,11 @@ new size, which no view may read afterwards.)")
       [](std::uintptr_t ptr, std::size_t size, int device, bool read_only) {
         const void* start = reinterpret_cast<const void*>(ptr);  // NOLINT(performance-no-int-to-ptr)
         const vmm::memory_resource::allocation_pages pages = vmm_python::pages_of(device, start, size);
-        vmm::ipc::export_options options;
-        options.grant = read_only ? vmm::access_mode::read_only : vmm::access_mode::read_write;
-        vmm::ipc::exported_manifest sent = buffer_exporter().export_chunks(pages.pages, options);
-        std::vector<int> fds;
-        fds.reserve(sent.fds.size());
-        for (vmm::unique_fd& fd : sent.fds) fds.push_back(fd.release());  // the caller's to close
+        vmm::ipc::exported_manifest sent =
+            buffer_exporter().export_chunks(pages.pages, share_options(read_only));
         // The pages travel back to back: the allocation starts this far into the first one.
         const std::size_t offset = ptr - (pages.arena_base + pages.first_page * pages.page_size);
-        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(sent.bytes.data()), sent.bytes.size()),
-                              fds, offset);
+        return manifest_and_fds(sent) + py::make_tuple(offset);
       },
       py::arg("ptr"), py::arg("size"), py::arg("device"), py::arg("read_only"),
       "(manifest bytes, fds, offset) of the pages under a live allocation of a device's resource; the fds "
@@ -327,13 +337,7 @@ new size, which no view may read afterwards.)")
       .def_property_readonly("location", [](const python_import& self) { return name_of(self.where); })
       .def_property_readonly("read_only", [](const python_import& self) { return self.read_only; })
       .def_buffer([](python_import& self) {
-        if (!host_readable(self.where))
-          throw py::buffer_error(
-              fmt::format("{} memory has no buffer protocol (the CPU cannot read it): use "
-                          "__dlpack__ or __cuda_array_interface__",
-                          name_of(self.where)));
-        return py::buffer_info(self.buffer.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(self.buffer.size())}, {1}, self.read_only);
+        return host_bytes(self.where, self.buffer.data(), self.buffer.size(), self.read_only);
       })
       .def("__dlpack_device__", [](const python_import& self) { return dlpack_device_of(self.where); });
 

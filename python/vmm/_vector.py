@@ -1,8 +1,7 @@
 """vmm.Vector: a typed array that grows at a stable address, over a vmm.GrowableBuffer."""
 
-import operator
-
 from . import _vmm
+from ._checks import count as _count
 
 # numpy's dtype kinds and DLPack's type codes (DLDataTypeCode).
 _DLPACK_CODES = {"b": 6, "i": 0, "u": 1, "f": 2, "c": 5}
@@ -14,16 +13,6 @@ def _numpy():
     except ImportError as missing:
         raise _vmm.Error("vmm.Vector needs numpy for its dtype (pip install numpy)") from missing
     return numpy
-
-
-def _count(value, name):
-    try:
-        count = operator.index(value)
-    except TypeError:
-        raise _vmm.InvalidArgumentError(f"{name} must be an int, not {type(value).__name__}") from None
-    if count < 0:
-        raise _vmm.InvalidArgumentError(f"{name} is {count}: it must be 0 or more")
-    return count
 
 
 class Vector:

@@ -14,15 +14,19 @@ import textwrap
 import pytest
 
 
-def run_scenario(code, env=None, expect_ok=True, timeout=300):
-    """Runs `code` in a new interpreter with vmm's resources on OS host memory.
+HOST_MEMORY_PRELUDE = "import vmm, vmm._vmm\nvmm._vmm.use_host_memory()\nimport vmm.torch\n"
+
+
+def run_scenario(code, env=None, expect_ok=True, timeout=300, prelude=HOST_MEMORY_PRELUDE):
+    """Runs `prelude` and `code` in a new interpreter (by default with vmm's resources on OS
+    host memory), without the caller's VMM_CONF or PYTORCH_CUDA_ALLOC_CONF.
 
     The scenario prints "ok" at its end; returns the CompletedProcess. With expect_ok, a
     non-zero status or a missing "ok" fails the test with the output.
     """
-    prelude = "import vmm, vmm._vmm\nvmm._vmm.use_host_memory()\nimport vmm.torch\n"
     environment = dict(os.environ)
     environment.pop("VMM_CONF", None)
+    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     environment.update(env or {})
     done = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code) + "\nprint('ok')\n"],

@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import run_scenario
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 if not torch.cuda.is_available():
@@ -31,20 +32,7 @@ import vmm, vmm.torch, vmm.cupy
 
 def run(code, timeout=600):
     """Runs `code` (after PRELUDE) in a new interpreter; returns its output, which ends in ok."""
-    environment = dict(os.environ)
-    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    environment.pop("VMM_CONF", None)
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code) + "\nprint('ok')\n"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    output = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-    assert done.returncode == 0, output
-    assert done.stdout.rstrip().endswith("ok"), output
-    return done.stdout
+    return run_scenario(code, timeout=timeout, prelude=PRELUDE).stdout
 
 
 def test_tensors_are_allocated_by_vmm_and_the_statistics_move():

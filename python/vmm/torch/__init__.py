@@ -25,11 +25,10 @@ memory_viz), ``dump_trace(path)`` (vmm-replay's trace format). See python/README
 
 import contextlib
 import gc
-import operator
 import sys
 import threading
 
-from .. import _conf, _vmm
+from .. import _checks, _conf, _vmm
 from .._vmm import Error, OutOfMemoryError
 from ._history import dump_trace, memory_snapshot, record_memory_history
 
@@ -86,15 +85,7 @@ def last_error():
 
 
 def _optional_size(value, name):
-    if value is None:
-        return None
-    try:
-        size = operator.index(value)
-    except TypeError:
-        raise _vmm.InvalidArgumentError(f"{name} must be an int (bytes) or None, not {type(value).__name__}") from None
-    if size < 0:
-        raise _vmm.InvalidArgumentError(f"{name} is {size}: it must be 0 or more bytes")
-    return size
+    return None if value is None else _checks.count(value, name)
 
 
 def _settings(max_size, release_threshold, headroom):
