@@ -1,4 +1,4 @@
-// The C interface of libvmm_torch_allocator.so (python/vmm_torch/vmm_torch.h), on host
+// The C interface of libvmm_torch_allocator.so (python/native/vmm_torch.h), on host
 // memory of the OS provider (vmm_torch_testing_use_host_memory), so that it runs in CI:
 // allocation and free with statistics, failures that return NULL with the message kept,
 // the throwing entry point PyTorch's change_current_allocator uses, tags, sleep and wake

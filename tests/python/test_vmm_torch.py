@@ -1,13 +1,12 @@
-"""vmm_torch with PyTorch and CuPy on a GPU.
+"""vmm.torch and vmm.cupy with PyTorch and CuPy on a GPU.
 
-Every test runs its scenario in a fresh interpreter: vmm_torch.use() must come before CUDA
+Every test runs its scenario in a fresh interpreter: vmm.torch.use() must come before CUDA
 is initialized and holds for the whole process, and an out-of-memory or a fault must not
 poison the next test. The scenario prints "ok" at its end; a failed assertion there fails
 the test with the scenario's output.
 
-Skipped with the reason where torch (or, for its tests, CuPy) is missing, where no GPU is
-visible, or where libvmm_torch_allocator.so has not been built
-(cmake --build build --target vmm_torch_allocator).
+Skipped with the reason where torch (or, for its tests, CuPy) is missing or where no GPU is
+visible. The package is the installed one (tests/python/pip_install_check.sh).
 
     python3 -m pytest -v tests/python
 """
@@ -18,74 +17,52 @@ import sys
 import textwrap
 
 import pytest
-
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYTHON_DIR = os.path.join(REPOSITORY, "python")
+from conftest import run_scenario
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 if not torch.cuda.is_available():
     pytest.skip("no GPU visible to PyTorch", allow_module_level=True)
-sys.path.insert(0, PYTHON_DIR)
-import vmm_torch  # noqa: E402
 
-try:
-    LIBRARY = vmm_torch.library_path()
-except vmm_torch.VmmError as missing:
-    pytest.skip(str(missing), allow_module_level=True)
-
-PRELUDE = f"""
+PRELUDE = """
 import gc, sys
-sys.path.insert(0, {PYTHON_DIR!r})
 import torch
-import vmm_torch
+import vmm, vmm.torch, vmm.cupy
 """
 
 
 def run(code, timeout=600):
     """Runs `code` (after PRELUDE) in a new interpreter; returns its output, which ends in ok."""
-    environment = dict(os.environ, VMM_TORCH_LIBRARY=LIBRARY)
-    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code) + "\nprint('ok')\n"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    output = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-    assert done.returncode == 0, output
-    assert done.stdout.rstrip().endswith("ok"), output
-    return done.stdout
+    return run_scenario(code, timeout=timeout, prelude=PRELUDE).stdout
 
 
 def test_tensors_are_allocated_by_vmm_and_the_statistics_move():
     run(
         """
-        vmm_torch.use()
-        vmm_torch.use()  # a second call does nothing
-        assert vmm_torch.is_used()
+        vmm.torch.use()
+        vmm.torch.use()  # a second call does nothing
+        assert vmm.torch.is_used()
         x = torch.randn(1024, 1024, device="cuda")
-        before = vmm_torch.memory_stats()
+        before = vmm.torch.memory_stats()
         y = x @ x
         z = torch.nn.functional.relu(y).sum()
         torch.cuda.synchronize()
-        after = vmm_torch.memory_stats()
+        after = vmm.torch.memory_stats()
         assert after["allocated_bytes.all.current"] >= before["allocated_bytes.all.current"] + (4 << 20), (before, after)
         assert after["active.all.current"] >= before["active.all.current"] + 2
         assert after["reserved_bytes.all.current"] >= after["allocated_bytes.all.current"]
         assert after["vmm.slow_path_ns"] > 0 and after["vmm.host_wait_ns"] <= after["vmm.slow_path_ns"], after
-        assert vmm_torch.max_memory_allocated() >= after["allocated_bytes.all.current"]
-        assert vmm_torch.memory_reserved() == after["reserved_bytes.all.current"]
+        assert vmm.torch.max_memory_allocated() >= after["allocated_bytes.all.current"]
+        assert vmm.torch.memory_reserved() == after["reserved_bytes.all.current"]
         assert torch.allclose(z, torch.relu(x.cpu() @ x.cpu()).sum().cuda(), rtol=1e-3)
-        live = vmm_torch.memory_allocated()
+        live = vmm.torch.memory_allocated()
         del y
-        assert vmm_torch.memory_allocated() == live - (4 << 20)
-        vmm_torch.reset_peak_memory_stats()
-        assert vmm_torch.max_memory_allocated() == vmm_torch.memory_allocated()
+        assert vmm.torch.memory_allocated() == live - (4 << 20)
+        vmm.torch.reset_peak_memory_stats()
+        assert vmm.torch.max_memory_allocated() == vmm.torch.memory_allocated()
         del x, z
         gc.collect()
-        vmm_torch.trim()
-        stats = vmm_torch.memory_stats()  # what is left: the pages under live blocks, edges included
+        vmm.torch.trim()
+        stats = vmm.torch.memory_stats()  # what is left: the pages under live blocks, edges included
         edges = 2 * stats["vmm.page_size"] * stats["active.all.current"]
         assert stats["reserved_bytes.all.current"] <= stats["allocated_bytes.all.current"] + edges, stats
         # a model's step, backward included (autograd allocates on its own thread)
@@ -98,8 +75,8 @@ def test_tensors_are_allocated_by_vmm_and_the_statistics_move():
             optimizer.zero_grad()
         torch.cuda.synchronize()
         assert torch.isfinite(loss)
-        assert vmm_torch.memory_stats()["vmm.bad_deallocations"] == 0
-        assert vmm_torch.devices() == [0]
+        assert vmm.torch.memory_stats()["vmm.bad_deallocations"] == 0
+        assert vmm.torch.devices() == [0]
         """
     )
 
@@ -109,12 +86,12 @@ def test_use_after_cuda_allocated_is_refused_and_changes_nothing():
         """
         x = torch.ones(1024, device="cuda")
         try:
-            vmm_torch.use()
-        except vmm_torch.VmmError as error:
+            vmm.torch.use()
+        except vmm.Error as error:
             print(error)
         else:
             raise AssertionError("use() after CUDA was initialized was accepted")
-        assert not vmm_torch.is_used()
+        assert not vmm.torch.is_used()
         assert torch.cuda.memory_allocated() == 4096  # torch's own allocator, untouched
         assert float((x + 1).sum()) == 2048.0
         """
@@ -125,59 +102,59 @@ def test_use_after_cuda_allocated_is_refused_and_changes_nothing():
 def test_sleep_and_wake_keep_offloaded_tensors_bit_identical_and_every_pointer():
     run(
         """
-        vmm_torch.use()
+        vmm.torch.use()
         torch.manual_seed(0)
-        with vmm_torch.tag("weights"):
+        with vmm.torch.tag("weights"):
             weights = [torch.randn(n, device="cuda") for n in (1, 1000, 257 * 1024, 3 << 20)]
             weights.append(torch.randint(0, 255, (5 << 20,), dtype=torch.uint8, device="cuda"))
-        with vmm_torch.tag("kv"):
+        with vmm.torch.tag("kv"):
             cache = torch.full((16 << 20,), 7, dtype=torch.int32, device="cuda")
-        assert vmm_torch.current_tag() == 0
+        assert vmm.torch.current_tag() == 0
         saved = [w.cpu() for w in weights]
         pointers = [w.data_ptr() for w in weights] + [cache.data_ptr()]
         torch.cuda.synchronize()
         free_before, _ = torch.cuda.mem_get_info()
 
-        vmm_torch.sleep(offload_tags=("weights",))
-        assert vmm_torch.asleep()
-        assert vmm_torch.memory_reserved() == 0
+        vmm.torch.sleep(offload_tags=("weights",))
+        assert vmm.torch.asleep()
+        assert vmm.torch.memory_reserved() == 0
         free_asleep, _ = torch.cuda.mem_get_info()
         assert free_asleep >= free_before + (64 << 20), (free_before, free_asleep)  # given back
 
-        vmm_torch.wake()
-        assert not vmm_torch.asleep()
+        vmm.torch.wake()
+        assert not vmm.torch.asleep()
         assert [w.data_ptr() for w in weights] + [cache.data_ptr()] == pointers
         for w, s in zip(weights, saved):
             assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8)), "weights changed"
         cache.fill_(3)  # dropped, but mapped again and usable
         assert int(cache.sum()) == 3 * (16 << 20)
         # tags by id work too, and a partial wake keeps the rest asleep
-        vmm_torch.sleep(offload_tags=["weights", "kv"], collect_garbage=False)
-        vmm_torch.wake(tags=["weights"])
-        assert vmm_torch.asleep()
+        vmm.torch.sleep(offload_tags=["weights", "kv"], collect_garbage=False)
+        vmm.torch.wake(tags=["weights"])
+        assert vmm.torch.asleep()
         assert torch.equal(weights[1].cpu(), saved[1])  # awake already
-        vmm_torch.wake()
-        assert not vmm_torch.asleep()
+        vmm.torch.wake()
+        assert not vmm.torch.asleep()
         assert int(cache.sum()) == 3 * (16 << 20)
         for w, s in zip(weights, saved):
             assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8))
         # A loop whose wakes keep the pinned host copies: each later sleep copies into them,
         # and saves what the weights hold then.
-        assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == 0
-        vmm_torch.sleep(offload_tags=("weights",), collect_garbage=False)
-        kept = vmm_torch.memory_stats()["vmm.host_copy_bytes"]
-        vmm_torch.wake(keep_host_copies=True)
-        assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == kept > 0
+        assert vmm.torch.memory_stats()["vmm.host_copy_bytes"] == 0
+        vmm.torch.sleep(offload_tags=("weights",), collect_garbage=False)
+        kept = vmm.torch.memory_stats()["vmm.host_copy_bytes"]
+        vmm.torch.wake(keep_host_copies=True)
+        assert vmm.torch.memory_stats()["vmm.host_copy_bytes"] == kept > 0
         for cycle in range(3):
             weights[3].add_(1)
             saved = [w.cpu() for w in weights]
-            vmm_torch.sleep(offload_tags=("weights",), collect_garbage=False)
-            assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == kept
-            vmm_torch.wake(keep_host_copies=True)
+            vmm.torch.sleep(offload_tags=("weights",), collect_garbage=False)
+            assert vmm.torch.memory_stats()["vmm.host_copy_bytes"] == kept
+            vmm.torch.wake(keep_host_copies=True)
             for w, s in zip(weights, saved):
                 assert torch.equal(w.cpu().view(torch.uint8), s.view(torch.uint8)), cycle
-        vmm_torch.trim()
-        assert vmm_torch.memory_stats()["vmm.host_copy_bytes"] == 0
+        vmm.torch.trim()
+        assert vmm.torch.memory_stats()["vmm.host_copy_bytes"] == 0
         """
     )
 
@@ -186,7 +163,7 @@ def test_sleep_frees_tensors_only_cycles_keep_alive_unless_told_not_to():
     run(
         """
         import gc
-        vmm_torch.use()
+        vmm.torch.use()
         gc.disable()  # only sleep() collects
 
         def make_garbage():
@@ -195,18 +172,18 @@ def test_sleep_frees_tensors_only_cycles_keep_alive_unless_told_not_to():
             holder["tensor"] = torch.empty(1 << 20, device="cuda")
 
         def live():
-            return vmm_torch.memory_stats()["allocation.all.current"]
+            return vmm.torch.memory_stats()["allocation.all.current"]
 
         kept = torch.ones(1 << 20, device="cuda")
         base = live()
         make_garbage()
         assert live() == base + 1
-        vmm_torch.sleep(offload_tags=("default",), collect_garbage=False)
+        vmm.torch.sleep(offload_tags=("default",), collect_garbage=False)
         assert live() == base + 1  # saved or dropped with the rest
-        vmm_torch.wake()
-        vmm_torch.sleep(offload_tags=("default",))
+        vmm.torch.wake()
+        vmm.torch.sleep(offload_tags=("default",))
         assert live() == base  # collected before the sleep
-        vmm_torch.wake()
+        vmm.torch.wake()
         assert float(kept.sum()) == float(1 << 20)
         """
     )
@@ -215,8 +192,8 @@ def test_sleep_frees_tensors_only_cycles_keep_alive_unless_told_not_to():
 def test_a_captured_cuda_graph_replays_after_wake():
     run(
         """
-        vmm_torch.use()
-        with vmm_torch.tag("weights"):
+        vmm.torch.use()
+        with vmm.torch.tag("weights"):
             x = torch.full((1 << 20,), 2.0, device="cuda")
             y = torch.zeros(1 << 20, device="cuda")
         side = torch.cuda.Stream()
@@ -233,8 +210,8 @@ def test_a_captured_cuda_graph_replays_after_wake():
         torch.cuda.synchronize()
         assert float(y[123]) == 5.0
 
-        vmm_torch.sleep(offload_tags=("weights",))
-        vmm_torch.wake()
+        vmm.torch.sleep(offload_tags=("weights",))
+        vmm.torch.wake()
         graph.replay()  # the addresses it captured hold the same memory contents again
         torch.cuda.synchronize()
         assert float(y[0]) == 5.0 and float(y[-1]) == 5.0
@@ -249,20 +226,20 @@ def test_a_captured_cuda_graph_replays_after_wake():
 def test_bad_use_of_sleep_and_wake_is_refused_and_loses_nothing():
     out = run(
         """
-        vmm_torch.use()
+        vmm.torch.use()
         try:
-            vmm_torch.wake()
-        except vmm_torch.VmmError as error:
+            vmm.torch.wake()
+        except vmm.Error as error:
             print("wake without sleep:", error)
         else:
             raise AssertionError("wake without sleep was accepted")
         kept = torch.arange(1 << 20, device="cuda")
         doomed = torch.ones(1 << 20, device="cuda")
-        allocations = vmm_torch.memory_stats()["active.all.current"]
-        vmm_torch.sleep()
+        allocations = vmm.torch.memory_stats()["active.all.current"]
+        vmm.torch.sleep()
         try:
-            vmm_torch.sleep()
-        except vmm_torch.VmmError as error:
+            vmm.torch.sleep()
+        except vmm.Error as error:
             print("sleep twice:", error)
         else:
             raise AssertionError("a second sleep was accepted")
@@ -273,12 +250,12 @@ def test_bad_use_of_sleep_and_wake_is_refused_and_loses_nothing():
             assert "asleep" in str(error)
         else:
             raise AssertionError("an allocation during sleep was accepted")
-        assert "asleep" in vmm_torch.last_error()
+        assert "asleep" in vmm.torch.last_error()
         del doomed  # freed while asleep: kept for the wake
-        stats = vmm_torch.memory_stats()
+        stats = vmm.torch.memory_stats()
         assert stats["vmm.frees_deferred"] == 1 and stats["active.all.current"] == allocations
-        vmm_torch.wake()
-        stats = vmm_torch.memory_stats()
+        vmm.torch.wake()
+        stats = vmm.torch.memory_stats()
         assert stats["active.all.current"] == allocations - 1
         assert stats["vmm.bad_deallocations"] == 0
         assert torch.equal(kept.cpu(), torch.arange(1 << 20))
@@ -292,7 +269,7 @@ def test_bad_use_of_sleep_and_wake_is_refused_and_loses_nothing():
 def test_out_of_memory_is_an_error_the_process_survives():
     out = run(
         """
-        vmm_torch.use(max_size=1 << 30)
+        vmm.torch.use(max_size=1 << 30)
         small = torch.ones(1 << 20, device="cuda")
         try:
             too_big = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
@@ -301,7 +278,7 @@ def test_out_of_memory_is_an_error_the_process_survives():
             assert "CUDA out of memory." in str(error), str(error)
         else:
             raise AssertionError("2 GiB fit in a resource of 1 GiB")
-        assert vmm_torch.memory_stats()["num_ooms"] == 1
+        assert vmm.torch.memory_stats()["num_ooms"] == 1
         assert float((small * 2).sum()) == 2.0 * (1 << 20)  # the CUDA context is fine
         more = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
         more.fill_(1)
@@ -315,19 +292,19 @@ def test_a_mem_pool_scopes_vmm_under_torchs_caching_allocator():
     run(
         """
         before = torch.zeros(4, device="cuda")  # CUDA is initialized: mem_pool works anyway
-        pool = vmm_torch.mem_pool()
-        baseline = vmm_torch.memory_stats()["active.all.current"]
+        pool = vmm.torch.mem_pool()
+        baseline = vmm.torch.memory_stats()["active.all.current"]
         with torch.cuda.use_mem_pool(pool):
             inside = torch.randn(8 << 20, device="cuda")
         outside = torch.randn(8 << 20, device="cuda")
-        stats = vmm_torch.memory_stats()
+        stats = vmm.torch.memory_stats()
         assert stats["active.all.current"] >= baseline + 1  # the segment under `inside`
         assert stats["allocated_bytes.all.current"] >= 32 << 20
         assert torch.cuda.memory_stats()["allocated_bytes.all.current"] >= 64 << 20  # torch's stay
         assert torch.allclose((inside + outside).sum(), inside.sum() + outside.sum(), rtol=1e-3)
         try:
-            vmm_torch.use()
-        except vmm_torch.VmmError as error:
+            vmm.torch.use()
+        except vmm.Error as error:
             assert "mem_pool" in str(error) or "too late" in str(error)
         else:
             raise AssertionError("use() after mem_pool() was accepted")
@@ -335,7 +312,7 @@ def test_a_mem_pool_scopes_vmm_under_torchs_caching_allocator():
         del pool
         gc.collect()
         torch.cuda.empty_cache()
-        assert vmm_torch.memory_stats()["active.all.current"] == baseline
+        assert vmm.torch.memory_stats()["active.all.current"] == baseline
         """
     )
 
@@ -345,12 +322,12 @@ def test_cupy_arrays_come_from_the_same_resource():
     run(
         """
         import cupy
-        vmm_torch.use_cupy()
-        baseline = vmm_torch.memory_stats(0)
+        vmm.cupy.use()
+        baseline = vmm.torch.memory_stats(0)
         a = cupy.arange(1 << 20, dtype=cupy.int64)
         b = (a * 2).sum()
         assert int(b) == ((1 << 20) - 1) * (1 << 20)
-        stats = vmm_torch.memory_stats(0)
+        stats = vmm.torch.memory_stats(0)
         assert stats["active.all.current"] >= baseline["active.all.current"] + 1
         assert stats["allocated_bytes.all.current"] >= baseline["allocated_bytes.all.current"] + (8 << 20)
         with cupy.cuda.Stream() as stream:  # freed in order on the stream it was made on
@@ -360,7 +337,7 @@ def test_cupy_arrays_come_from_the_same_resource():
         del a, b, c
         gc.collect()
         stream.synchronize()
-        assert vmm_torch.memory_stats(0)["active.all.current"] == baseline["active.all.current"]
+        assert vmm.torch.memory_stats(0)["active.all.current"] == baseline["active.all.current"]
         empty = cupy.empty(0)
         assert empty.size == 0
         """
@@ -372,12 +349,12 @@ def test_torch_and_cupy_share_one_resource_in_one_process():
     run(
         """
         import cupy
-        vmm_torch.use()
-        vmm_torch.use_cupy()
+        vmm.torch.use()
+        vmm.cupy.use()
         t = torch.arange(1 << 20, dtype=torch.float64, device="cuda")
-        baseline = vmm_torch.memory_stats()["active.all.current"]
+        baseline = vmm.torch.memory_stats()["active.all.current"]
         c = cupy.ones(1 << 20, dtype=cupy.float64)
-        assert vmm_torch.memory_stats()["active.all.current"] == baseline + 1
+        assert vmm.torch.memory_stats()["active.all.current"] == baseline + 1
         shared = torch.as_tensor(c, device="cuda")  # zero copy: the same vmm memory
         assert shared.data_ptr() == c.data.ptr
         total = (t + shared).sum()
@@ -388,6 +365,47 @@ def test_torch_and_cupy_share_one_resource_in_one_process():
         del c
         gc.collect()
         torch.cuda.synchronize()
-        assert vmm_torch.memory_stats()["active.all.current"] == baseline
+        assert vmm.torch.memory_stats()["active.all.current"] == baseline
         """
     )
+
+
+def test_a_vmm_tensor_crosses_torch_multiprocessing_as_a_mapping_of_the_same_memory(tmp_path):
+    # A file, not `python -c`: spawn's children import the parent's main module by its path.
+    script = tmp_path / "share_tensor.py"
+    script.write_text(PRELUDE + textwrap.dedent(
+        """
+        import torch.multiprocessing as mp
+        vmm.torch.use()
+
+        def child(queue, done):
+            tensor = queue.get()
+            assert tensor.is_cuda and tensor.dtype == torch.float32 and tuple(tensor.shape) == (256, 1024)
+            assert float(tensor[3, 5]) == 3 * 1024 + 5
+            tensor[0, 0] = -1.0  # the parent sees it: the same physical memory
+            torch.cuda.synchronize()
+            done.put("written")
+
+        if __name__ == "__main__":
+            context = mp.get_context("spawn")
+            queue, done = context.Queue(), context.Queue()
+            tensor = torch.arange(256 * 1024, dtype=torch.float32, device="cuda").view(256, 1024)
+            torch.cuda.synchronize()
+            process = context.Process(target=child, args=(queue, done))
+            process.start()
+            queue.put(tensor)
+            assert done.get(timeout=300) == "written"
+            process.join(timeout=300)
+            assert process.exitcode == 0
+            assert float(tensor[0, 0]) == -1.0
+            other = torch.ones(4)  # a CPU tensor keeps torch's own path
+            queue.put(other)
+            assert torch.equal(queue.get(timeout=60), other)
+            print("ok")
+        """
+    ))
+    environment = dict(os.environ)
+    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    environment.pop("VMM_CONF", None)
+    done = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), (done.stdout, done.stderr)

@@ -1,9 +1,14 @@
 #ifndef VMM_TORCH_H
 #define VMM_TORCH_H
 /* The C interface of libvmm_torch_allocator.so: vmm::memory_resource for PyTorch (as a
- * pluggable allocator), CuPy (through ctypes) and anything else that speaks C.
+ * pluggable allocator) and anything else that speaks C, over the C++ core of
+ * device_resources.hpp.
  *
  *     torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_alloc", "vmm_free")
+ *
+ * The Python package's module vmm._vmm holds the same core and exports only the first three
+ * functions below (what torch loads by name; vmm.torch.library_path() is its path); the
+ * package reaches the rest through pybind11, not through this header.
  *
  * One resource per device, made on first use and kept until the process exits (tensors are
  * still freed while the interpreter shuts down). The resource of device d is a
@@ -90,10 +95,10 @@ VMM_TORCH_API void vmm_free(void* ptr, size_t size, int device, struct CUstream_
  * for want of memory. For torch.cuda.memory.change_current_allocator only: there PyTorch
  * calls the function from C++ and does not check for NULL (a NULL becomes a tensor at
  * address 0, and the next kernel faults), while it turns a C++ exception into a Python
- * RuntimeError with the message. Never call it from C or through ctypes. */
+ * RuntimeError with the message. Never call it from C. */
 VMM_TORCH_API void* vmm_alloc_throwing(size_t size, int device, struct CUstream_st* stream);
 
-/* ---- for the Python module (ctypes) and other C callers ------------------------------- */
+/* ---- for other C callers (the Python package uses the C++ core through pybind11) ---- */
 
 /* Allocates like vmm_alloc into *out. Returns 0, 1 when memory ran out, -1 on any other
  * failure (message in vmm_torch_last_error()). */

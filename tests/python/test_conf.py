@@ -1,0 +1,95 @@
+"""VMM_CONF: PYTORCH_CUDA_ALLOC_CONF's form for every option of vmm.torch.use()."""
+
+import pytest
+
+import vmm
+from vmm import _conf
+
+GIB = 1 << 30
+
+
+def test_every_option_is_parsed():
+    assert _conf.parse("max_size:40G,headroom:0.0078,release_threshold:8GiB") == {
+        "max_size": 40 * GIB,
+        "headroom": 0.0078,
+        "release_threshold": 8 * GIB,
+    }
+    assert _conf.parse(" release_threshold : none ") == {"release_threshold": None}
+    assert _conf.parse("") == {} and _conf.parse(None) == {}
+    assert set(_conf.KEYS) == {"max_size", "release_threshold", "headroom"}
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("max_sizes:1G", "unknown key 'max_sizes'"),
+        ("max_size", "is not key:value"),
+        ("max_size:", "is not key:value"),
+        ("max_size:1G,,headroom:0.1", "is not key:value"),
+        ("max_size:lots", "max_size:lots"),
+        ("max_size:-1", "max_size:-1"),
+        ("headroom:2", "headroom:2"),
+        ("headroom:nan", "headroom:nan"),
+        ("release_threshold:1X", "release_threshold:1X"),
+        ("max_size:1G,max_size:2G", "max_size is given twice"),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_it(text, named):
+    with pytest.raises(vmm.InvalidArgumentError, match=named) as refused:
+        _conf.parse(text)
+    assert "VMM_CONF" in str(refused.value)
+
+
+def test_a_bad_vmm_conf_fails_the_import_naming_it(scenario):
+    done = scenario("", env={"VMM_CONF": "headroom:0.1,max_sise:1G"}, expect_ok=False)
+    assert done.returncode != 0 and "max_sise" in done.stderr and "InvalidArgumentError" in done.stderr, done
+
+
+def test_vmm_conf_configures_the_resources_and_arguments_override_it(scenario):
+    scenario(
+        """
+        from vmm import _vmm
+        vmm.torch._configure()  # VMM_CONF's max_size: 8 MiB
+        try:
+            _vmm.allocate(16 << 20, 0)
+        except vmm.OutOfMemoryError:
+            pass
+        else:
+            raise AssertionError("VMM_CONF's max_size did not apply")
+        """,
+        env={"VMM_CONF": "max_size:8MiB"},
+    )
+    scenario(
+        """
+        from vmm import _vmm
+        vmm.torch._configure(max_size=64 << 20)  # the argument wins over VMM_CONF
+        _vmm.deallocate(_vmm.allocate(16 << 20, 0), 16 << 20, 0)
+        """,
+        env={"VMM_CONF": "max_size:8MiB"},
+    )
+
+
+def test_the_launcher_runs_an_unmodified_program_with_vmm_as_torchs_allocator(tmp_path):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU visible to PyTorch: vmm.torch.use() needs CUDA")
+    import subprocess
+    import sys
+
+    program = tmp_path / "program.py"
+    program.write_text(
+        "import sys, torch, vmm.torch\n"
+        "assert vmm.torch.is_used()\n"
+        "x = torch.ones(1 << 20, device='cuda')\n"
+        "assert vmm.torch.memory_allocated() >= 4 << 20\n"
+        "print('args', sys.argv[1:])\n"
+        "sys.exit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "vmm.torch.run", str(program), "a", "--b"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "VMM_CONF": "headroom:0.0078"},
+    )
+    assert done.returncode == 3 and "args ['a', '--b']" in done.stdout, done
