@@ -52,13 +52,13 @@ std::span<const std::byte> as_bytes(const std::vector<std::uint8_t>& bytes) {
 
 // ---- the broadcast plan ------------------------------------------------------------------
 
-detail::push_matrix all_connected(std::size_t n) {
-  return detail::push_matrix(n, std::vector<bool>(n, true));
+vmm::detail::push_matrix all_connected(std::size_t n) {
+  return vmm::detail::push_matrix(n, std::vector<bool>(n, true));
 }
 
 // Every replica but the root receives exactly once, from one that had the bytes by then.
 void expect_a_tree(const std::vector<std::vector<replica_copy>>& rounds, std::size_t root,
-                   const detail::push_matrix& can_push) {
+                   const vmm::detail::push_matrix& can_push) {
   std::vector<bool> has(can_push.size(), false);
   has[root] = true;
   std::size_t copies = 0;
@@ -83,7 +83,7 @@ TEST(broadcast_plan, all_connected_replicas_take_log2_rounds_from_any_root) {
   for (const std::size_t n : {1u, 2u, 3u, 4u, 5u, 8u}) {
     const auto matrix = all_connected(n);
     for (std::size_t root = 0; root < n; ++root) {
-      const auto rounds = detail::broadcast_rounds(root, matrix);
+      const auto rounds = vmm::detail::broadcast_rounds(root, matrix);
       std::size_t log2 = 0;
       while ((std::size_t{1} << log2) < n) ++log2;
       EXPECT_EQ(rounds.size(), log2) << n << " replicas from " << root;
@@ -94,25 +94,25 @@ TEST(broadcast_plan, all_connected_replicas_take_log2_rounds_from_any_root) {
 
 TEST(broadcast_plan, a_chain_of_neighbours_is_followed_link_by_link) {
   // 0 - 1 - 2 - 3: each reaches only its neighbours.
-  detail::push_matrix chain(4, std::vector<bool>(4, false));
+  vmm::detail::push_matrix chain(4, std::vector<bool>(4, false));
   for (std::size_t i = 0; i < 4; ++i) {
     chain[i][i] = true;
     if (i > 0) chain[i][i - 1] = chain[i - 1][i] = true;
   }
-  const auto rounds = detail::broadcast_rounds(0, chain);
+  const auto rounds = vmm::detail::broadcast_rounds(0, chain);
   ASSERT_EQ(rounds.size(), 3u);
   expect_a_tree(rounds, 0, chain);
-  const auto from_middle = detail::broadcast_rounds(1, chain);
+  const auto from_middle = vmm::detail::broadcast_rounds(1, chain);
   EXPECT_EQ(from_middle.size(), 2u) << "from 1: to 0 and 2, then 2 to 3";
   expect_a_tree(from_middle, 1, chain);
 }
 
 TEST(broadcast_plan, an_unreachable_replica_is_found_and_refused) {
-  detail::push_matrix split = all_connected(3);
+  vmm::detail::push_matrix split = all_connected(3);
   split[0][2] = split[1][2] = false;  // nobody pushes into 2
-  EXPECT_EQ(detail::unreachable_pair(split), (std::pair<std::size_t, std::size_t>{0, 2}));
-  EXPECT_THROW((void)detail::broadcast_rounds(0, split), invalid_argument);
-  EXPECT_EQ(detail::unreachable_pair(all_connected(3)), std::nullopt);
+  EXPECT_EQ(vmm::detail::unreachable_pair(split), (std::pair<std::size_t, std::size_t>{0, 2}));
+  EXPECT_THROW((void)vmm::detail::broadcast_rounds(0, split), invalid_argument);
+  EXPECT_EQ(vmm::detail::unreachable_pair(all_connected(3)), std::nullopt);
 }
 
 // ---- bad arguments that need no driver ------------------------------------------------------
