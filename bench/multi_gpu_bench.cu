@@ -50,8 +50,8 @@ namespace {
 
 constexpr std::size_t gib = std::size_t{1} << 30;
 constexpr std::size_t mib = std::size_t{1} << 20;
-constexpr std::size_t total_bytes = 16 * gib;        // the range every read benchmark reads
-constexpr int reference_repetitions = 20;  // for the in-run figures the ratios divide by
+constexpr std::size_t total_bytes = 16 * gib;  // the range every read benchmark reads
+constexpr int reference_repetitions = 20;      // for the in-run figures the ratios divide by
 
 using vmm::bench::bench_failure;
 using vmm::bench::check;

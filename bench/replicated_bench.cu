@@ -111,7 +111,8 @@ void reads_replicated(benchmark::State& state) {
 void reads_one_copy(benchmark::State& state) {
   try {
     std::vector<vmm::access_grant> access;
-    for (int d = 0; d < gpu_count; ++d) access.push_back({vmm::accessor::device(d), vmm::access_mode::read_only});
+    for (int d = 0; d < gpu_count; ++d)
+      access.push_back({vmm::accessor::device(d), vmm::access_mode::read_only});
     vmm::growable_buffer buffer(vmm::chunk_pool::create(vmm::provider_for(vmm::location::device(0))),
                                 {.max_size = array_bytes, .access = access});
     buffer.resize(array_bytes);
@@ -285,7 +286,8 @@ void broadcast(benchmark::State& state) {
     }
     const double per_iteration = seconds / static_cast<double>(state.iterations());
     const double limit = static_cast<double>(rounds) * static_cast<double>(broadcast_bytes) / (peer * 1e9);
-    state.SetBytesProcessed(static_cast<std::int64_t>(broadcast_bytes * (gpu_count - 1)) * state.iterations());
+    state.SetBytesProcessed(static_cast<std::int64_t>(broadcast_bytes * (gpu_count - 1)) *
+                            state.iterations());
     state.counters["gpus"] = gpu_count;
     state.counters["rounds"] = static_cast<double>(rounds);
     state.counters["peer_GB_per_s"] = peer;

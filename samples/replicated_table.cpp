@@ -42,8 +42,8 @@ std::vector<std::uint64_t> read_back(const vmm::replicated_vector<std::uint64_t>
                                      const vmm::chunk_pool& pool) {
   std::vector<std::uint64_t> host(table.size());
   vmm::stream_executor& executor = pool.provider()->executor();
-  executor.copy(host.data(), table.data(pool.provider()->capabilities().where), host.size() * sizeof(std::uint64_t),
-                {});
+  executor.copy(host.data(), table.data(pool.provider()->capabilities().where),
+                host.size() * sizeof(std::uint64_t), {});
   executor.synchronize({});
   return host;
 }

@@ -118,8 +118,9 @@ TEST(broadcast_plan, an_unreachable_replica_is_found_and_refused) {
 // ---- bad arguments that need no driver ------------------------------------------------------
 
 TEST(replicated_buffer_arguments, bad_locations_are_refused_before_any_driver_call) {
-  EXPECT_NE(message_of<invalid_argument>([] { replicated_buffer(std::vector<location>{}); }).find("no locations"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of<invalid_argument>([] { replicated_buffer(std::vector<location>{}); }).find("no locations"),
+      std::string::npos);
   EXPECT_NE(message_of<invalid_argument>([] {
               replicated_buffer({location::device(0), location::device(1), location::device(0)});
             }).find("gpu 0 is named twice"),
@@ -141,7 +142,8 @@ TEST(replicated_buffer_arguments, bad_locations_are_refused_before_any_driver_ca
               replicated_buffer({location::device(0)}, {.owner = location::device(1)});
             }).find("the owner gpu 1 holds no replica"),
             std::string::npos);
-  EXPECT_THROW(replicated_buffer({location::device(0)}, {.policy = chunk_policy::fixed(0)}), invalid_argument);
+  EXPECT_THROW(replicated_buffer({location::device(0)}, {.policy = chunk_policy::fixed(0)}),
+               invalid_argument);
 }
 
 TEST(replicated_buffer_arguments, pools_must_be_there_and_of_distinct_locations) {
@@ -191,8 +193,8 @@ class replicated_buffers : public ::testing::Test {
     g_ = pools_.front()->granularity();
   }
 
-  [[nodiscard]] std::vector<std::uint8_t> read(const replicated_buffer& buffer, location where, std::size_t offset,
-                                               std::size_t n) const {
+  [[nodiscard]] std::vector<std::uint8_t> read(const replicated_buffer& buffer, location where,
+                                               std::size_t offset, std::size_t n) const {
     memory_provider& provider = *pool_at(where)->provider();
     return read_bytes(provider, reinterpret_cast<std::uintptr_t>(buffer.data(where)) + offset, n);
   }
@@ -203,9 +205,11 @@ class replicated_buffers : public ::testing::Test {
     return pools_.front();
   }
   // Every replica holds `bytes` at `offset`.
-  void expect_everywhere(const replicated_buffer& buffer, std::size_t offset, const std::vector<std::uint8_t>& bytes) {
+  void expect_everywhere(const replicated_buffer& buffer, std::size_t offset,
+                         const std::vector<std::uint8_t>& bytes) {
     for (const location& where : buffer.locations())
-      EXPECT_TRUE(read(buffer, where, offset, bytes.size()) == bytes) << "the replica on " << to_string(where);
+      EXPECT_TRUE(read(buffer, where, offset, bytes.size()) == bytes)
+          << "the replica on " << to_string(where);
   }
   // What every replica holds, and where, to compare before and after a failed call.
   struct state {
@@ -255,14 +259,16 @@ TYPED_TEST(replicated_buffers, an_update_from_host_memory_reaches_every_replica)
 }
 
 TYPED_TEST(replicated_buffers, an_update_from_one_replica_reaches_the_others) {
-  replicated_buffer buffer(this->pools_, {.max_size = 16 * this->g_, .owner = this->pools_.back()->provider()->capabilities().where});
+  replicated_buffer buffer(this->pools_, {.max_size = 16 * this->g_,
+                                          .owner = this->pools_.back()->provider()->capabilities().where});
   buffer.resize(2 * this->g_);
   const auto bytes = pattern(2 * this->g_, 3);
   buffer.update(0, bytes.size(), update_source::host(as_bytes(bytes)));
   // The owner's GPU (the host, on the OS provider) writes its replica; publish() spreads it.
   const location owner = *buffer.owner();
   const auto replaced = pattern(this->g_, 4);
-  write_bytes(*this->pool_at(owner)->provider(), reinterpret_cast<std::uintptr_t>(buffer.owner_data()), replaced);
+  write_bytes(*this->pool_at(owner)->provider(), reinterpret_cast<std::uintptr_t>(buffer.owner_data()),
+              replaced);
   buffer.publish(0, this->g_);
   this->expect_everywhere(buffer, 0, replaced);
   this->expect_everywhere(buffer, this->g_, std::vector<std::uint8_t>(bytes.begin() + this->g_, bytes.end()));
@@ -329,7 +335,8 @@ TYPED_TEST(replicated_buffers, growth_past_max_size_is_refused_and_changes_nothi
   const auto bytes = pattern(3 * this->g_, 6);
   buffer.append(update_source::host(as_bytes(bytes)));
   const auto before = this->state_of(buffer);
-  EXPECT_NE(message_of<out_of_memory>([&] { buffer.resize(4 * this->g_ + 1); }).find("max_size"), std::string::npos);
+  EXPECT_NE(message_of<out_of_memory>([&] { buffer.resize(4 * this->g_ + 1); }).find("max_size"),
+            std::string::npos);
   EXPECT_THROW(buffer.reserve(5 * this->g_), out_of_memory);
   EXPECT_THROW(buffer.append(update_source::host(as_bytes(bytes))), out_of_memory);
   EXPECT_TRUE(this->state_of(buffer) == before);
@@ -383,7 +390,8 @@ TYPED_TEST(replicated_buffers, a_replicated_vector_counts_elements) {
 // In a child: writes one byte into a replica through data(). 0 when the write went through.
 int write_replica_in_child(bool owner) {
   auto pools = os_host_replicas::pools(nullptr);
-  replicated_buffer buffer(pools, {.max_size = std::size_t{1} << 20, .owner = location{memory_kind::os_host, 1}});
+  replicated_buffer buffer(pools,
+                           {.max_size = std::size_t{1} << 20, .owner = location{memory_kind::os_host, 1}});
   buffer.resize(100);
   const location target{memory_kind::os_host, owner ? 1 : 2};
   volatile auto* p = static_cast<volatile std::uint8_t*>(const_cast<void*>(buffer.data(target)));
@@ -448,7 +456,8 @@ class replicated_path : public sweep_path {
     for (const location& where : buffer_.locations()) {
       const auto* p = static_cast<const std::uint8_t*>(buffer_.data(where));
       EXPECT_TRUE(std::equal(p, p + 15 * g_ / 2, expected_.begin())) << to_string(where);
-      EXPECT_TRUE(std::equal(p + 40 * g_, p + 43 * g_, expected_.begin() + static_cast<std::ptrdiff_t>(40 * g_)))
+      EXPECT_TRUE(
+          std::equal(p + 40 * g_, p + 43 * g_, expected_.begin() + static_cast<std::ptrdiff_t>(40 * g_)))
           << to_string(where);
     }
   }
@@ -484,8 +493,10 @@ class replicated_path : public sweep_path {
 };
 
 TEST(replicated_buffer_fault_sweep, growth_and_updates_leave_every_replica_as_it_was) {
-  const auto provider = make_os_host_provider({.granularity = 4 * kib, .commit_budget = std::size_t{256} << 20});
-  const sweep_report report = sweep<replicated_path>("replicated", provider, fault::all_os, {ENOMEM, EINVAL, EINTR});
+  const auto provider =
+      make_os_host_provider({.granularity = 4 * kib, .commit_budget = std::size_t{256} << 20});
+  const sweep_report report =
+      sweep<replicated_path>("replicated", provider, fault::all_os, {ENOMEM, EINVAL, EINTR});
   EXPECT_GT(report.total_points(), 0u);
   EXPECT_GT(report.injected, 0u);
 }

@@ -33,8 +33,8 @@ __global__ void write_words(std::uint32_t* words, std::uint64_t count, std::uint
 }
 
 // One kernel source for every GPU: the view says which replica is this GPU's.
-__global__ void count_mismatches(vmm::replica_view<std::uint32_t> view, std::uint64_t first, std::uint64_t count,
-                                 std::uint32_t seed, unsigned long long* mismatches) {
+__global__ void count_mismatches(vmm::replica_view<std::uint32_t> view, std::uint64_t first,
+                                 std::uint64_t count, std::uint32_t seed, unsigned long long* mismatches) {
   unsigned long long local = 0;
   for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
        i += std::uint64_t{gridDim.x} * blockDim.x)
@@ -73,7 +73,8 @@ class replicated_kernels : public ::testing::Test {
     }
   }
   void need_two() {
-    if (devices_.size() < 2) GTEST_SKIP() << "needs 2 GPUs that reach each other; this machine has " << devices_.size();
+    if (devices_.size() < 2)
+      GTEST_SKIP() << "needs 2 GPUs that reach each other; this machine has " << devices_.size();
   }
   // Mismatches a kernel on every GPU finds in its replica, after buffer's last update.
   std::vector<unsigned long long> mismatches_everywhere(const replicated_buffer& buffer, std::uint32_t seed,
@@ -126,7 +127,8 @@ TEST_F(replicated_kernels, updates_from_the_host_and_from_either_gpu_reach_every
     write_words<<<132, 256, 0, stream.get()>>>(staged.get(), count, 10u + static_cast<unsigned>(source));
     buffer.update(0, count * 4, update_source::device(source, staged.get(), count * 4), stream.get());
     stream.synchronize();
-    for (unsigned long long found : mismatches_everywhere(buffer, 10u + static_cast<unsigned>(source), 0, count))
+    for (unsigned long long found :
+         mismatches_everywhere(buffer, 10u + static_cast<unsigned>(source), 0, count))
       EXPECT_EQ(found, 0u) << "after an update from gpu " << source;
   }
   const auto part = words(30, count / 2, count / 4);
@@ -136,7 +138,8 @@ TEST_F(replicated_kernels, updates_from_the_host_and_from_either_gpu_reach_every
     buffer.update(count, part.size() * 4, host_words(part), stream.get());
     stream.synchronize();
   }
-  for (unsigned long long found : mismatches_everywhere(buffer, 30, count / 4, count / 2)) EXPECT_EQ(found, 0u);
+  for (unsigned long long found : mismatches_everywhere(buffer, 30, count / 4, count / 2))
+    EXPECT_EQ(found, 0u);
 }
 
 TEST_F(replicated_kernels, growth_keeps_every_address_and_kernels_read_every_part) {

@@ -35,8 +35,8 @@ std::vector<std::vector<replica_copy>> broadcast_rounds(std::size_t root, const 
           break;
         }
     if (round.empty())
-      throw invalid_argument(fmt::format("broadcast from replica {}: {} of {} replicas cannot be reached", root,
-                                         n - holders.size(), n));
+      throw invalid_argument(fmt::format("broadcast from replica {}: {} of {} replicas cannot be reached",
+                                         root, n - holders.size(), n));
     for (const replica_copy& copy : round) {
       has[copy.to] = true;
       holders.push_back(copy.to);
@@ -84,17 +84,17 @@ void check_locations(const std::vector<location>& locations, const replicated_bu
           "{}: {} cannot hold a replica (replicas live in GPU memory, or in OS host memory without a GPU)",
           name, to_string(where)));
     if (where.kind != locations.front().kind)
-      throw invalid_argument(
-          fmt::format("{}: {} cannot be reached from {} by peer copies: the replicas of one buffer are all GPU "
-                      "memory or all OS host memory",
-                      name, to_string(where), to_string(locations.front())));
+      throw invalid_argument(fmt::format(
+          "{}: {} cannot be reached from {} by peer copies: the replicas of one buffer are all GPU "
+          "memory or all OS host memory",
+          name, to_string(where), to_string(locations.front())));
     if (where.id < 0 || where.id >= replica_table_size)
       throw invalid_argument(fmt::format("{}: {} is outside the view's table of location ids 0 to {}", name,
                                          to_string(where), replica_table_size - 1));
     for (std::size_t j = 0; j < i; ++j)
       if (locations[j] == where)
-        throw invalid_argument(fmt::format("{}: {} is named twice (one replica per location)", name,
-                                           to_string(where)));
+        throw invalid_argument(
+            fmt::format("{}: {} is named twice (one replica per location)", name, to_string(where)));
   }
   if (options.owner && std::find(locations.begin(), locations.end(), *options.owner) == locations.end())
     throw invalid_argument(fmt::format("{}: the owner {} holds no replica", name, to_string(*options.owner)));
@@ -141,10 +141,12 @@ struct replicated_buffer::replica {
       : pool(std::move(from)),
         executor(&pool->provider()->executor()),
         copies(*executor),
-        memory(pool, growable_buffer_options{.max_size = max_size,
-                                             .policy = options.policy,
-                                             .stream = copies.get(),
-                                             .access = {{accessor_of(pool->provider()->capabilities().where), mode}}}),
+        memory(
+            pool,
+            growable_buffer_options{.max_size = max_size,
+                                    .policy = options.policy,
+                                    .stream = copies.get(),
+                                    .access = {{accessor_of(pool->provider()->capabilities().where), mode}}}),
         writable_grants(std::move(writers)) {}
   replica(const replica&) = delete;
   replica& operator=(const replica&) = delete;
@@ -159,20 +161,22 @@ struct replicated_buffer::replica {
 
   // Queues copies of [offset, offset + bytes) from `source` into this replica's aliases on
   // `stream`, through `by` (an executor that reaches both).
-  void write(const void* source, std::size_t offset, std::size_t bytes, stream_executor& by, stream_ref stream) {
+  void write(const void* source, std::size_t offset, std::size_t bytes, stream_executor& by,
+             stream_ref stream) {
     const auto* from = static_cast<const std::byte*>(source);
     for (const piece& p : pieces) {
       const std::size_t end = p.offset + p.view.size();
       if (end <= offset || p.offset >= offset + bytes) continue;
       const std::size_t lo = std::max(p.offset, offset);
       const std::size_t hi = std::min(end, offset + bytes);
-      by.copy(static_cast<std::byte*>(p.view.data()) + (lo - p.offset), from + (lo - offset), hi - lo, stream);
+      by.copy(static_cast<std::byte*>(p.view.data()) + (lo - p.offset), from + (lo - offset), hi - lo,
+              stream);
     }
   }
 
   std::shared_ptr<chunk_pool> pool;
   stream_executor* executor;
-  owned_stream copies;  // the stream this replica sends on, and grows and retires after
+  owned_stream copies;   // the stream this replica sends on, and grows and retires after
   stream_event arrived;  // the last copy into this replica
   growable_buffer memory;
   std::vector<access_grant> writable_grants;
@@ -194,10 +198,10 @@ replicated_buffer::replicated_buffer(std::vector<std::shared_ptr<chunk_pool>> po
       for (std::size_t b = 0; b < n; ++b)
         if (a != b) can_push_[a][b] = can_access_peer(locations_[a].id, locations_[b].id);
   if (const auto pair = detail::unreachable_pair(can_push_))
-    throw invalid_argument(
-        fmt::format("{}: the replica on {} cannot be reached from the one on {} by peer copies (no peer access "
-                    "along any path, cuDeviceCanAccessPeer)",
-                    name, to_string(locations_[pair->second]), to_string(locations_[pair->first])));
+    throw invalid_argument(fmt::format(
+        "{}: the replica on {} cannot be reached from the one on {} by peer copies (no peer access "
+        "along any path, cuDeviceCanAccessPeer)",
+        name, to_string(locations_[pair->second]), to_string(locations_[pair->first])));
   std::size_t max_size = options.max_size;
   if (max_size == 0) {
     max_size = std::numeric_limits<std::size_t>::max();
@@ -211,7 +215,8 @@ replicated_buffer::replicated_buffer(std::vector<std::shared_ptr<chunk_pool>> po
     std::vector<access_grant> writers{{accessor_of(locations_[i]), access_mode::read_write}};
     if (gpus)
       for (std::size_t from = 0; from < n; ++from)
-        if (from != i && can_push_[from][i]) writers.push_back({accessor_of(locations_[from]), access_mode::read_write});
+        if (from != i && can_push_[from][i])
+          writers.push_back({accessor_of(locations_[from]), access_mode::read_write});
     replicas_.push_back(std::make_unique<replica>(pools[i], options, max_size,
                                                   owns ? access_mode::read_write : access_mode::read_only,
                                                   std::move(writers)));
@@ -259,7 +264,8 @@ std::size_t replicated_buffer::max_size() const noexcept {
 
 void replicated_buffer::fill_table(std::uintptr_t (&table)[replica_table_size]) const noexcept {
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    table[static_cast<std::size_t>(locations_[i].id)] = reinterpret_cast<std::uintptr_t>(replicas_[i]->memory.data());
+    table[static_cast<std::size_t>(locations_[i].id)] =
+        reinterpret_cast<std::uintptr_t>(replicas_[i]->memory.data());
 }
 
 std::vector<std::vector<replica_copy>> replicated_buffer::broadcast_plan(location root) const {
@@ -274,15 +280,17 @@ std::size_t replicated_buffer::root_for(std::size_t offset, std::size_t bytes, c
   if (bytes > source.size)
     throw invalid_argument(
         fmt::format("{}: update of {} bytes from a source of {} bytes", name, bytes, source.size));
-  if (bytes > 0 && source.data == nullptr) throw invalid_argument(fmt::format("{}: the source is null", name));
+  if (bytes > 0 && source.data == nullptr)
+    throw invalid_argument(fmt::format("{}: the source is null", name));
   const bool gpus = locations_.front().kind == memory_kind::device;
   if (is_host_memory(source.where)) return 0;
   if (source.where.kind == memory_kind::device && gpus) {
     const auto it = std::find(locations_.begin(), locations_.end(), source.where);
     if (it != locations_.end()) return static_cast<std::size_t>(it - locations_.begin());
-    throw invalid_argument(fmt::format("{}: the source is memory of {}, which holds no replica (copy it to a "
-                                       "replica's GPU first)",
-                                       name, to_string(source.where)));
+    throw invalid_argument(
+        fmt::format("{}: the source is memory of {}, which holds no replica (copy it to a "
+                    "replica's GPU first)",
+                    name, to_string(source.where)));
   }
   throw invalid_argument(fmt::format("{}: a source in {} cannot update replicas in {}", name,
                                      to_string(source.where), to_string(locations_.front())));
@@ -352,8 +360,8 @@ void replicated_buffer::grow_to(std::size_t bytes, Write&& write) {
     if (bytes > before) r->memory.reserve(bytes, r->copies.get());
     const std::size_t after = r->memory.capacity();
     if (after > before)
-      added.back() = replica::piece{before, alias(r->memory, before, after - before, r->writable_grants,
-                                                  r->copies.get())};
+      added.back() = replica::piece{
+          before, alias(r->memory, before, after - before, r->writable_grants, r->copies.get())};
   }
   for (std::size_t i = 0; i < replicas_.size(); ++i)
     if (added[i]) replicas_[i]->pieces.reserve(replicas_[i]->pieces.size() + 1);
@@ -380,7 +388,8 @@ void replicated_buffer::reserve(std::size_t bytes) {
 
 void replicated_buffer::append(const update_source& source, stream_ref stream) {
   if (source.size > max_size() - std::min(size_, max_size()))
-    throw out_of_memory(fmt::format("{}: {} + {} bytes pass max_size {}", name, size_, source.size, max_size()));
+    throw out_of_memory(
+        fmt::format("{}: {} + {} bytes pass max_size {}", name, size_, source.size, max_size()));
   const std::size_t end = size_ + source.size;
   const std::size_t root = root_for(size_, source.size, source, end);  // checks before any growth
   if (source.size == 0) return;

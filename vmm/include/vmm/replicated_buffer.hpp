@@ -4,54 +4,31 @@
 ///
 ///     vmm::replicated_buffer table({vmm::location::device(0), vmm::location::device(1)});
 ///     table.append(vmm::update_source::host(bytes), stream0);   // H2D once, then a peer copy
-///     vmm::replica_view<float> view = table.view<float>();
+///     auto view = table.view<float>();
 ///     for (int d : {0, 1}) lookup<<<grid, block, 0, streams[d]>>>(view.on(d), ...);
 ///
-/// Rule: a replicated_buffer holds one replica per location (a GPU, or on the OS provider a
-/// host allocation per location id), all of the same size and contents. Kernels read their
-/// GPU's replica through a mapping that grants that GPU read-only access (the hardware
-/// refuses writes: CU_MEM_ACCESS_FLAGS_PROT_READ, PROT_READ on the host); every write goes
-/// through the buffer's own calls, which copy through a second, writable mapping of the same
-/// physical chunks (chunk_view aliases made as the replica grows). Why: a table every GPU
-/// reads is read at local bandwidth only if every GPU has it in its own memory, and N copies
-/// stay equal only if nobody writes one of them behind the buffer's back.
+/// Rule: one replica per location (a GPU; on the OS provider, a provider per location id),
+/// all of one size and contents, each mapped read-only for its GPU (the hardware refuses
+/// writes) and written only by the buffer's calls, through writable chunk_view aliases of the
+/// same chunks. Why: a table every GPU reads runs at local bandwidth only from every GPU's
+/// own memory, and N copies stay equal only if nobody writes one behind the buffer's back.
 ///
-/// Updates. update() checks everything first (range, source size, source location), then
-/// copies the source once into one replica (the root: the replica on the source's GPU, or
-/// for a host source the first replica) and from there along a broadcast tree over the peer
-/// matrix (vmm::query_capabilities().peer_access): in each round every replica that has the
-/// bytes pushes them to one that has not, on its own stream, so N replicas take N-1 copies
-/// in about log2(N) rounds and no link carries the bytes twice. Each replica's GPU must be
-/// able to reach the others through peer copies; the constructor refuses a set where one
-/// cannot be reached. Growth (append, resize, reserve) maps memory on every replica; each
-/// replica's address never changes (growable_buffer), and a failed growth leaves every
-/// replica as it was (strong guarantee).
+/// Updates are checked whole first, then copied once into the root replica (the one on the
+/// source's GPU; the first for host memory) and spread along a broadcast tree over the peer
+/// matrix: each round, every replica that has the bytes pushes them to one that has not, on
+/// its own stream (N - 1 copies, ceil(log2 N) rounds when all pairs connect; no link carries
+/// the bytes twice). Growth maps memory on every replica (growable_buffer: addresses stay);
+/// a failed growth leaves every replica as it was.
 ///
-/// Visibility (what a reader must wait for):
-///  - work queued on the stream given to update() after it returns sees the new bytes in
-///    every replica: the buffer makes that stream wait for every copy;
-///  - a reader on any other stream (another GPU's) must order itself after the update:
-///    enqueue_wait(stream) makes it wait for every replica, enqueue_wait(where, stream)
-///    only for the copy into `where`'s replica (the event recorded when it arrived);
-///  - an update overwrites replicas that kernels may still be reading: the caller orders
-///    those readers before the update's stream (record an event, wait on it) first.
+/// Visibility: work queued on the update's stream after the call sees the bytes everywhere;
+/// a reader on another stream calls enqueue_wait(stream), or enqueue_wait(where, stream) for
+/// the copy into one replica; readers still running when an update is queued must be ordered
+/// before its stream by the caller. Updates are ordered among themselves by the buffer.
 ///
-/// Device code. CUDA gives a kernel no portable way to ask which GPU it runs on (device-side
-/// cudaGetDevice needs relocatable device code and the device runtime), so the view carries
-/// a small table of every replica's address by location id and the host names the GPU when
-/// it passes the view (view.on(d)): one kernel source, each launch reading locally.
-///
-/// Write-back owner (replicated_buffer_options::owner): one replica may be read-write for
-/// its GPU's kernels; publish() broadcasts a range of it to the others. Kernels write the
-/// owner's replica and publish on one stream (coherency across aliases holds across kernel
-/// boundaries, vmm/chunk_view.hpp).
-///
-/// On the OS provider the replicas are host allocations of several providers, one per
-/// location id (vmm::os_host_options::id), so every algorithm and every bad input runs in CI
-/// without a GPU; copies run synchronously through the host executor there.
-///
-/// Destruction never blocks: each replica is retired after its GPU's legacy default stream
-/// and the buffer's copy streams. Not thread-safe; move-only.
+/// Device code cannot ask which GPU it runs on (device-side cudaGetDevice needs relocatable
+/// device code), so replica_view is a table of replica addresses by location id and the host
+/// names the GPU: view.on(d). An optional owner replica is read-write for its GPU; publish()
+/// spreads its changes. Destruction never blocks. docs/replicated.md has the details.
 
 #include <cstddef>
 #include <cstdint>
@@ -76,7 +53,7 @@ namespace vmm {
 /// Where the bytes of an update come from: host memory, or GPU memory of one device.
 struct update_source {
   const void* data = nullptr;
-  std::size_t size = 0;                   ///< bytes readable at data
+  std::size_t size = 0;                  ///< bytes readable at data
   location where = location::os_host();  ///< os_host: host memory; device(d): GPU d's memory
 
   /// `bytes` in host memory (pageable or page-locked).
@@ -299,8 +276,10 @@ class replicated_vector {
   /// Overwrites elements [first, first + values.size()) with host elements.
   /// @throws as replicated_buffer::update().
   void update(std::size_t first, std::span<const T> values, stream_ref stream = {}) {
-    if (first > max_elements()) throw invalid_argument("replicated_vector::update: first element past max_size");
-    buffer_.update(first * sizeof(T), values.size_bytes(), update_source::host(std::as_bytes(values)), stream);
+    if (first > max_elements())
+      throw invalid_argument("replicated_vector::update: first element past max_size");
+    buffer_.update(first * sizeof(T), values.size_bytes(), update_source::host(std::as_bytes(values)),
+                   stream);
   }
   /// Sets the size to `count` elements (new ones uninitialized).
   /// @throws vmm::out_of_memory count passes max_size, or as replicated_buffer::resize().
