@@ -14,8 +14,9 @@ namespace vmm::detail {
 using push_matrix = std::vector<std::vector<bool>>;
 
 // The rounds of copies that bring the bytes from replica `root` to every replica: in each
-// round every replica that has them (in the order they got them) pushes to the first one
-// that has not and that no one else pushes to in that round. N replicas take N - 1 copies,
+// round every replica that has them (in the order they got them) pushes to one that has not
+// and that no one else pushes to in that round: the one that can pass them on to the most
+// replicas still waiting (the first of those, on a tie). N replicas take N - 1 copies,
 // each into another replica (no link carries the bytes twice), in ceil(log2 N) rounds when
 // every pair is connected and along the chain when only neighbours are.
 // Throws vmm::invalid_argument when a replica cannot be reached from the root.

@@ -27,13 +27,26 @@ std::vector<std::vector<replica_copy>> broadcast_rounds(std::size_t root, const 
   while (holders.size() < n) {
     std::vector<replica_copy> round;
     std::vector<bool> targeted = has;
-    for (const std::size_t from : holders)
-      for (std::size_t to = 0; to < n; ++to)
-        if (!targeted[to] && can_push[from][to]) {
-          targeted[to] = true;
-          round.push_back({from, to});
-          break;
+    for (const std::size_t from : holders) {
+      // Of the replicas `from` can reach, the one that can pass the bytes on to the most that
+      // nobody has reached yet (so that a chain is entered in the middle, not at an end).
+      std::optional<std::size_t> best;
+      std::size_t best_reach = 0;
+      for (std::size_t to = 0; to < n; ++to) {
+        if (targeted[to] || !can_push[from][to]) continue;
+        std::size_t reach = 0;
+        for (std::size_t next = 0; next < n; ++next)
+          reach += !targeted[next] && next != to && can_push[to][next];
+        if (!best || reach > best_reach) {
+          best = to;
+          best_reach = reach;
         }
+      }
+      if (best) {
+        targeted[*best] = true;
+        round.push_back({from, *best});
+      }
+    }
     if (round.empty())
       throw invalid_argument(fmt::format("broadcast from replica {}: {} of {} replicas cannot be reached",
                                          root, n - holders.size(), n));
