@@ -342,6 +342,24 @@ TYPED_TEST(replicated_buffers, growth_past_max_size_is_refused_and_changes_nothi
   EXPECT_TRUE(this->state_of(buffer) == before);
 }
 
+TYPED_TEST(replicated_buffers, a_moved_from_buffer_holds_nothing_and_refuses_work) {
+  replicated_buffer buffer(this->pools_, {.max_size = 4 * this->g_});
+  const auto bytes = pattern(100, 8);
+  buffer.append(update_source::host(as_bytes(bytes)));
+  const void* first = buffer.data(buffer.locations().front());
+  replicated_buffer moved(std::move(buffer));
+  EXPECT_EQ(moved.data(moved.locations().front()), first);
+  this->expect_everywhere(moved, 0, bytes);
+  EXPECT_EQ(buffer.size(), 0u);             // NOLINT(bugprone-use-after-move): what is left
+  EXPECT_TRUE(buffer.locations().empty());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(buffer.capacity(), 0u);         // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW(buffer.update(0, 0, update_source::host(as_bytes(bytes))), invalid_argument);
+  EXPECT_THROW(buffer.resize(1), invalid_argument);
+  buffer = std::move(moved);
+  EXPECT_EQ(buffer.size(), 100u);
+  this->expect_everywhere(buffer, 0, bytes);
+}
+
 TYPED_TEST(replicated_buffers, the_view_holds_every_replica_by_location_id) {
   replicated_buffer buffer(this->pools_, {.max_size = 4 * this->g_});
   buffer.resize(64);

@@ -236,8 +236,28 @@ replicated_buffer::replicated_buffer(std::vector<std::shared_ptr<chunk_pool>> po
   }
 }
 
-replicated_buffer::replicated_buffer(replicated_buffer&&) noexcept = default;
-replicated_buffer& replicated_buffer::operator=(replicated_buffer&&) noexcept = default;
+replicated_buffer::replicated_buffer(replicated_buffer&& other) noexcept
+    : locations_(std::move(other.locations_)),
+      can_push_(std::move(other.can_push_)),
+      replicas_(std::move(other.replicas_)),
+      owner_(std::exchange(other.owner_, std::nullopt)),
+      size_(std::exchange(other.size_, 0)) {
+  other.locations_.clear();
+  other.can_push_.clear();
+  other.replicas_.clear();
+}
+
+replicated_buffer& replicated_buffer::operator=(replicated_buffer&& other) noexcept {
+  if (this != &other) {
+    replicated_buffer old(std::move(*this));  // this buffer's replicas retire with `old`
+    locations_ = std::exchange(other.locations_, {});
+    can_push_ = std::exchange(other.can_push_, {});
+    replicas_ = std::exchange(other.replicas_, {});
+    owner_ = std::exchange(other.owner_, std::nullopt);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
 replicated_buffer::~replicated_buffer() = default;
 
 std::size_t replicated_buffer::index_of(location where) const {
@@ -287,6 +307,7 @@ std::vector<std::vector<replica_copy>> replicated_buffer::broadcast_plan(locatio
 
 std::size_t replicated_buffer::root_for(std::size_t offset, std::size_t bytes, const update_source& source,
                                         std::size_t size) const {
+  if (replicas_.empty()) throw invalid_argument(fmt::format("{}: update of a moved-from buffer", name));
   if (offset > size || bytes > size - offset)
     throw invalid_argument(
         fmt::format("{}: update of [{}, {} + {}) passes the size {}", name, offset, offset, bytes, size));

@@ -183,8 +183,8 @@ class replicated_buffer {
   /// into the root replica, then along broadcast_plan(root). See the visibility rule.
   /// @throws vmm::invalid_argument [offset, offset + bytes) passes size(), the source holds
   ///         fewer than `bytes` or is null, or it lives where no replica can take it (GPU
-  ///         memory of a GPU without a replica, GPU memory for host replicas); nothing is
-  ///         written.
+  ///         memory of a GPU without a replica, GPU memory for host replicas), or the buffer
+  ///         was moved from; nothing is written.
   /// @throws vmm::driver_error a copy or an event could not be queued.
   void update(std::size_t offset, std::size_t bytes, const update_source& source, stream_ref stream = {});
   /// Broadcasts [offset, offset + bytes) of the owner's replica to the others, on `stream` (a
@@ -199,6 +199,7 @@ class replicated_buffer {
   /// @throws vmm::out_of_memory past max_size(), a pool's cap or a location's memory; every
   ///         replica is then as it was (size, contents, capacity, address).
   /// @throws vmm::driver_error, vmm::os_error mapping failed; every replica is as it was.
+  /// @throws vmm::invalid_argument the buffer was moved from.
   void resize(std::size_t bytes);
   /// Maps at least `bytes` on every replica without changing size(). Errors and guarantee
   /// as resize().
