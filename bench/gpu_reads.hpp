@@ -13,18 +13,38 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda_check.hpp"
+#include "vmm/capabilities.hpp"
 #include "vmm/stripe_layout.hpp"
 
 namespace vmm::bench {
 
 inline constexpr std::uint64_t segment_bytes = 256 * 1024;  // one block's piece of a stripe
 inline constexpr int threads = 256;
+
+/// The GPUs there are, or 0 with the reason in *why: every pair must reach each other's memory.
+inline int peer_connected_gpus(std::string* why) {
+  if (!vmm::gpu_available(why)) return 0;
+  int count = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&count);
+  if (counted != cudaSuccess) {
+    *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(counted);
+    return 0;
+  }
+  for (int a = 0; a < count; ++a)
+    for (int b = 0; b < count; ++b)
+      if (!vmm::can_access_peer(a, b)) {
+        *why = "gpu " + std::to_string(a) + " cannot access the memory of gpu " + std::to_string(b);
+        return 0;
+      }
+  return count;
+}
 
 // ---- the kernel -------------------------------------------------------------------------
 
@@ -207,5 +227,26 @@ class local_buffer {
   void* data_ = nullptr;
   std::size_t size_;
 };
+
+/// GB/s of GPU 0 reading a cudaMalloc buffer of `size` bytes, measured once per size in a
+/// run (`repetitions` runs after a warm-up): the figure the ratios divide by.
+inline double one_gpu_local_gbps(std::size_t size, int repetitions) {
+  static std::map<std::size_t, double> measured;
+  if (const auto it = measured.find(size); it != measured.end()) return it->second;
+  local_buffer buffer(size);
+  concurrent_reads reads({whole_range_on(0, buffer.data(), buffer.size())});
+  return measured[size] = reads.measure(repetitions);
+}
+
+/// The one_gpu_local row: GPU 0 reading a cudaMalloc buffer of `size` bytes.
+inline void one_gpu_local(benchmark::State& state, std::size_t size) {
+  try {
+    local_buffer buffer(size);
+    concurrent_reads reads({whole_range_on(0, buffer.data(), buffer.size())});
+    (void)time_reads(state, reads);
+  } catch (const std::exception& error) {
+    state.SkipWithError(error.what());
+  }
+}
 
 }  // namespace vmm::bench

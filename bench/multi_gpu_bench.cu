@@ -56,7 +56,6 @@ constexpr int reference_repetitions = 20;      // for the in-run figures the rat
 using vmm::bench::bench_failure;
 using vmm::bench::check;
 using vmm::bench::concurrent_reads;
-using vmm::bench::local_buffer;
 using vmm::bench::read_job;
 using vmm::bench::report;
 using vmm::bench::time_reads;
@@ -65,12 +64,7 @@ using vmm::bench::whole_range_on;
 int gpu_count = 0;  // visible GPUs, set in main
 
 double one_gpu_local_gbps() {
-  static const double gbps = [] {
-    local_buffer buffer(total_bytes);
-    concurrent_reads reads({whole_range_on(0, buffer.data(), buffer.size())});
-    return reads.measure(reference_repetitions);
-  }();
-  return gbps;
+  return vmm::bench::one_gpu_local_gbps(total_bytes, reference_repetitions);
 }
 
 using vmm::bench::raw_driver_calls;
@@ -214,13 +208,7 @@ void own_stripes(benchmark::State& state) {
 }
 
 void one_gpu_local(benchmark::State& state) {
-  try {
-    local_buffer buffer(total_bytes);
-    concurrent_reads reads({whole_range_on(0, buffer.data(), buffer.size())});
-    (void)time_reads(state, reads);
-  } catch (const std::exception& error) {
-    state.SkipWithError(error.what());
-  }
+  vmm::bench::one_gpu_local(state, total_bytes);
 }
 
 // Args: stripe in MiB.
@@ -314,31 +302,13 @@ void spill_reach(benchmark::State& state) {
   }
 }
 
-// GPUs, or 0 with the reason: every pair must reach each other's memory.
-int usable_gpus(std::string* why) {
-  if (!vmm::gpu_available(why)) return 0;
-  int count = 0;
-  const cudaError_t counted = cudaGetDeviceCount(&count);
-  if (counted != cudaSuccess) {
-    *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(counted);
-    return 0;
-  }
-  for (int a = 0; a < count; ++a)
-    for (int b = 0; b < count; ++b)
-      if (!vmm::can_access_peer(a, b)) {
-        *why = "gpu " + std::to_string(a) + " cannot access the memory of gpu " + std::to_string(b);
-        return 0;
-      }
-  return count;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   std::string why;
   try {
-    gpu_count = usable_gpus(&why);
+    gpu_count = vmm::bench::peer_connected_gpus(&why);
   } catch (const std::exception& error) {
     why = error.what();
   }

@@ -51,7 +51,6 @@ constexpr int reference_repetitions = 20;
 using vmm::bench::bench_failure;
 using vmm::bench::check;
 using vmm::bench::concurrent_reads;
-using vmm::bench::local_buffer;
 using vmm::bench::read_job;
 using vmm::bench::report;
 using vmm::bench::time_reads;
@@ -66,12 +65,7 @@ std::vector<vmm::location> all_gpus() {
 }
 
 double one_gpu_local_gbps() {
-  static const double gbps = [] {
-    local_buffer buffer(array_bytes);
-    concurrent_reads reads({whole_range_on(0, buffer.data(), buffer.size())});
-    return reads.measure(reference_repetitions);
-  }();
-  return gbps;
+  return vmm::bench::one_gpu_local_gbps(array_bytes, reference_repetitions);
 }
 
 // Every GPU reads `base(d)` whole.
@@ -177,13 +171,7 @@ void reads_managed_read_mostly(benchmark::State& state) {
 }
 
 void one_gpu_local(benchmark::State& state) {
-  try {
-    local_buffer buffer(array_bytes);
-    concurrent_reads reads({whole_range_on(0, buffer.data(), buffer.size())});
-    (void)time_reads(state, reads);
-  } catch (const std::exception& error) {
-    state.SkipWithError(error.what());
-  }
+  vmm::bench::one_gpu_local(state, array_bytes);
 }
 
 // Events on one stream of GPU 0, around work queued between start() and stop().
@@ -299,31 +287,13 @@ void broadcast(benchmark::State& state) {
   }
 }
 
-// GPUs, or 0 with the reason: every pair must reach each other's memory.
-int usable_gpus(std::string* why) {
-  if (!vmm::gpu_available(why)) return 0;
-  int count = 0;
-  const cudaError_t counted = cudaGetDeviceCount(&count);
-  if (counted != cudaSuccess) {
-    *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(counted);
-    return 0;
-  }
-  for (int a = 0; a < count; ++a)
-    for (int b = 0; b < count; ++b)
-      if (!vmm::can_access_peer(a, b)) {
-        *why = "gpu " + std::to_string(a) + " cannot access the memory of gpu " + std::to_string(b);
-        return 0;
-      }
-  return std::min(count, vmm::replica_table_size);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   std::string why;
   try {
-    gpu_count = usable_gpus(&why);
+    gpu_count = std::min(vmm::bench::peer_connected_gpus(&why), vmm::replica_table_size);
   } catch (const std::exception& error) {
     why = error.what();
   }
