@@ -349,14 +349,14 @@ void replicated_buffer::broadcast(std::size_t root, const void* from, std::size_
   replica& first = *replicas_[root];
   // After the last broadcast's copies, whatever stream that one was queued on: this one
   // overwrites what they read and wrote.
-  for (const auto& r : replicas_) r->arrived.enqueue_wait(stream);
+  for (const auto& r : replicas_) r->arrived.enqueue_wait(stream, *first.executor);
   if (from != nullptr) first.write(from, offset, bytes, *first.executor, stream);
   first.arrived = stream_event(*first.executor, stream);
   for (const std::vector<replica_copy>& round : detail::broadcast_rounds(root, can_push_)) {
     for (const replica_copy& copy : round) {
       replica& sender = *replicas_[copy.from];
       replica& receiver = *replicas_[copy.to];
-      sender.arrived.enqueue_wait(sender.copies.get());
+      sender.arrived.enqueue_wait(sender.copies.get(), *sender.executor);
       // The sender reads its own replica through its user mapping (readable by its GPU).
       receiver.write(static_cast<const std::byte*>(sender.memory.data()) + offset, offset, bytes,
                      *sender.executor, sender.copies.get());
@@ -364,15 +364,16 @@ void replicated_buffer::broadcast(std::size_t root, const void* from, std::size_
       receiver.arrived = stream_event(*sender.executor, sender.copies.get());
     }
   }
-  for (const auto& r : replicas_) r->arrived.enqueue_wait(stream);
+  for (const auto& r : replicas_) r->arrived.enqueue_wait(stream, *first.executor);
 }
 
 void replicated_buffer::enqueue_wait(stream_ref stream) const {
-  for (const auto& r : replicas_) r->arrived.enqueue_wait(stream);
+  for (const auto& r : replicas_) r->arrived.enqueue_wait(stream, *replicas_.front()->executor);
 }
 
 void replicated_buffer::enqueue_wait(location where, stream_ref stream) const {
-  replicas_[index_of(where)]->arrived.enqueue_wait(stream);
+  const replica& r = *replicas_[index_of(where)];
+  r.arrived.enqueue_wait(stream, *r.executor);
 }
 
 template <class Write>

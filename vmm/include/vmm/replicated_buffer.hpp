@@ -52,7 +52,7 @@ namespace vmm {
 
 /// Where the bytes of an update come from: host memory, or GPU memory of one device.
 struct update_source {
-  const void* data = nullptr;
+  const void* data = nullptr;            ///< the first byte
   std::size_t size = 0;                  ///< bytes readable at data
   location where = location::os_host();  ///< os_host: host memory; device(d): GPU d's memory
 
@@ -211,10 +211,11 @@ class replicated_buffer {
   void append(const update_source& source, stream_ref stream = {});
 
   /// Makes work queued on `stream` from now on wait for the last update's (or publish's)
-  /// copies into every replica.
+  /// copies into every replica. The legacy default stream ({}) is the first replica's GPU's.
   /// @throws vmm::driver_error the wait could not be queued.
   void enqueue_wait(stream_ref stream) const;
   /// Makes work queued on `stream` wait for the last copy into the replica at `where` only.
+  /// The legacy default stream ({}) is that of `where`'s GPU.
   /// @throws vmm::invalid_argument no replica lives at `where`.
   /// @throws vmm::driver_error the wait could not be queued.
   void enqueue_wait(location where, stream_ref stream) const;
