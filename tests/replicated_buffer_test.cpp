@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 #include <span>
@@ -401,6 +402,36 @@ TYPED_TEST(replicated_buffers, a_replicated_vector_counts_elements) {
   EXPECT_THROW(vector.update(999, changed), invalid_argument);
   EXPECT_THROW(vector.resize(4 * this->g_), out_of_memory);
   EXPECT_EQ(vector.view().size(), 1000u);
+}
+
+// ---- growth that one replica cannot follow ---------------------------------------------------
+
+TEST(replicated_buffer_growth, a_replica_that_cannot_grow_undoes_the_growth_of_the_replicas_before_it) {
+  const std::size_t g = 4 * kib;
+  std::vector<std::shared_ptr<chunk_pool>> pools;
+  for (int id = 0; id < 3; ++id)
+    pools.push_back(chunk_pool::create(
+        make_os_host_provider({.granularity = g, .commit_budget = std::size_t{64} << 20, .id = id}),
+        {.cap = id == 2 ? 4 * g : std::numeric_limits<std::size_t>::max()}));  // the last one is small
+  replicated_buffer buffer(pools, {.max_size = 64 * g, .policy = chunk_policy::fixed(g)});
+  const auto bytes = pattern(3 * g, 7);
+  buffer.append(update_source::host(as_bytes(bytes)));
+  std::vector<std::size_t> used;
+  for (const auto& pool : pools) used.push_back(pool->statistics().used_current);
+  const std::size_t capacity = buffer.capacity();
+  EXPECT_THROW(buffer.append(update_source::host(as_bytes(bytes))), out_of_memory);
+  EXPECT_THROW(buffer.reserve(8 * g), out_of_memory);
+  EXPECT_EQ(buffer.size(), 3 * g);
+  EXPECT_EQ(buffer.capacity(), capacity);
+  for (std::size_t i = 0; i < pools.size(); ++i)
+    EXPECT_EQ(pools[i]->statistics().used_current, used[i])
+        << "replica " << i << " kept the memory it grew by";
+  for (const location& where : buffer.locations()) {
+    const auto* p = static_cast<const std::uint8_t*>(buffer.data(where));
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), p)) << to_string(where);
+  }
+  buffer.append(update_source::host(as_bytes(bytes).first(g)));  // what still fits, fits
+  EXPECT_EQ(buffer.size(), 4 * g);
 }
 
 // ---- the read-only replica, on the OS provider ---------------------------------------------
