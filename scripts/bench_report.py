@@ -920,6 +920,58 @@ def mean_us(run):
     return run.seconds * 1e6
 
 
+def section_replicated(report):
+    report.heading("Read-mostly data on every GPU (`vmm_bench_replicated`)")
+    program = report.program("vmm_bench_replicated")
+    if program is None or not any(r.ok for r in program.runs):
+        report.missing("Replication", "vmm_bench_replicated")
+        return
+    out = report.out
+    local = report.use(program, [r for r in program.rows("one_gpu_local") if r.ok])
+    reads = report.use(program, [r for r in program.rows("reads") if r.ok])
+    casts = report.use(program, [r for r in program.rows("broadcast") if r.ok])
+    gpus = next((r.counter("gpus") for r in reads + casts if r.counter("gpus")), None)
+    out.append(f"### Every GPU reads the whole array ({gpus and int(gpus)} GPUs)")
+    out.append("")
+    body = []
+    for r in local:
+        body.append(["one GPU, its own cudaMalloc (baseline)", fmt_num(r.counter("GB_per_s")), "1.00×", ""])
+    for r in reads:
+        x = r.counter("ratio_to_one_gpu")
+        target = r.counter("target_ratio")
+        body.append([r.case, fmt_num(r.counter("GB_per_s")), fmt_ratio(x),
+                     "" if not target or x is None else f"≥ {target:.2f}: {verdict(x >= target)}"])
+    table(out, ["how", "aggregate GB/s", "vs one GPU", "target"], body)
+    if casts:
+        out.append("### Broadcast of 1 GiB")
+        out.append("")
+        body = []
+        for r in casts:
+            x = r.counter("ratio_to_limit")
+            target = r.counter("target_ratio")
+            body.append(["update from host memory" if r.arg("from_host") else "publish from the owner",
+                         fmt_time(r.seconds), fmt_num(r.counter("rounds")), fmt_num(r.counter("peer_limit_ms")),
+                         fmt_ratio(x), "" if not target or x is None else f"≤ {target}: {verdict(x <= target)}"])
+        table(out, ["broadcast", "time", "rounds", "peer limit ms", "vs limit", "target"], body)
+    plots = report.plots
+    if plots.on and reads:
+        fig, (ax,) = plots.figure()
+        names = [r.case for r in reads]
+        ax.bar(names, [r.counter("GB_per_s") or 0 for r in reads])
+        if local and local[0].counter("GB_per_s"):
+            one = local[0].counter("GB_per_s")
+            ax.axhline(one, color="gray", linestyle=":", label="one GPU, local")
+            if gpus:
+                ax.axhline(one * gpus, color="black", linestyle="--", label=f"{int(gpus)}× one GPU")
+            ax.legend(fontsize=7)
+        ax.set_ylabel("aggregate read bandwidth (GB/s)")
+        ax.grid(alpha=0.3, axis="y")
+        plots.save(fig, "replicated", "Replicated reads against the alternatives", report.out,
+                   "A kernel on every GPU reads the whole array at once: from its own replica, from one copy "
+                   "on GPU 0 over peer mappings, from a striped buffer, and from managed memory with "
+                   "SetReadMostly.")
+
+
 def section_ipc(report):
     report.heading("Handing memory to another process (`vmm_bench_ipc`)")
     program = report.program("vmm_bench_ipc")
@@ -1341,10 +1393,11 @@ def growth_ahead_targets(rows, out):
     out.append("")
 
 
-KNOWN_PROGRAMS = ("vmm_bench_grow", "vmm_bench_driver", "vmm_bench_multi_gpu", "vmm_bench_ipc",
+KNOWN_PROGRAMS = ("vmm_bench_grow", "vmm_bench_driver", "vmm_bench_multi_gpu", "vmm_bench_replicated", "vmm_bench_ipc",
                   "vmm_bench_resource_ipc", "vmm_bench_relayout", "vmm_bench_resource", "vmm_bench_append")
 
-SECTIONS = (section_context, section_status, section_growth, section_driver, section_striping, section_ipc,
+SECTIONS = (section_context, section_status, section_growth, section_driver, section_striping, section_replicated,
+            section_ipc,
             section_resource_ipc, section_relayout, section_resource, section_fragmentation, section_append,
             section_torch, section_other)
 
@@ -1364,7 +1417,8 @@ def render(documents, folder=None, plots=True):
 
 def section_programs(section):
     return {section_growth: ["vmm_bench_grow"], section_driver: ["vmm_bench_driver"],
-            section_striping: ["vmm_bench_multi_gpu"], section_ipc: ["vmm_bench_ipc"],
+            section_striping: ["vmm_bench_multi_gpu"], section_replicated: ["vmm_bench_replicated"],
+            section_ipc: ["vmm_bench_ipc"],
             section_resource_ipc: ["vmm_bench_resource_ipc"], section_relayout: ["vmm_bench_relayout"],
             section_resource: ["vmm_bench_resource"], section_append: ["vmm_bench_append"]}.get(section, [])
 
@@ -1602,6 +1656,14 @@ def synthetic_document(gpus=1):
                               raw_GB_per_s=751.0, ratio_to_raw=0.998))
     multi.append(gb_entry("spill_reach/iterations:1/manual_time", 900, "ms", reach_GiB=278.56, free_GiB=278.57,
                           percent_of_free=99.997, chunks=300, gpus=gpus))
+    replicated = [gb_entry("one_gpu_local/manual_time", 2, "ms", GB_per_s=4300.0)]
+    for how, x in (("replicated", 1.98), ("one_copy", 0.6), ("striped", 0.9), ("managed_read_mostly", 1.9)):
+        replicated.append(gb_entry(f"reads/{how}/manual_time", 4, "ms", GB_per_s=4300.0 * x, gpus=2,
+                                   ratio_to_one_gpu=x, **({"target_ratio": 1.95} if how == "replicated" else {})))
+    for from_host, x in ((0, 1.04), (1, 2.1)):
+        replicated.append(gb_entry(f"broadcast/from_host:{from_host}/manual_time", 7.0 * x, "ms", gpus=2, rounds=1,
+                                   peer_GB_per_s=150.0, peer_limit_ms=7.0, ratio_to_limit=x,
+                                   **({} if from_host else {"target_ratio": 1.1})))
     ipc = [gb_entry("hand_off/round_trip/64MiB/iterations:500/manual_time", 387)]
     for size in ("64MiB", "4GiB"):
         for method, us in (("legacy", 1026), ("vmm_warm", 1032), ("vmm_handoff", 978), ("mempool_warm", 1027),
@@ -1681,6 +1743,7 @@ def synthetic_document(gpus=1):
                                       vmm_grow_once_floor="raw_driver: cuMemMap + cuMemSetAccess"),
             "vmm_bench_driver": program(driver),
             "vmm_bench_multi_gpu": program(multi),
+            "vmm_bench_replicated": program(replicated),
             "vmm_bench_ipc": program(ipc),
             "vmm_bench_resource_ipc": program(resource_ipc),
             "vmm_bench_relayout": program(relayout),
@@ -1726,7 +1789,8 @@ def self_test():
                      "0.97× raw_vmm_geometric_cold, the same handles (issue 16: ≤ 1.1×: met); 0.92× raw_vmm_64MiB_cold",
                      "Largest vector reachable", "Per-grow" if plots.on else "reservation MiB",
                      "Fresh memory", "Import on the importer's side", "One pointer over several GPUs",
-                     "own_stripes, 2 MiB", "Handing memory to another process", "× legacy",
+                     "own_stripes, 2 MiB", "Read-mostly data on every GPU", "≥ 1.95: met", "publish from the owner",
+                     "≤ 1.1: met", "Handing memory to another process", "× legacy",
                      "Sharing a pool's pointer", "× mempool", "Re-layout against copying", "Reading windows",
                      "Stream-ordered allocation", "target ≤ 0.3 µs: met", "Fragmentation", "1.0041",
                      "PyTorch native (bench/data/README.md)", "gpt2 (torch_allocators.py)",
@@ -1736,7 +1800,7 @@ def self_test():
                      "ahead: 1.116× the warm pool (issue 16: ≤ 1.05×: NOT met)", "1.110× in the handles vmm's geometric policy creates (ahead: 1.005× that)", "PyTorch's allocators against vmm",
                      "sleep/wake", "PASS vit", "Other rows", "`vmm_bench_store`", "frobs", "What ran"):
             expect(text in markdown, f"markdown lacks {text!r}")
-        names = ("growth", "grow_once", "driver_grow", "striping", "ipc_handoff", "resource_ipc", "relayout",
+        names = ("growth", "grow_once", "driver_grow", "striping", "replicated", "ipc_handoff", "resource_ipc", "relayout",
                  "resource_pair", "fragmentation")
         if plots.on:
             for name in names:

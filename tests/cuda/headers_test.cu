@@ -35,6 +35,7 @@
 #include "vmm/mapping.hpp"
 #include "vmm/physical_allocation.hpp"
 #include "vmm/provider.hpp"
+#include "vmm/replicated_buffer.hpp"
 #include "vmm/retirement.hpp"
 #include "vmm/ring_buffer.hpp"
 #include "vmm/ring_buffer_view.hpp"

@@ -95,15 +95,6 @@ __global__ void count_own_mismatches(const std::uint32_t* base, vmm::stripe_layo
   if (local != 0) atomicAdd(mismatches, local);
 }
 
-// Selects `device` for the runtime calls of the guard's life, then GPU 0 again.
-class on_device {
- public:
-  explicit on_device(int device) { VMM_CUDA_CHECK(cudaSetDevice(device)); }
-  on_device(const on_device&) = delete;
-  on_device& operator=(const on_device&) = delete;
-  ~on_device() { cudaSetDevice(0); }
-};
-
 // Runs `launch(counter)` on `device` and returns the count it left.
 template <class Launch>
 unsigned long long count_on(int device, Launch&& launch) {

@@ -53,15 +53,6 @@ __global__ void write_contribution(float* values, std::size_t count, int rank) {
     values[i] = contribution(rank, i);
 }
 
-// Selects `device` for the runtime calls of the guard's life, then GPU 0 again.
-class on_device {
- public:
-  explicit on_device(int device) { VMM_CUDA_CHECK(cudaSetDevice(device)); }
-  on_device(const on_device&) = delete;
-  on_device& operator=(const on_device&) = delete;
-  ~on_device() { cudaSetDevice(0); }
-};
-
 // A buffer registered with a communicator for the guard's life.
 class registration {
  public:

@@ -23,6 +23,15 @@ inline void cuda_check(cudaError_t result, const char* call) {
 }
 #define VMM_CUDA_CHECK(call) ::vmm::testing::cuda_check((call), #call)
 
+// Selects `device` for the runtime calls of the guard's life, then GPU 0 again.
+class on_device {
+ public:
+  explicit on_device(int device) { VMM_CUDA_CHECK(cudaSetDevice(device)); }
+  on_device(const on_device&) = delete;
+  on_device& operator=(const on_device&) = delete;
+  ~on_device() { cudaSetDevice(0); }
+};
+
 // A non-blocking stream: no implicit order with the legacy default stream.
 class cuda_stream {
  public:

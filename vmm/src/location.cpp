@@ -13,7 +13,7 @@ std::string to_string(const location& where) {
     case memory_kind::pinned_host:
       return fmt::format("pinned host (numa {})", where.id);
     case memory_kind::os_host:
-      return "os host";
+      return where.id == 0 ? std::string("os host") : fmt::format("os host {}", where.id);
   }
   return fmt::format("unknown location kind {}", static_cast<int>(where.kind));
 }

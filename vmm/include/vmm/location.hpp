@@ -30,7 +30,7 @@ enum class memory_kind : std::uint8_t {
 /// A place physical memory lives: a GPU, a host NUMA node through the driver, or the OS.
 struct location {
   memory_kind kind = memory_kind::os_host;
-  int id = 0;  ///< device ordinal, host NUMA node, or 0 for os_host.
+  int id = 0;  ///< device ordinal, host NUMA node, or for os_host its provider's id (os_host_options::id).
 
   /// Memory of GPU `ordinal`.
   static constexpr location device(int ordinal) noexcept { return {memory_kind::device, ordinal}; }
@@ -49,7 +49,7 @@ struct location {
   }
 };
 
-/// "gpu 0", "pinned host (numa 0)", "os host".
+/// "gpu 0", "pinned host (numa 0)", "os host" (id 0), "os host 1".
 std::string to_string(const location& where);
 
 /// A processor that reads and writes memory through a mapping: a GPU or the host CPU.

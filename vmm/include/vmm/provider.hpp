@@ -210,11 +210,16 @@ struct os_host_options {
   /// says: white-box tests script them, and vmm-replay --lag simulates a device that runs
   /// behind the host.
   stream_executor* executor = nullptr;
+  /// The id of the provider's location, location{memory_kind::os_host, id} (provider_for's
+  /// is 0). Host memory is one place whatever the id; distinct ids let code that keeps one
+  /// thing per location (vmm::replicated_buffer's replicas) run with several locations on
+  /// a machine with no GPU. The memory is not bound to a NUMA node. id >= 0.
+  int id = 0;
 };
 
 /// A new OS host-memory provider with an address space of its own.
 /// @throws vmm::invalid_argument the granularity is not a power-of-two multiple of the
-///         page size.
+///         page size, or the id is negative.
 [[nodiscard]] std::shared_ptr<memory_provider> make_os_host_provider(os_host_options options = {});
 
 /// A new provider of pinned host memory on NUMA node `node`, accessible to the host and to

@@ -158,6 +158,13 @@ class stream_event {
   void enqueue_wait(stream_ref stream) const {
     if (event_ != 0) executor_->enqueue_wait(stream, event_);
   }
+  /// As above, the wait queued through `through`, the executor of the device `stream`
+  /// belongs to: the legacy default stream (nullptr) is the one of whichever device the
+  /// queuing executor runs in, so a point recorded on one GPU and waited for on another
+  /// GPU's legacy default stream needs that GPU's executor.
+  void enqueue_wait(stream_ref stream, stream_executor& through) const {
+    if (event_ != 0) through.enqueue_wait(stream, event_);
+  }
   /// Destroys the event; the point counts as done.
   void reset() noexcept {
     if (event_ != 0) executor_->destroy_event(std::exchange(event_, 0));

@@ -105,7 +105,8 @@ namespace {
 
 provider_capabilities os_capabilities(const os_host_options& options) {
   provider_capabilities result;
-  result.where = location::os_host();
+  if (options.id < 0) throw invalid_argument(fmt::format("os host: location id {} is negative", options.id));
+  result.where = location{memory_kind::os_host, options.id};
   result.granularity = checked_granularity(options.granularity);
   result.recommended_granularity = result.granularity;
   const std::size_t budget =
