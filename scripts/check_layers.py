@@ -15,8 +15,9 @@ layer and are not checked.
 
 An #include is resolved as the compiler would: "name" first next to the including file,
 then (for "name" and <name>) under the include directories the targets use: vmm/include,
-ipc/include and vmm/src (private to vmm and vmm::ipc). A name that resolves to no file of
-the repository is a system or third-party header and is not checked.
+ipc/include, vmm/src (private to vmm and vmm::ipc) and vmm/tools (the tools' own). A name
+that resolves to no file of the repository is a system or third-party header and is not
+checked.
 
 Exit status: 0 when the layering holds, 1 when a file breaks it or belongs to no layer (each
 problem on its own line, naming the file, the include and both layers), 2 on bad usage.
@@ -52,9 +53,10 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     # includes anything of vmm.
     # The vocabulary value types (where memory lives, who accesses it, a stream) sit here
     # too: the driver layer speaks in them.
-    # So does the byte-size parser of every tool's options, which throws invalid_argument.
+    # So do the byte-size parser of every tool's options, which throws invalid_argument, and
+    # the library's version (its header is generated into the build tree from cmake/).
     ("base", 0,
-     concept("error", "location", "stream_ref", "byte_size")
+     concept("error", "location", "stream_ref", "byte_size", "version")
      + ["vmm/src/cleanup.hpp", "vmm/src/enum_names.hpp"]),
     # libcuda, loaded at run time: one X-macro table of entry points.
     ("driver", 1, ["vmm/src/driver/"]),
@@ -83,13 +85,14 @@ LAYERS: list[tuple[str, int, list[str]]] = [
         "vmm/src/growth_worker.cpp"]),
     # Sharing between processes.
     ("ipc", 6, ["ipc/"]),
-    # Programs built beside the library (vmm-info).
-    ("tools", 7, ["vmm/tools/"]),
+    # Programs built beside the libraries (vmm-info, vmm-replay; vmm-store beside vmm::ipc),
+    # above both: they share vmm/tools/cli.hpp.
+    ("tools", 7, ["vmm/tools/", "ipc/tools/"]),
 ]
 
 CHECKED_FOLDERS = ("vmm", "ipc")
 SOURCE_SUFFIXES = (".hpp", ".h", ".cpp", ".cu", ".cuh")
-INCLUDE_DIRECTORIES = ("vmm/include", "ipc/include", "vmm/src")
+INCLUDE_DIRECTORIES = ("vmm/include", "ipc/include", "vmm/src", "vmm/tools")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 
@@ -249,6 +252,7 @@ def self_test() -> int:
     expect(layer_of("vmm/include/vmm/mapped_range.hpp") == layer("pool", 4), "mapped_range")
     expect(layer_of("vmm/include/vmm/shared_chunk.hpp") == layer("pool", 4), "shared_chunk")
     expect(layer_of("ipc/include/vmm/ipc/manifest.hpp") == layer("ipc", 6), "ipc")
+    expect(layer_of("ipc/tools/vmm_store.cpp") == layer("tools", 7), "a tool beside vmm::ipc")
     expect(layer_of("vmm/src/unknown.cpp") is None, "an unlisted file has no layer")
 
     for failure in failures:
