@@ -16,7 +16,8 @@ vmm_apt_install_missing() {
 }
 
 vmm_install_missing() {
-  vmm_apt_install_missing cmake ninja-build g++ libfmt-dev libgtest-dev libbenchmark-dev python3 || return 1
+  vmm_apt_install_missing cmake ninja-build g++ libfmt-dev libgtest-dev libbenchmark-dev libcli11-dev \
+    nlohmann-json3-dev python3 || return 1
   if [ ! -f /usr/local/cuda/include/cuda.h ] && [ ! -f /usr/include/cuda.h ]; then
     echo "cuda.h not found: vmm compiles against the CUDA toolkit's headers (it never links libcuda)" >&2
     return 1
