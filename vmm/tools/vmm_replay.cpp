@@ -522,7 +522,7 @@ int main(int argc, char** argv) try {
         {"vmm_version", vmm::version().text},
     };
     std::ofstream out(o.json_path);
-    out << report.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+    out << report.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", o.json_path));
   }
   if (o.max_ratio != 0 && ratio > o.max_ratio) {
