@@ -15,41 +15,22 @@
 #include <string>
 #include <string_view>
 
+#include "vmm/byte_size.hpp"
+#include "vmm/error.hpp"
+
 namespace vmm::bench {
 
-/// "64M", "4G", "1024", with K/M/G (either case) meaning 2^10/2^20/2^30. `option` names the
-/// flag in the error.
-/// @throws std::invalid_argument anything else, zero, or a value past 2^63.
+/// A size of at least one byte, read by vmm::parse_byte_size (vmm/byte_size.hpp: "4096",
+/// "64M", "64MiB", "1.5G"; binary multiples). `option` names the flag in the error.
+/// @throws std::invalid_argument (vmm::invalid_argument) anything the parser refuses, or zero.
 inline std::uint64_t parse_size(const char* option, const char* text) {
-  char* rest = nullptr;
-  errno = 0;
-  std::uint64_t value = std::strtoull(text, &rest, 10);
-  int shift = 0;
-  if (rest != text && *rest != '\0' && rest[1] == '\0') {
-    switch (*rest) {
-      case 'K':
-      case 'k':
-        shift = 10;
-        ++rest;
-        break;
-      case 'M':
-      case 'm':
-        shift = 20;
-        ++rest;
-        break;
-      case 'G':
-      case 'g':
-        shift = 30;
-        ++rest;
-        break;
-      default:
-        break;
-    }
+  try {
+    const std::uint64_t bytes = vmm::parse_byte_size(text);
+    if (bytes == 0) throw vmm::invalid_argument("zero bytes: expected at least 1");
+    return bytes;
+  } catch (const vmm::invalid_argument& error) {
+    throw vmm::invalid_argument(std::string(option) + text + ": " + error.what());
   }
-  if (rest == text || *rest != '\0' || errno != 0 || *text == '-' || value == 0 ||
-      value > (std::uint64_t{1} << (63 - shift)))
-    throw std::invalid_argument(std::string(option) + text + ": expected a size such as 4096, 64M or 4G");
-  return value << shift;
 }
 
 /// A whole number of at least `least`, in decimal ("8"); `option` names the flag in the error.

@@ -24,7 +24,11 @@ TEST(bench_args, sizes_take_suffixes_and_refuse_the_rest) {
   EXPECT_EQ(parse_size("--cap=", "4096"), 4096u);
   EXPECT_EQ(parse_size("--cap=", "64M"), std::uint64_t{64} << 20);
   EXPECT_EQ(parse_size("--cap=", "4G"), std::uint64_t{4} << 30);
-  for (const char* bad : {"", "0", "-1", "4X", "4G1", "1e3", "99999999999G"})
+  // vmm::parse_byte_size's spellings: the IEC ones and decimals too.
+  EXPECT_EQ(parse_size("--cap=", "64MiB"), std::uint64_t{64} << 20);
+  EXPECT_EQ(parse_size("--cap=", "1.5G"), std::uint64_t{3} << 29);
+  EXPECT_EQ(parse_size("--cap=", "2T"), std::uint64_t{2} << 40);
+  for (const char* bad : {"", "0", "0K", "-1", "4X", "4G1", "1e3", "4GB", "99999999999999G"})
     EXPECT_NE(refusal_of([&] { (void)parse_size("--cap=", bad); }).find("--cap="), std::string::npos) << bad;
 }
 

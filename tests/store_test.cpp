@@ -4,6 +4,7 @@
 // GPU). Leak checks compare the daemon's own counters (open fds, pool usage, holds) and
 // this process's descriptors before and after.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -20,6 +22,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "helpers/store_peer_protocol.hpp"
 #include "memory_io.hpp"
@@ -923,6 +927,34 @@ TEST_F(store_daemon, the_command_line_client_lists_stats_and_removes) {
   };
   EXPECT_TRUE(exited_cleanly(run({"ls"})));
   EXPECT_TRUE(exited_cleanly(run({"stat", "cli"})));
+  // The JSON of ls, stat and stats (docs/tools.md names the fields): what the client sees.
+  const auto json_of = [&](const std::string& command) {
+    const std::string line =
+        fmt::format("'{}' {} --socket '{}' --json", VMM_STORE_PATH, command, daemon.socket());
+    std::FILE* out = ::popen(line.c_str(), "r");
+    std::string text;
+    char buffer[4096];
+    for (std::size_t n = 0; out != nullptr && (n = std::fread(buffer, 1, sizeof buffer, out)) > 0;)
+      text.append(buffer, n);
+    const int status = out != nullptr ? ::pclose(out) : -1;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << line;
+    return nlohmann::json::parse(text, nullptr, false);
+  };
+  const store::buffer_info expected = store.stat("cli");
+  const nlohmann::json stat = json_of("stat cli");
+  EXPECT_EQ(stat, json_of("ls")["buffers"][0]);
+  EXPECT_EQ(stat["name"], "cli");
+  EXPECT_EQ(stat["entry"], expected.entry);
+  EXPECT_EQ(stat["location"], to_string(expected.where));
+  EXPECT_EQ(stat["size"], expected.size);
+  EXPECT_EQ(stat["capacity"], expected.capacity);
+  EXPECT_EQ(stat["max_size"], expected.max_size);
+  EXPECT_EQ(stat["holders"], expected.holders);
+  EXPECT_EQ(stat["sealed"], true);
+  const nlohmann::json counters = json_of("stats");
+  EXPECT_EQ(counters["named_entries"], 1u) << counters.dump();
+  EXPECT_EQ(counters["bytes"], expected.capacity) << counters.dump();
+  EXPECT_EQ(counters["entries"], store.statistics().entries) << counters.dump();
   EXPECT_TRUE(exited_cleanly(run({"rm", "cli"})));
   const int missing = run({"stat", "cli"});
   EXPECT_TRUE(WIFEXITED(missing) && WEXITSTATUS(missing) == 1);

@@ -1,20 +1,7 @@
 // vmm-store: the daemon that keeps named buffers for many processes, and its command-line
-// client (docs/store.md).
-//
-//   vmm-store serve [--socket P] [--cap BYTES] [--client-cap BYTES] [--allow-uid U,...]
-//                   [--request-timeout MS] [--reply-timeout MS] [--version-slots N] [--ready-fd N]
-//   vmm-store ls [--socket P]
-//   vmm-store stat NAME [--socket P]
-//   vmm-store rm NAME [--socket P]
-//
-// BYTES takes a suffix K, M, G or T (powers of 1024). --request-timeout and --reply-timeout
-// bound how long a request may take to arrive once begun and a reply to be read, in
-// milliseconds (server_options, docs/store.md; 1000 and 5000 by default). --version-slots N:
-// words of the version table that lets clients get unchanged buffers locally (65536 by
-// default; 0: none, every get asks the daemon). --ready-fd N: once listening, write
-// one byte to descriptor N and close it (for supervisors and tests that wait for the
-// daemon without polling). SIGINT and SIGTERM stop the daemon and remove its socket.
-// Exit status: 0 done, 1 an error (printed), 2 bad usage.
+// client (docs/store.md; docs/tools.md lists every command, option, exit status and JSON
+// field). One subcommand per job: `serve` runs the daemon; ls, stat, rm and stats ask a
+// running one. A new command is one more add_* function below and a line in main().
 
 #include <vmm/store/client.hpp>
 #include <vmm/store/server.hpp>
@@ -24,20 +11,29 @@
 
 #include <fmt/format.h>
 
-#include <cctype>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
+
+#include "cli.hpp"
 
 namespace {
 
-struct usage_error {
-  std::string message;
+using json = nlohmann::ordered_json;
+
+// What a parsed command runs: it returns the exit status.
+using action = std::function<int()>;
+// A subcommand and what runs it once it is the one parsed.
+struct command {
+  CLI::App* app = nullptr;
+  action run;
 };
 
 vmm::store::server* running = nullptr;
@@ -46,160 +42,242 @@ void on_signal(int) {
   if (running != nullptr) running->stop();
 }
 
-std::uint64_t parse_number(const std::string& text, const char* what) {
-  std::uint64_t value = 0;
-  const char* end = text.data() + text.size();
-  const auto [at, error] = std::from_chars(text.data(), end, value);
-  if (error != std::errc() || at == text.data())
-    throw usage_error{fmt::format("{}: not a number: {}", what, text)};
-  std::uint64_t scale = 1;
-  if (at != end) {
-    // K, M, G or T, either case: 2^10, 2^20, 2^30, 2^40.
-    constexpr std::string_view suffixes = "kmgt";
-    const std::size_t power =
-        at + 1 == end ? suffixes.find(static_cast<char>(std::tolower(static_cast<unsigned char>(*at))))
-                      : std::string_view::npos;
-    if (power == std::string_view::npos) throw usage_error{fmt::format("{}: bad suffix in {}", what, text)};
-    scale = std::uint64_t{1} << (10 * (power + 1));
-  }
-  if (value > UINT64_MAX / scale) throw usage_error{fmt::format("{}: too large: {}", what, text)};
-  return value * scale;
+void print_json(const json& value) {
+  std::cout << value.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
 }
 
-std::chrono::milliseconds milliseconds(const std::string& text, const char* what) {
-  const std::uint64_t value = parse_number(text, what);
-  if (value > static_cast<std::uint64_t>(std::chrono::milliseconds::max().count()))
-    throw usage_error{fmt::format("{}: too large: {}", what, text)};
-  return std::chrono::milliseconds(value);
+// ---- serve ---------------------------------------------------------------------------------
+
+command add_serve(CLI::App& app) {
+  struct settings {
+    vmm::store::server_options options;
+    std::uint64_t cap = 0;
+    std::uint64_t client_cap = 0;
+    std::uint64_t request_timeout_ms = 0;
+    std::uint64_t reply_timeout_ms = 0;
+    std::uint64_t version_slots = 0;
+    int ready_fd = -1;
+  };
+  auto s = std::make_shared<settings>();
+  s->cap = s->options.cap;
+  s->client_cap = s->options.client_cap;
+  s->request_timeout_ms = static_cast<std::uint64_t>(s->options.request_timeout.count());
+  s->reply_timeout_ms = static_cast<std::uint64_t>(s->options.reply_timeout.count());
+  s->version_slots = s->options.version_slots;
+  CLI::App* serve =
+      app.add_subcommand("serve", "Run the daemon until SIGINT or SIGTERM (which remove its socket)");
+  serve->add_option("--socket", s->options.socket_path, "The socket to listen on")
+      ->type_name("PATH")
+      ->default_str(vmm::store::default_socket_path() + " (its directory made with mode 0700)");
+  vmm::tools::add_byte_size(*serve, "--cap", s->cap, "The most capacity every buffer together may hold", 0,
+                            UINT64_MAX, "none");
+  vmm::tools::add_byte_size(*serve, "--client-cap", s->client_cap,
+                            "The most capacity one connection's live creations may hold", 0, UINT64_MAX,
+                            "none");
+  serve
+      ->add_option("--allow-uid", s->options.allowed_uids,
+                   "Uids besides the daemon's own that may connect (a list: 1001,1002; repeatable)")
+      ->type_name("UID,...")
+      ->delimiter(',')
+      ->default_str("none: the daemon's uid only");
+  serve
+      ->add_option("--request-timeout", s->request_timeout_ms,
+                   "Milliseconds a request may take to arrive once its first byte came")
+      ->type_name("MS");
+  serve->add_option("--reply-timeout", s->reply_timeout_ms, "Milliseconds a reply may take to be read")
+      ->type_name("MS");
+  serve
+      ->add_option("--version-slots", s->version_slots,
+                   "Words of the version table that lets clients get unchanged buffers locally (0: none)")
+      ->type_name("N");
+  serve
+      ->add_option("--ready-fd", s->ready_fd,
+                   "Once listening, write one byte to descriptor N and close it (for supervisors and tests)")
+      ->type_name("N")
+      ->default_str("none")
+      ->check(CLI::NonNegativeNumber);
+  return {serve, [s, serve] {
+            vmm::store::server_options& options = s->options;
+            const bool default_path = serve->count("--socket") == 0;
+            if (default_path) options.socket_path = vmm::store::default_socket_path();
+            options.cap = s->cap;
+            options.client_cap = s->client_cap;
+            options.request_timeout = std::chrono::milliseconds(s->request_timeout_ms);
+            options.reply_timeout = std::chrono::milliseconds(s->reply_timeout_ms);
+            options.version_slots = s->version_slots;
+            if (default_path) vmm::store::prepare_socket_directory(options.socket_path);
+            vmm::store::server daemon(options);
+            running = &daemon;
+            struct sigaction handler {};
+            handler.sa_handler = on_signal;
+            sigemptyset(&handler.sa_mask);
+            sigaction(SIGINT, &handler, nullptr);
+            sigaction(SIGTERM, &handler, nullptr);
+            signal(SIGPIPE, SIG_IGN);
+            fmt::print(
+                "vmm-store daemon: serving {} (pid {}, protocol {}, instance {:#018x}); starting empty: no "
+                "buffer "
+                "of an earlier daemon survives\n",
+                daemon.options().socket_path, daemon.info().pid, daemon.info().version,
+                daemon.info().instance);
+            std::fflush(stdout);
+            if (s->ready_fd >= 0) {
+              const char byte = 'r';
+              [[maybe_unused]] const auto ignored = ::write(s->ready_fd, &byte, 1);
+              ::close(s->ready_fd);
+            }
+            daemon.run();
+            running = nullptr;
+            return vmm::tools::exit_done;
+          }};
 }
 
-std::string human(std::uint64_t bytes) {
-  if (bytes >= (1ull << 30) && bytes % (1ull << 20) == 0)
-    return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30));
-  if (bytes >= (1ull << 20)) return fmt::format("{:.2f} MiB", double(bytes) / (1ull << 20));
-  return fmt::format("{} B", bytes);
+// ---- the client's commands ------------------------------------------------------------------
+
+// A client command: --socket, and --json where `json_flag` is given.
+CLI::App* add_client_command(CLI::App& app, const std::string& name, const std::string& description,
+                             vmm::store::client_options& options, bool* json_flag) {
+  CLI::App* sub = app.add_subcommand(name, description);
+  sub->add_option("--socket", options.socket_path, "The daemon's socket")->type_name("PATH");
+  if (json_flag != nullptr)
+    sub->add_flag("--json", *json_flag,
+                  "Print JSON instead of text (default: text; docs/tools.md lists the fields)");
+  return sub;
 }
 
-int serve(const std::vector<std::string>& args) {
-  vmm::store::server_options options;
-  options.socket_path = vmm::store::default_socket_path();
-  bool default_path = true;
-  std::optional<int> ready_fd;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) throw usage_error{fmt::format("{} needs a value", args[i])};
-      return args[++i];
-    };
-    if (args[i] == "--socket") {
-      options.socket_path = value();
-      default_path = false;
-    } else if (args[i] == "--cap") {
-      options.cap = parse_number(value(), "--cap");
-    } else if (args[i] == "--client-cap") {
-      options.client_cap = parse_number(value(), "--client-cap");
-    } else if (args[i] == "--allow-uid") {
-      const std::string& list = value();
-      for (std::size_t start = 0; start <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', start), list.size());
-        options.allowed_uids.push_back(
-            static_cast<uid_t>(parse_number(list.substr(start, comma - start), "--allow-uid")));
-        start = comma + 1;
-      }
-    } else if (args[i] == "--request-timeout") {
-      options.request_timeout = milliseconds(value(), "--request-timeout");
-    } else if (args[i] == "--reply-timeout") {
-      options.reply_timeout = milliseconds(value(), "--reply-timeout");
-    } else if (args[i] == "--version-slots") {
-      options.version_slots = parse_number(value(), "--version-slots");
-    } else if (args[i] == "--ready-fd") {
-      ready_fd = static_cast<int>(parse_number(value(), "--ready-fd"));
-    } else {
-      throw usage_error{fmt::format("serve: unknown option {}", args[i])};
-    }
-  }
-  if (default_path) vmm::store::prepare_socket_directory(options.socket_path);
-  vmm::store::server daemon(options);
-  running = &daemon;
-  struct sigaction action {};
-  action.sa_handler = on_signal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  fmt::print(
-      "vmm-store {}: serving {} (pid {}, protocol {}, instance {:#018x}); starting empty: no buffer of an "
-      "earlier daemon survives\n",
-      "daemon", daemon.options().socket_path, daemon.info().pid, daemon.info().version,
-      daemon.info().instance);
-  std::fflush(stdout);
-  if (ready_fd) {
-    const char byte = 'r';
-    [[maybe_unused]] const auto ignored = ::write(*ready_fd, &byte, 1);
-    ::close(*ready_fd);
-  }
-  daemon.run();
-  running = nullptr;
-  return 0;
+json as_json(const vmm::store::buffer_info& info) {
+  return {{"name", info.name},       {"entry", info.entry},       {"location", vmm::to_string(info.where)},
+          {"size", info.size},       {"capacity", info.capacity}, {"max_size", info.max_size},
+          {"holders", info.holders}, {"sealed", info.sealed}};
 }
 
-int client_command(const std::string& command, const std::vector<std::string>& args) {
-  vmm::store::client_options options;
-  std::vector<std::string> names;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--socket") {
-      if (i + 1 >= args.size()) throw usage_error{"--socket needs a value"};
-      options.socket_path = args[++i];
-    } else {
-      names.push_back(args[i]);
-    }
-  }
-  const std::size_t wanted = command == "ls" ? 0 : 1;
-  if (names.size() != wanted)
-    throw usage_error{fmt::format("{} takes {} name{}", command, wanted, wanted == 1 ? "" : "s")};
-  vmm::store::client store(options);
-  if (command == "ls") {
-    const auto infos = store.list();
-    fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION", "HOLDERS",
-               "STATE");
-    for (const auto& info : infos)
-      fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", info.name, human(info.size), human(info.capacity),
-                 vmm::to_string(info.where), info.holders, info.sealed ? "sealed" : "open");
-    fmt::print("{} buffer{}\n", infos.size(), infos.size() == 1 ? "" : "s");
-  } else if (command == "stat") {
-    const auto info = store.stat(names[0]);
-    fmt::print(
-        "name      {}\nentry     {}\nlocation  {}\nsize      {} ({} bytes)\ncapacity  {}\nmax size  {}\n"
-        "holders   {}\nstate     {}\n",
-        info.name, info.entry, vmm::to_string(info.where), human(info.size), info.size, human(info.capacity),
-        human(info.max_size), info.holders, info.sealed ? "sealed" : "open");
-  } else {
-    store.remove(names[0]);
-    fmt::print("removed {}\n", names[0]);
-  }
-  return 0;
+command add_ls(CLI::App& app) {
+  struct settings {
+    vmm::store::client_options options;
+    bool json = false;
+  };
+  auto s = std::make_shared<settings>();
+  CLI::App* sub = add_client_command(app, "ls", "List the named buffers", s->options, &s->json);
+  return {sub, [s] {
+            vmm::store::client store(s->options);
+            const auto infos = store.list();
+            if (s->json) {
+              json buffers = json::array();
+              for (const auto& info : infos) buffers.push_back(as_json(info));
+              print_json({{"buffers", std::move(buffers)}});
+              return vmm::tools::exit_done;
+            }
+            fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION",
+                       "HOLDERS", "STATE");
+            for (const auto& info : infos)
+              fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", info.name,
+                         vmm::format_byte_size(info.size), vmm::format_byte_size(info.capacity),
+                         vmm::to_string(info.where), info.holders, info.sealed ? "sealed" : "open");
+            fmt::print("{} buffer{}\n", infos.size(), infos.size() == 1 ? "" : "s");
+            return vmm::tools::exit_done;
+          }};
+}
+
+command add_stat(CLI::App& app) {
+  struct settings {
+    vmm::store::client_options options;
+    std::string name;
+    bool json = false;
+  };
+  auto s = std::make_shared<settings>();
+  CLI::App* sub = add_client_command(app, "stat", "Describe one named buffer", s->options, &s->json);
+  sub->add_option("NAME", s->name, "Required: the buffer's name")->default_str("none");
+  return {
+      sub, [s, sub] {
+        if (sub->count("NAME") == 0) return vmm::tools::usage_error(*sub, "stat: NAME is required");
+        vmm::store::client store(s->options);
+        const auto info = store.stat(s->name);
+        if (s->json) {
+          print_json(as_json(info));
+          return vmm::tools::exit_done;
+        }
+        fmt::print(
+            "name      {}\nentry     {}\nlocation  {}\nsize      {} ({} bytes)\ncapacity  {}\nmax size  {}\n"
+            "holders   {}\nstate     {}\n",
+            info.name, info.entry, vmm::to_string(info.where), vmm::format_byte_size(info.size), info.size,
+            vmm::format_byte_size(info.capacity), vmm::format_byte_size(info.max_size), info.holders,
+            info.sealed ? "sealed" : "open");
+        return vmm::tools::exit_done;
+      }};
+}
+
+command add_rm(CLI::App& app) {
+  struct settings {
+    vmm::store::client_options options;
+    std::string name;
+  };
+  auto s = std::make_shared<settings>();
+  CLI::App* sub = add_client_command(app, "rm", "Remove a name (its buffer lives on while a client holds it)",
+                                     s->options, nullptr);
+  sub->add_option("NAME", s->name, "Required: the buffer's name")->default_str("none");
+  return {sub, [s, sub] {
+            if (sub->count("NAME") == 0) return vmm::tools::usage_error(*sub, "rm: NAME is required");
+            vmm::store::client store(s->options);
+            store.remove(s->name);
+            fmt::print("removed {}\n", s->name);
+            return vmm::tools::exit_done;
+          }};
+}
+
+command add_stats(CLI::App& app) {
+  struct settings {
+    vmm::store::client_options options;
+    bool json = false;
+  };
+  auto s = std::make_shared<settings>();
+  CLI::App* sub = add_client_command(app, "stats", "Print the daemon's counters", s->options, &s->json);
+  return {sub, [s] {
+            vmm::store::client store(s->options);
+            const vmm::store::daemon_statistics counters = store.statistics();
+            // The fields of vmm::store::daemon_statistics, under their names.
+            const json fields = {{"connections", counters.connections},
+                                 {"entries", counters.entries},
+                                 {"named_entries", counters.named_entries},
+                                 {"holds", counters.holds},
+                                 {"bytes", counters.bytes},
+                                 {"pool_used", counters.pool_used},
+                                 {"pool_reserved", counters.pool_reserved},
+                                 {"cached_exports", counters.cached_exports},
+                                 {"open_fds", counters.open_fds}};
+            if (s->json) {
+              print_json(fields);
+              return vmm::tools::exit_done;
+            }
+            for (const auto& [name, value] : fields.items())
+              fmt::print("{:<15} {}\n", name, value.get<std::uint64_t>());
+            return vmm::tools::exit_done;
+          }};
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const std::vector<std::string> words(argv + 1, argv + argc);
-  try {
-    if (words.empty()) throw usage_error{"a command is needed: serve, ls, stat or rm"};
-    const std::vector<std::string> args(words.begin() + 1, words.end());
-    if (words[0] == "serve") return serve(args);
-    if (words[0] == "ls" || words[0] == "stat" || words[0] == "rm") return client_command(words[0], args);
-    throw usage_error{fmt::format("unknown command {}", words[0])};
-  } catch (const usage_error& error) {
-    fmt::print(stderr,
-               "vmm-store: {}\nusage: vmm-store serve [--socket P] [--cap BYTES] [--client-cap BYTES] "
-               "[--allow-uid U,...] [--request-timeout MS] [--reply-timeout MS] [--version-slots N] "
-               "[--ready-fd N]\n       "
-               "vmm-store ls|stat NAME|rm NAME [--socket P]\n",
-               error.message);
-    return 2;
-  } catch (const std::exception& error) {
-    const std::string what = error.what();
-    fmt::print(stderr, "{}{}\n", what.starts_with("vmm-store") ? "" : "vmm-store: ", what);
-    return 1;
-  }
+int main(int argc, char** argv) try {
+  CLI::App app(
+      "The daemon that keeps named buffers for the processes of one user, and its client "
+      "(docs/store.md, docs/tools.md).\n"
+      "Exit status: 0 done, 1 an error (printed), 2 a bad command or option.",
+      "vmm-store");
+  vmm::tools::prepare(app);
+  // At most one command; none is refused below rather than by CLI11, whose "a subcommand is
+  // required" would come before (and hide) the name of an unknown option.
+  app.require_subcommand(0, 1);
+  const std::vector<command> commands = {add_serve(app), add_ls(app), add_stat(app), add_rm(app),
+                                         add_stats(app)};
+  if (const auto status = vmm::tools::parse(app, argc, argv)) return *status;
+  for (const command& c : commands)
+    if (c.app->parsed()) return c.run();
+  std::string names;
+  for (const command& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
+  std::fprintf(stderr, "vmm-store: a command is needed: %s\nRun 'vmm-store --help' for the options.\n",
+               names.c_str());
+  return vmm::tools::exit_usage;
+} catch (const std::exception& error) {
+  const std::string what = error.what();
+  std::fprintf(stderr, "%s%s\n", what.starts_with("vmm-store") ? "" : "vmm-store: ", what.c_str());
+  return vmm::tools::exit_error;
 }

@@ -10,10 +10,12 @@ on a small machine) and --max-ratio 1.04, the figure PyTorch's expandable segmen
 it; checks the JSON. Exit 77 (ctest's skip) when the process may not open a descriptor per
 page, with vmm-replay's reason.
 
-`bad-input`: every malformed trace (bad lines, reused or unknown ids, sizes and streams out
-of range, a damaged gzip, no events) and every bad argument ends with exit status 1 or 2
-and a message naming the problem (and the line), never a crash; --max-ratio fails a replay
-that passes it with exit status 3; --headroom reaches the resource.
+`bad-input`: every malformed trace (bad lines, reused or unknown ids, negative sizes and
+sizes and streams out of range, a damaged gzip, no events) and an allocation the OS refuses
+end with exit status 1 and a message naming the problem, the line and its text; every bad
+argument ends with exit status 2 naming the option, never a crash; --max-ratio fails a
+replay that passes it with exit status 3; --headroom reaches the resource; the JSON report
+parses whatever the trace's path holds.
 
 `trade`: the live ViT training trace, whose page sizes trade memory (a page given back in one
 size to make one in the other) every step when the resource keeps too little idle memory.
@@ -77,11 +79,15 @@ def shared(replay, trace):
 
 # (name, trace text or bytes, words the message must hold)
 BAD_TRACES = [
-    ("unknown kind", "a 1 4096 0\nx 1\n", ["2:", "must start with 'a' or 'f'"]),
+    ("unknown kind", "a 1 4096 0\nx 1\n", ["2:", "must start with 'a' or 'f'", '"x 1"']),
     ("missing size", "a 1\n", ["1:", "an allocation needs an id, a size and a stream number"]),
     ("extra field", "a 1 4096 0 7\n", ["1:", "extra fields"]),
-    ("huge size", "a 1 281474976710657 0\n", ["1:", "past 2^48"]),
-    ("negative size", "a 1 -1 0\n", ["1:", "past 2^48"]),
+    ("huge size", "a 1 281474976710657 0\n", ["1:", "a size past 2^48 bytes (281474976710657)"]),
+    ("negative size", "a 1 -1 0\n", ["1:", "a negative size (-1)", '"a 1 -1 0"']),
+    ("size of 2^64", "a 1 18446744073709551616 0\n", ["1:", "size 18446744073709551616 is out of range"]),
+    ("size not a number", "a 1 4k 0\n", ["1:", "the size 4k is not a whole number"]),
+    ("negative id", "a -3 4096 0\n", ["1:", "a negative id (-3)"]),
+    ("negative stream", "a 1 4096 -1\n", ["1:", "a negative stream number (-1)"]),
     ("stream past 1023", "a 1 4096 1024\n", ["1:", "stream number past 1023"]),
     ("reused id", "# c\na 1 4096 0\na 1 4096 0\n", ["3:", "allocation id 1 is live already"]),
     ("free of unknown id", "a 1 4096 0\nf 2\n", ["2:", "free of id 2, which is not live"]),
@@ -89,27 +95,36 @@ BAD_TRACES = [
     ("free without id", "a 1 4096 0\nf\n", ["2:", "a free needs an id"]),
     ("no events", "# only a comment\n\n", ["no events"]),
     ("binary junk", b"\x00\xff\xfe garbage\n", ["must start with 'a' or 'f'", "\\x00\\xff\\xfe garbage"]),
+    # An allocation the OS refuses (a 128 TiB address range on the OS provider): the OS
+    # error, and the trace's line number and text.
+    ("refused by the OS", "# big\na 1 140737488355328 0\n",
+     ["2:", "allocating 140737488355328 bytes on stream 0 failed", "mmap", '"a 1 140737488355328 0"']),
 ]
 
+# (arguments after the trace, exit status, words stderr must hold): a bad option exits 2 and
+# names the option and the value; a missing file exits 1.
 BAD_ARGUMENTS = [
-    (["--repeat", "0"], "--repeat 0"),
-    (["--repeat", "x"], "--repeat x"),
-    (["--simulate", "0"], "--simulate 0"),
-    (["--simulate", "12XB"], "--simulate 12XB"),
-    (["--simulate", "99999999999GiB"], "--simulate 99999999999GiB"),
-    (["--max-ratio", "0.5"], "--max-ratio 0.5"),
-    (["--max-ratio", "nan"], "--max-ratio nan"),
-    (["--headroom", "2"], "--headroom 2"),
-    (["--headroom", "-0.5"], "--headroom -0.5"),
-    (["--headroom", "nan"], "--headroom nan"),
-    (["--headroom", "0.1x"], "--headroom 0.1x"),
-    (["--location", "gpu-1"], "--location gpu-1"),
-    (["--location", "tpu0"], "--location tpu0"),
-    (["--json"], "--json needs a value"),
-    (["--lag", "x"], "--lag x"),
-    (["--lag", "-1"], "--lag -1"),
-    (["--after"], "--after needs a value"),
-    (["--after", "/nonexistent/first.trace"], "cannot open"),
+    (["--repeat", "0"], 2, ["--repeat", "0"]),
+    (["--repeat", "x"], 2, ["--repeat", "x"]),
+    (["--simulate", "0"], 2, ["--simulate", "0 is out of range"]),
+    (["--simulate", "12XB"], 2, ["--simulate", '"12XB"', "unknown unit"]),
+    (["--simulate", "-1G"], 2, ["--simulate", '"-1G"', "negative"]),
+    (["--simulate", "99999999999GiB"], 2, ["--simulate", "99999999999GiB", "2^64 bytes or more"]),
+    (["--simulate", "512TiB"], 2, ["--simulate", "512TiB", "out of range"]),
+    (["--max-ratio", "0.5"], 2, ["--max-ratio", "0.5"]),
+    (["--max-ratio", "nan"], 2, ["--max-ratio", "nan"]),
+    (["--headroom", "2"], 2, ["--headroom", "2"]),
+    (["--headroom", "-0.5"], 2, ["--headroom", "-0.5"]),
+    (["--headroom", "nan"], 2, ["--headroom", "nan"]),
+    (["--headroom", "0.1x"], 2, ["--headroom", "0.1x"]),
+    (["--location", "gpu-1"], 2, ["--location", "gpu-1"]),
+    (["--location", "tpu0"], 2, ["--location", "tpu0"]),
+    (["--json"], 2, ["--json"]),
+    (["--lag", "x"], 2, ["--lag", "x"]),
+    (["--lag", "-1"], 2, ["--lag", "-1"]),
+    (["--after"], 2, ["--after"]),
+    (["--bogus"], 2, ["--bogus"]),
+    (["--after", "/nonexistent/first.trace"], 1, ["cannot open"]),
 ]
 
 
@@ -138,10 +153,28 @@ def bad_input(replay):
         result = run(replay, missing_file)
         if result.returncode != 1 or "cannot open" not in result.stderr:
             failures.append(f"absent file: exit {result.returncode}, stderr {result.stderr!r}")
-        for arguments, words in BAD_ARGUMENTS:
+        for arguments, status, words in BAD_ARGUMENTS:
             result = run(replay, good, *arguments)
-            if result.returncode not in (1, 2) or words not in result.stderr:
-                failures.append(f"{arguments}: exit {result.returncode}, stderr {result.stderr!r}")
+            missing = [w for w in words if w not in result.stderr]
+            if result.returncode != status or missing:
+                failures.append(f"{arguments}: exit {result.returncode}, stderr {result.stderr!r}, missing {missing}")
+        result = run(replay)
+        if result.returncode != 2 or "TRACE is required" not in result.stderr:
+            failures.append(f"no trace: exit {result.returncode}, stderr {result.stderr!r}")
+        # The JSON report escapes what it quotes: a trace path with a quote and a backslash
+        # gives JSON that parses, holding the path.
+        odd = os.path.join(directory, 'odd "name" \\ here.trace')
+        with open(odd, "w") as f:
+            f.write("a 1 4096 0\nf 1\n")
+        out = os.path.join(directory, "odd.json")
+        result = run(replay, odd, "--location", "os_host", "--simulate", "1GiB", "--json", out)
+        try:
+            with open(out) as f:
+                report = json.load(f)
+            if result.returncode != 0 or report["trace"] != odd or report["events"] != 2:
+                failures.append(f"odd path: exit {result.returncode}, trace {report['trace']!r}, expected {odd!r}")
+        except (OSError, ValueError, KeyError) as error:
+            failures.append(f"odd path: exit {result.returncode}, the JSON does not parse: {error}")
         result = run(replay, good, "--location", "gpu0", "--simulate", "1GiB")
         if result.returncode != 1 or "--simulate is for --location os_host only" not in result.stderr:
             failures.append(f"--simulate on a GPU: exit {result.returncode}, stderr {result.stderr!r}")
@@ -181,7 +214,7 @@ def bad_input(replay):
             failures.append(f"--max-ratio: exit {result.returncode}, stderr {result.stderr!r}")
     for failure in failures:
         print("FAILED:", failure)
-    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 2} bad arguments, 7 good runs checked")
+    print(f"{len(BAD_TRACES) + 2} bad traces, {len(BAD_ARGUMENTS) + 3} bad arguments, 8 good runs checked")
     return 1 if failures else 0
 
 

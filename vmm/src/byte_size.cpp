@@ -106,10 +106,9 @@ std::uint64_t parse_byte_size(std::string_view text) {
              fmt::format("unknown unit {}: the units are K, M, G, T and KiB, MiB, GiB, TiB", quoted(unit)));
   }
 
-  const wide scaled_whole = whole << shift;
-  const wide scaled_fraction = fraction << shift;
-  if (scaled_fraction % fraction_scale != 0) refuse(text, "not a whole number of bytes");
-  const wide bytes = scaled_whole + scaled_fraction / fraction_scale;
+  if (fraction_scale != 1 && shift == 0) refuse(text, "a decimal needs a unit (K, M, G or T)");
+  // A fraction of the unit is cut to whole bytes: 0.1K is 102 bytes.
+  const wide bytes = (whole << shift) + (fraction << shift) / fraction_scale;
   if (bytes >= past_uint64) refuse(text, "2^64 bytes or more");
   return static_cast<std::uint64_t>(bytes);
 }

@@ -1,11 +1,12 @@
 #pragma once
-// A clock for timing one call of 100-400 ns (vmm-replay, vmm_bench_resource).
+// A clock for timing one short call (vmm-replay, vmm_bench_resource).
 //
-// steady_clock costs 20-46 ns a reading through the vDSO on the hosts this was measured on,
-// a good part of a call of 100-200 ns, where the time-stamp counter costs 8-23 ns. So where
-// the processor's TSC is invariant (x86-64, CPUID 0x80000007 EDX bit 8: it ticks at one rate
-// whatever the core's frequency, as the kernel's tsc clock source needs), a call is timed in
-// TSC ticks, converted to ns by the rate measured against steady_clock between the clock's
+// A steady_clock reading through the vDSO costs a good part of a call that short, and a
+// reading of the time-stamp counter a fraction of that (vmm-replay prints what one timing's
+// clock reads cost, `clock_ns`, beside its figures). So where the processor's TSC is
+// invariant (x86-64, CPUID 0x80000007 EDX bit 8: it ticks at one rate whatever the core's
+// frequency, as the kernel's tsc clock source needs), a call is timed in TSC ticks,
+// converted to ns by the rate measured against steady_clock between the clock's
 // construction and calibrate(); elsewhere with steady_clock itself.
 
 #if defined(__x86_64__)

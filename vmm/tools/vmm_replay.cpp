@@ -1,14 +1,7 @@
-// vmm-replay: replays an allocation trace through vmm::memory_resource and reports what
-// the resource reserved against what was in use, and what each call cost the host.
-//
-//   vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--after FIRST]
-//              [--json FILE] [--repeat N] [--max-ratio R] [--headroom SHARE]
-//
-// TRACE is a text file, gzip-compressed or not, one event a line ('#' starts a comment):
-//   a <id> <bytes> <stream>   allocate <bytes> on stream number <stream> (0, 1, ...)
-//   f <id>                    free allocation <id> (on the stream it was allocated on)
-// Every line is checked: a malformed line, an unknown or reused id, a size past 2^48 or a
-// stream number past 1023 is an error naming the line. Nothing of the trace is trusted.
+// vmm-replay: replays an allocation trace (trace.hpp) through vmm::memory_resource and
+// reports what the resource reserved against what was in use, and what each call cost the
+// host. `vmm-replay --help` lists the options; docs/tools.md describes each, the report and
+// its JSON fields.
 //
 // Reported: peak live bytes (the trace's own, as requested), peak reserved bytes (physical
 // memory the resource held: mapped or spare), their ratio, the largest single allocation
@@ -16,38 +9,28 @@
 // time of each allocate and deallocate (median and 99th percentile) and of an
 // allocate + deallocate pair (the sum of the two, so two clock readings' cost; the median of
 // an empty reading is printed beside them). Calls are timed with the TSC where it is
-// invariant, otherwise with steady_clock (call_clock.hpp). --repeat replays the trace N
-// times in one resource (the steady state of a training loop); the figures cover every pass.
-// Also the pages created, stitched and released, and the resource's host waits
-// (memory_resource_statistics::host_waits: allocations that blocked for a stream).
+// invariant, otherwise with steady_clock (call_clock.hpp). Also the pages created, stitched
+// and released, and the resource's host waits (memory_resource_statistics::host_waits:
+// allocations that blocked for a stream).
 //
-// --simulate BYTES (OS host only; a number with an optional KiB/MiB/GiB suffix): the OS
-// provider's commit budget is BYTES and its pages come at first touch, so that a trace
-// larger than this machine's memory replays (nothing is written to the memory: the
-// figures are the resource's bookkeeping, the same as with every page committed). The
-// provider holds a descriptor per 2 MiB page: a budget needing more than `ulimit -n`
-// allows is refused with exit status 4.
-// --lag EVENTS (OS host only): the memory's stream work runs on a simulated device that is
-// EVENTS trace events behind the host, as a GPU is behind a program that queues kernels
-// ahead of it: a free's point passes only once the host has replayed EVENTS more events,
-// unless the resource waits for it (counted and printed). Without --lag, OS host memory is
-// synchronous (every free passes at once) and a GPU's idle streams pass within
-// microseconds: neither shows what frees still queued behind running work cost.
-// --after FIRST: replays the trace FIRST before TRACE in the same resource, frees what it
-// left live, synchronizes and trims the resource to nothing and resets its peaks (what
+// --simulate: the OS provider's commit budget is BYTES and its pages come at first touch, so
+// that a trace larger than this machine's memory replays (nothing is written to the memory:
+// the figures are the resource's bookkeeping, the same as with every page committed). The
+// provider holds a descriptor per page: a budget needing more than `ulimit -n` allows is
+// refused with exit status 4.
+// --lag: the memory's stream work runs on a simulated device that is EVENTS trace events
+// behind the host, as a GPU is behind a program that queues kernels ahead of it: a free's
+// point passes only once the host has replayed EVENTS more events, unless the resource waits
+// for it (counted and printed). Without --lag, OS host memory is synchronous (every free
+// passes at once) and a GPU's idle streams pass almost at once: neither shows what frees
+// still queued behind running work cost.
+// --after: replays FIRST before TRACE in the same resource, frees what it left live,
+// synchronizes and trims the resource to nothing and resets its peaks (what
 // bench/torch_allocators.py does between workloads, through vmm_torch.trim()): the figures
 // are TRACE's alone, on the layout FIRST left behind.
-// --max-ratio R: exit status 3 when peak reserved / peak live passes R (a check for CI).
-// --headroom SHARE: memory_resource_properties::headroom (the idle share of its peak the
-// resource may learn to keep mapped; 0, the default, is the resource's own), as
-// vmm_torch.use(headroom=...) sets it: what memory more room costs on a trace, and how many
-// pages it stops moving.
 
 #include <fmt/format.h>
 #include <sys/resource.h>
-#include <zlib.h>
-#if defined(__x86_64__)
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -55,108 +38,31 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
+#include "call_clock.hpp"
+#include "cli.hpp"
+#include "trace.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/memory_resource.hpp"
 #include "vmm/provider.hpp"
-#include "call_clock.hpp"
 
 namespace {
 
-struct event {
-  bool allocate;
-  std::uint32_t stream;
-  std::uint64_t id;
-  std::uint64_t bytes;
-};
+using vmm::tools::trace_event;
 
-struct trace_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::string read_all(const std::string& path) {
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (file == nullptr) throw trace_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::string text;
-  char buffer[1 << 16];
-  int read = 0;
-  while ((read = gzread(file, buffer, sizeof buffer)) > 0)
-    text.append(buffer, static_cast<std::size_t>(read));
-  int code = 0;
-  const char* message = gzerror(file, &code);
-  const std::string why = message != nullptr ? message : "read error";  // gzclose frees message
-  gzclose(file);
-  if (read < 0 || (code != Z_OK && code != Z_STREAM_END))
-    throw trace_error(fmt::format("{}: not a readable trace ({})", path, why));
-  return text;
-}
-
-// At most 80 bytes of a line for a message, bytes outside printable ASCII as \xNN.
-std::string printable(std::string_view line) {
-  std::string text;
-  for (const char c : line.substr(0, 80)) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f)
-      text += c;
-    else
-      text += fmt::format("\\x{:02x}", byte);
-  }
-  return text;
-}
-
-// Parses and checks every line; ids are renumbered densely.
-std::vector<event> parse(const std::string& path, std::uint32_t& streams) {
-  std::istringstream in(read_all(path));
-  std::vector<event> events;
-  std::unordered_map<std::uint64_t, std::uint64_t> live;  // trace id -> dense id
-  std::uint64_t next_id = 0;
-  std::string line;
-  streams = 1;
-  for (std::size_t number = 1; std::getline(in, line); ++number) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream fields(line);
-    std::string kind;
-    fields >> kind;
-    const auto fail = [&](const std::string& why) {
-      throw trace_error(fmt::format("{}:{}: {}: \"{}\"", path, number, why, printable(line)));
-    };
-    std::string extra;
-    if (kind == "a") {
-      std::uint64_t id = 0;
-      std::uint64_t bytes = 0;
-      std::uint32_t stream = 0;
-      if (!(fields >> id >> bytes >> stream)) fail("an allocation needs an id, a size and a stream number");
-      if (fields >> extra) fail("extra fields");
-      if (bytes > (std::uint64_t{1} << 48)) fail("a size past 2^48 bytes");
-      if (stream > 1023) fail("a stream number past 1023");
-      if (!live.emplace(id, next_id).second) fail(fmt::format("allocation id {} is live already", id));
-      events.push_back({true, stream, next_id++, bytes});
-      streams = std::max(streams, stream + 1);
-    } else if (kind == "f") {
-      std::uint64_t id = 0;
-      if (!(fields >> id)) fail("a free needs an id");
-      if (fields >> extra) fail("extra fields");
-      const auto it = live.find(id);
-      if (it == live.end()) fail(fmt::format("free of id {}, which is not live", id));
-      events.push_back({false, 0, it->second, 0});
-      live.erase(it);
-    } else {
-      fail("a line must start with 'a' or 'f'");
-    }
-  }
-  if (events.empty()) throw trace_error(fmt::format("{}: no events", path));
-  return events;
-}
+// Exit statuses of vmm-replay's own, beside vmm::tools' 0, 1 and 2.
+constexpr int exit_past_max_ratio = 3;
+constexpr int exit_too_few_descriptors = 4;
 
 struct percentiles {
   double median = 0;
@@ -253,47 +159,6 @@ class lagging_device final : public vmm::stream_executor {
   std::unordered_map<vmm::event_handle, std::uint64_t> recorded_;
 };
 
-vmm::location parse_location(const std::string& text) {
-  if (text == "os_host") return vmm::location::os_host();
-  if (text.rfind("gpu", 0) == 0) {
-    const std::string number = text.substr(3);
-    if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos && number.size() < 4)
-      return vmm::location::device(std::stoi(number));
-  }
-  throw std::invalid_argument(fmt::format("--location {}: expected os_host or gpu<N>", text));
-}
-
-// "80GiB", "512MiB", "4096": bytes, at most 2^48.
-std::size_t parse_bytes(const std::string& text) {
-  static constexpr std::pair<std::string_view, std::size_t> suffixes[] = {
-      {"GiB", std::size_t{1} << 30}, {"MiB", std::size_t{1} << 20}, {"KiB", std::size_t{1} << 10}, {"", 1}};
-  for (const auto& [suffix, unit] : suffixes) {
-    if (text.size() <= suffix.size() || !text.ends_with(suffix)) continue;
-    const std::string number = text.substr(0, text.size() - suffix.size());
-    if (number.size() > 15 || number.find_first_not_of("0123456789") != std::string::npos) break;
-    const std::size_t value = std::stoull(number);
-    if (value == 0 || value > (std::size_t{1} << 48) / unit) break;
-    return value * unit;
-  }
-  throw std::invalid_argument(
-      fmt::format("--simulate {}: expected bytes from 1 to 2^48, as 4096, 512MiB or 80GiB", text));
-}
-
-// A number from low to high (NaN and trailing characters refused), for FLAG.
-double parse_number(const std::string& flag, const std::string& text, double low, double high,
-                    const char* expected) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || !(value >= low && value <= high))
-    throw std::invalid_argument(fmt::format("{} {}: expected {}", flag, text, expected));
-  return value;
-}
-
 // The OS provider holds a descriptor per page: the pages this process may hold, once its
 // soft descriptor limit is raised to the hard one (a few hundred kept for the program).
 std::size_t page_descriptors() {
@@ -309,69 +174,119 @@ std::size_t page_descriptors() {
   return limit.rlim_cur > spare ? static_cast<std::size_t>(limit.rlim_cur) - spare : 0;
 }
 
-int usage() {
-  std::fprintf(
-      stderr,
-      "usage: vmm-replay TRACE [--location gpu0|os_host] [--simulate BYTES] [--lag EVENTS] [--after FIRST] "
-      "[--json FILE] [--repeat N] [--max-ratio R] [--headroom SHARE]\n");
-  return 2;
+// "os_host" or "gpu<N>".
+vmm::location parse_location(const std::string& text) {
+  if (text == "os_host") return vmm::location::os_host();
+  if (text.rfind("gpu", 0) == 0) {
+    const std::string number = text.substr(3);
+    if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos && number.size() < 4)
+      return vmm::location::device(std::stoi(number));
+  }
+  throw vmm::invalid_argument(fmt::format("--location {}: expected os_host or gpu<N>", text));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+// The command line, checked.
+struct options {
   std::string trace_path;
   std::string json_path;
   std::string first_path;
   std::optional<vmm::location> where;
   int repeat = 1;
-  std::size_t simulate_bytes = 0;
+  std::uint64_t simulate_bytes = 0;
   double max_ratio = 0;
   std::optional<std::uint64_t> lag;
+  double headroom = 0;
+};
+
+// The options, or the status to exit with (--help, --version, a bad option).
+std::variant<options, int> parse_options(int argc, char** argv) {
+  options o;
+  CLI::App app(
+      "Replays an allocation trace through vmm::memory_resource and reports the memory it "
+      "reserved against the memory in use, and what each call cost the host (docs/tools.md).\n"
+      "Exit status: 0 done, 1 an error (a malformed trace names its line), 2 a bad option, "
+      "3 past --max-ratio, 4 --simulate needs more descriptors than ulimit -n allows.",
+      "vmm-replay");
+  vmm::tools::prepare(app);
+  app.add_option("TRACE", o.trace_path, "Required: the trace, text, gzip-compressed or not (docs/tools.md)")
+      ->default_str("none");
+  std::string location;
+  app.add_option("--location", location, "Where the memory lives: os_host or gpu<N>")
+      ->type_name("WHERE")
+      ->default_str("gpu0 when a GPU is there, else os_host")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              (void)parse_location(text);
+              return "";
+            } catch (const vmm::invalid_argument&) {
+              return fmt::format("{}: expected os_host or gpu<N>", text);
+            }
+          },
+          "", "location"));
+  vmm::tools::add_byte_size(
+      app, "--simulate", o.simulate_bytes,
+      "os_host only: a commit budget of SIZE (from 1 byte to 256TiB), pages at first touch, "
+      "so that a trace larger than this machine's memory replays",
+      1, vmm::tools::trace_size_limit, "none: every page committed");
+  std::uint64_t lag = 0;
+  app.add_option("--lag", lag,
+                 "os_host only: the memory's stream work runs EVENTS trace events behind the host")
+      ->type_name("EVENTS")
+      ->default_str("none: synchronous")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{999999999}));
+  app.add_option(
+         "--after", o.first_path,
+         "Replay FIRST, free its live set and trim the resource before TRACE: the figures are TRACE's")
+      ->type_name("FIRST")
+      ->default_str("none");
+  app.add_option("--json", o.json_path, "Also write the report as JSON to FILE (docs/tools.md: its fields)")
+      ->type_name("FILE")
+      ->default_str("none");
+  app.add_option("--repeat", o.repeat, "Replay TRACE N times in one resource; the figures cover every pass")
+      ->type_name("N")
+      ->check(CLI::Range(1, 9999));
+  app.add_option("--max-ratio", o.max_ratio, "Exit with status 3 when peak reserved / peak live passes R")
+      ->type_name("R")
+      ->default_str("none")
+      ->check(vmm::tools::number_from(1, 1000));
+  app.add_option("--headroom", o.headroom,
+                 "memory_resource_properties::headroom: the idle share of its peak the resource may keep "
+                 "mapped (0: the resource's default)")
+      ->type_name("SHARE")
+      ->check(vmm::tools::number_from(0, 1));
+  if (const auto status = vmm::tools::parse(app, argc, argv)) return *status;
+  if (o.trace_path.empty()) return vmm::tools::usage_error(app, "TRACE is required");
+  if (!location.empty()) o.where = parse_location(location);
+  if (app.count("--lag") != 0) o.lag = lag;
+  return o;
+}
+
+// "TRACE:LINE: what failed: "the line"": for an event the resource refused.
+std::string at_event(const std::string& path, const trace_event& e, const std::exception& error) {
+  const std::string call = e.allocate ? fmt::format("allocating {} bytes on stream {}", e.bytes, e.stream)
+                                      : std::string("deallocating");
+  return fmt::format("{}:{}: {} failed: {}: \"{}\"", path, e.line, call, error.what(),
+                     vmm::tools::trace_line(path, e.line));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const auto parsed = parse_options(argc, argv);
+  if (const int* status = std::get_if<int>(&parsed)) return *status;
+  const options& o = std::get<options>(parsed);
+  std::optional<vmm::location> where = o.where;
+  const int repeat = o.repeat;
+  const std::uint64_t simulate_bytes = o.simulate_bytes;
+  const std::optional<std::uint64_t> lag = o.lag;
   vmm::memory_resource_properties properties;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", arg));
-      return argv[++i];
-    };
-    if (arg == "--location")
-      where = parse_location(value());
-    else if (arg == "--json")
-      json_path = value();
-    else if (arg == "--after")
-      first_path = value();
-    else if (arg == "--simulate")
-      simulate_bytes = parse_bytes(value());
-    else if (arg == "--max-ratio")
-      max_ratio = parse_number(arg, value(), 1, 1000, "a number from 1 to 1000");
-    else if (arg == "--headroom")
-      properties.headroom =
-          parse_number(arg, value(), 0, 1, "a share from 0 to 1, as 0.0078125 (0: the resource's default)");
-    else if (arg == "--lag") {
-      const std::string n = value();
-      if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
-        throw std::invalid_argument(fmt::format("--lag {}: expected 0 to 999999999 trace events", n));
-      lag = std::stoull(n);
-    } else if (arg == "--repeat") {
-      const std::string n = value();
-      if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoi(n) < 1)
-        throw std::invalid_argument(fmt::format("--repeat {}: expected 1 to 9999", n));
-      repeat = std::stoi(n);
-    } else if (!arg.empty() && arg[0] == '-')
-      return usage();
-    else if (trace_path.empty())
-      trace_path = arg;
-    else
-      return usage();
-  }
-  if (trace_path.empty()) return usage();
+  properties.headroom = o.headroom;
   if (!where) where = vmm::gpu_available() ? vmm::location::device(0) : vmm::location::os_host();
   if (simulate_bytes != 0 && where->kind != vmm::memory_kind::os_host)
-    throw std::invalid_argument("--simulate is for --location os_host only");
+    throw vmm::invalid_argument("--simulate is for --location os_host only");
   if (lag && where->kind != vmm::memory_kind::os_host)
-    throw std::invalid_argument("--lag is for --location os_host only (a GPU has its own timeline)");
+    throw vmm::invalid_argument("--lag is for --location os_host only (a GPU has its own timeline)");
 
   // On the OS provider the descriptors bound the pages: a --simulate budget that needs more
   // is refused (exit status 4); otherwise the resource's max_size stays within them.
@@ -381,16 +296,15 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr,
                  "vmm-replay: --simulate needs %zu descriptors (one per page), and this process may open "
                  "%zu for pages (ulimit -n): give a smaller budget or raise the limit\n",
-                 simulate_bytes / os_granularity, os_pages);
-    return 4;
+                 static_cast<std::size_t>(simulate_bytes / os_granularity), os_pages);
+    return exit_too_few_descriptors;
   }
 
-  std::uint32_t stream_count = 0;
-  const std::vector<event> events = parse(trace_path, stream_count);
-  std::uint32_t first_streams = 0;
-  const std::vector<event> first_events =
-      first_path.empty() ? std::vector<event>{} : parse(first_path, first_streams);
-  stream_count = std::max(stream_count, first_streams);
+  const vmm::tools::trace replayed = vmm::tools::read_trace(o.trace_path);
+  const std::vector<trace_event>& events = replayed.events;
+  const vmm::tools::trace first =
+      o.first_path.empty() ? vmm::tools::trace{} : vmm::tools::read_trace(o.first_path);
+  const std::uint32_t stream_count = std::max(replayed.streams, first.streams);
 
   // A pool of the resource's own, so that its figures are the resource's alone.
   std::optional<lagging_device> device;
@@ -418,7 +332,7 @@ int main(int argc, char** argv) try {
     std::uint32_t stream = 0;
     double allocate_ns = 0;
   };
-  std::vector<live_allocation> live(std::max(events.size(), first_events.size()));  // by dense id
+  std::vector<live_allocation> live(std::max(replayed.allocations, first.allocations));  // by dense id
   const auto free_live = [&] {
     for (live_allocation& slot : live)
       if (slot.pointer != nullptr) {
@@ -431,14 +345,18 @@ int main(int argc, char** argv) try {
     const decltype(free_live)& run;
     ~on_exit() { run(); }
   } release_live{free_live};
-  if (!first_events.empty()) {
-    for (const event& e : first_events) {
+  if (!first.events.empty()) {
+    for (const trace_event& e : first.events) {
       if (device) device->tick();
       live_allocation& slot = live[e.id];
-      if (e.allocate)
-        slot = {resource.allocate(streams[e.stream], e.bytes), e.bytes, e.stream};
-      else
-        resource.deallocate(streams[slot.stream], std::exchange(slot.pointer, nullptr), slot.bytes);
+      try {
+        if (e.allocate)
+          slot = {resource.allocate(streams[e.stream], e.bytes), e.bytes, e.stream};
+        else
+          resource.deallocate(streams[slot.stream], std::exchange(slot.pointer, nullptr), slot.bytes);
+      } catch (const std::exception& error) {
+        throw std::runtime_error(at_event(o.first_path, e, error));
+      }
     }
     free_live();
     resource.synchronize();  // as vmm_torch.trim(): the device idle, every free passed
@@ -458,12 +376,17 @@ int main(int argc, char** argv) try {
   vmm::tools::call_clock timer;
   for (int pass = 0; pass < repeat; ++pass) {
     const bool last_pass = pass + 1 == repeat;
-    for (const event& e : events) {
+    for (const trace_event& e : events) {
       if (device) device->tick();
       live_allocation& slot = live[e.id];
       if (e.allocate) {
         const std::uint64_t t0 = timer.now();
-        slot.pointer = resource.allocate(streams[e.stream], e.bytes);
+        try {
+          slot.pointer = resource.allocate(streams[e.stream], e.bytes);
+        } catch (const std::exception& error) {
+          // What the resource or the OS refused, and the line of the trace that asked for it.
+          throw std::runtime_error(at_event(o.trace_path, e, error));
+        }
         const std::uint64_t t1 = timer.now();
         slot.bytes = e.bytes;
         slot.stream = e.stream;
@@ -473,7 +396,11 @@ int main(int argc, char** argv) try {
         peak_live = std::max(peak_live, live_bytes);
       } else {
         const std::uint64_t t0 = timer.now();
-        resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+        try {
+          resource.deallocate(streams[slot.stream], slot.pointer, slot.bytes);
+        } catch (const std::exception& error) {
+          throw std::runtime_error(at_event(o.trace_path, e, error));
+        }
         const std::uint64_t t1 = timer.now();
         const auto ns = static_cast<double>(t1 - t0);
         deallocate_ns.push_back(ns);
@@ -530,7 +457,7 @@ int main(int argc, char** argv) try {
   const double ratio = static_cast<double>(after.reserved_high) / static_cast<double>(peak_live);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   fmt::print(
-      "trace        {} ({} events, {} stream(s), {} pass(es)) on {}{}\n", trace_path, events.size(),
+      "trace        {} ({} events, {} stream(s), {} pass(es)) on {}{}\n", o.trace_path, events.size(),
       stream_count, repeat, vmm::to_string(*where),
       simulate_bytes != 0 ? fmt::format(" (simulated: {} bytes, pages at first touch)", simulate_bytes) : "");
   fmt::print("peak live      {:.3f} GiB ({} bytes)\n", static_cast<double>(peak_live) / gib, peak_live);
@@ -561,32 +488,49 @@ int main(int argc, char** argv) try {
     fmt::print(
         "device {} events behind the host: the host waited for it {} times, {} events of work in all\n",
         device->lag(), waits, waited);
-  if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    out << fmt::format(
-        "{{\"trace\": \"{}\", \"location\": \"{}\", \"simulated\": {}, \"events\": {}, \"passes\": {}, "
-        "\"peak_live_bytes\": {}, "
-        "\"peak_reserved_bytes\": {}, \"reserved_over_live\": {:.6f}, \"headroom\": {:.9g}, "
-        "\"largest_possible_bytes\": {}, "
-        "\"allocate_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"deallocate_ns\": {{\"median\": {:.1f}, "
-        "\"p99\": {:.1f}}}, \"pair_ns\": {{\"median\": {:.1f}, \"p99\": {:.1f}}}, \"clock_ns\": {:.1f}, "
-        "\"clock\": \"{}\", \"pages_created\": {}, \"pages_stitched\": {}, \"pages_released\": {}, "
-        "\"segments\": {}, "
-        "\"host_waits\": {}, \"slow_path_ms\": {:.3f}, \"host_wait_ms\": {:.3f}, \"lag_events\": {}, "
-        "\"device_waits\": {}, \"events_waited\": {}}}\n",
-        trace_path, vmm::to_string(*where), simulate_bytes != 0, events.size(), repeat, peak_live,
-        after.reserved_high, ratio, resource.properties().headroom, largest_after, a.median, a.p99, d.median,
-        d.p99, p.median, p.p99, clock_ns, timer.name(), after.pages_created, after.pages_stitched,
-        after.pages_released, after.segments, after.host_waits, ms(after.slow_path_time),
-        ms(after.host_wait_time), device ? device->lag() : 0, waits, waited);
-    if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", json_path));
+  if (!o.json_path.empty()) {
+    // Field names are stable (docs/tools.md lists them); a new field may be added, none renamed.
+    const auto summary = [](const percentiles& x) {
+      return nlohmann::ordered_json{{"median", x.median}, {"p99", x.p99}};
+    };
+    const nlohmann::ordered_json report = {
+        {"trace", o.trace_path},
+        {"location", vmm::to_string(*where)},
+        {"simulated", simulate_bytes != 0},
+        {"events", events.size()},
+        {"passes", repeat},
+        {"peak_live_bytes", peak_live},
+        {"peak_reserved_bytes", after.reserved_high},
+        {"reserved_over_live", ratio},
+        {"headroom", resource.properties().headroom},
+        {"largest_possible_bytes", largest_after},
+        {"allocate_ns", summary(a)},
+        {"deallocate_ns", summary(d)},
+        {"pair_ns", summary(p)},
+        {"clock_ns", clock_ns},
+        {"clock", timer.name()},
+        {"pages_created", after.pages_created},
+        {"pages_stitched", after.pages_stitched},
+        {"pages_released", after.pages_released},
+        {"segments", after.segments},
+        {"host_waits", after.host_waits},
+        {"slow_path_ms", ms(after.slow_path_time)},
+        {"host_wait_ms", ms(after.host_wait_time)},
+        {"lag_events", device ? device->lag() : 0},
+        {"device_waits", waits},
+        {"events_waited", waited},
+        {"vmm_version", vmm::version().text},
+    };
+    std::ofstream out(o.json_path);
+    out << report.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+    if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", o.json_path));
   }
-  if (max_ratio != 0 && ratio > max_ratio) {
-    std::fprintf(stderr, "vmm-replay: reserved/live %.4f is past --max-ratio %.4f\n", ratio, max_ratio);
-    return 3;
+  if (o.max_ratio != 0 && ratio > o.max_ratio) {
+    std::fprintf(stderr, "vmm-replay: reserved/live %.4f is past --max-ratio %.4f\n", ratio, o.max_ratio);
+    return exit_past_max_ratio;
   }
   return 0;
 } catch (const std::exception& error) {
   std::fprintf(stderr, "vmm-replay: %s\n", error.what());
-  return 1;
+  return vmm::tools::exit_error;
 }

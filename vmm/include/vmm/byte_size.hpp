@@ -14,8 +14,8 @@
 ///   written exactly so ("64mib", "64MIB" and "64Mib", which reads as mebibits, are refused).
 /// - "KB", "MB", "GB" and "TB" are refused: they mean powers of 1000 to some readers and of
 ///   1024 to others; write "K" or "KiB".
-/// - A decimal fraction (at most 18 decimals) is allowed where the result is a whole number of bytes ("1.5G",
-///   "0.5K"); "1.5" (bytes) and "0.1K" (102.4 bytes) are refused.
+/// - A decimal fraction (at most 18 decimals) needs a unit ("1.5G", "0.5K"; "1.5" is
+///   refused), and is cut to whole bytes: "0.1K" is 102 bytes, not 102.4.
 /// - Nothing else: no sign, no whitespace anywhere, no exponent, no thousands separator, no
 ///   "B" suffix alone, no leading or trailing "." ("1.", ".5"). Leading zeros are allowed.
 /// - The result fits std::uint64_t: 2^64 bytes and more ("16777216T") are refused.
@@ -36,7 +36,8 @@ namespace vmm {
 /// 1 KiB the plain number ("1000"), otherwise the value in KiB, MiB, GiB or TiB cut to at
 /// most three decimals, without trailing zeros ("64MiB", "1.5GiB", "4.003KiB" for 4100, "16384TiB").
 /// parse_byte_size(format_byte_size(n)) is n whenever n in that unit has at most three
-/// decimals (every multiple of the unit, 1.5GiB, ...), and otherwise a little less than n.
+/// decimals that make whole bytes (every multiple of the unit, 1.5GiB, ...), and otherwise
+/// at most a thousandth of the unit less than n (both cut, never rounded up).
 /// @throws std::bad_alloc only (the string's memory).
 [[nodiscard]] std::string format_byte_size(std::uint64_t bytes);
 
