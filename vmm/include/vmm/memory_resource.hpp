@@ -285,8 +285,8 @@ class memory_resource {
   [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes, std::size_t alignment,
                                allocation_tag tag);
   /// Frees `ptr` in stream order: work queued on `stream` before this call may still use
-  /// it. `bytes` exactly as given to allocate(), not rounded (what cudaFreeAsync callers,
-  /// torch's pluggable allocator and CuPy pass); `alignment` a power of two (nullptr:
+  /// it. `bytes` exactly as given to allocate(), not rounded (what torch's pluggable
+  /// allocator, CuPy and RMM's resources pass); `alignment` a power of two (nullptr:
   /// nothing). Never throws: a pointer this resource did not hand out, a second free,
   /// another size (also one that rounds to the same 256 bytes), an allocation still
   /// registered (register_memory()) or a resource asleep is reported
