@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
 # Fuzzing (tests/fuzz/): builds the libFuzzer targets with clang, ASan and UBSan in build-fuzz/,
 # replays each target's regression inputs (tests/fuzz/regressions/<target>/), then fuzzes it
-# from a scratch copy of its committed seeds (tests/fuzz/corpus/<target>/) for a bounded time.
-#   bash scripts/fuzz.sh          # 60 s per target
-#   bash scripts/fuzz.sh 3600     # the longer run
-# Prints the executions per target. Exits non-zero if any target failed a regression input or
-# found a crash, a leak, a timeout or an out-of-memory; the inputs it found are kept in
-# build-fuzz/findings/<target>/, the logs in build-fuzz/fuzz-logs/.
+# from a scratch copy of its committed corpus (tests/fuzz/corpus/<target>/) for a bounded time.
+#   bash scripts/fuzz.sh                          # CI: 60 s per target, the corpus untouched
+#   bash scripts/fuzz.sh 300                      # longer, the corpus still untouched
+#   bash scripts/fuzz.sh --long 3600 [target...]  # then minimize each corpus and keep it
+# The long mode fuzzes each target (all, or those named) for the seconds given, then merges
+# what it found into a minimal corpus (libFuzzer -merge=1 into a fresh directory that starts
+# with the named seeds, so that only inputs adding coverage join them) and writes it back to
+# tests/fuzz/corpus/<target>/, for a commit. Prints the executions per target (and, in the long
+# mode, the corpus sizes). Exits non-zero if any target failed a regression input or found a
+# crash, a leak, a timeout or an out-of-memory (a target with a finding keeps its corpus); the
+# inputs it found are kept in build-fuzz/findings/<target>/, the logs in build-fuzz/fuzz-logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 
-seconds=${1:-60}
-if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
+usage() {
   echo "usage: $0 [seconds per target (default 60)]" >&2
+  echo "       $0 --long <seconds per target> [target...]" >&2
   exit 2
+}
+long=0
+if [[ ${1:-} == --long ]]; then
+  long=1
+  shift
+  (($#)) || usage
 fi
+seconds=${1:-60}
+[[ $seconds =~ ^[1-9][0-9]*$ ]] || usage
+(($#)) && shift
 
 vmm_install_fuzz_tools
 vmm_prepare build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DVMM_FUZZ=ON -DVMM_BUILD_TESTS=OFF \
@@ -27,6 +41,14 @@ vmm_prepare build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DVMM_FUZZ=ON -DVMM_BUILD_TE
 declare -A max_len=([manifest]=8192 [fd_channel]=8192 [handoff]=4096 [import]=8192 [stateful]=512 [store_message]=4096
                    [trace]=4096 [byte_size]=64)
 targets=(manifest fd_channel handoff import stateful store_message trace byte_size)
+if ((long && $#)); then
+  for target in "$@"; do
+    [[ -v max_len[$target] ]] || { echo "$0: no fuzz target '$target' (${targets[*]})" >&2; exit 2; }
+  done
+  targets=("$@")
+elif (($#)); then
+  usage
+fi
 
 logs=build-fuzz/fuzz-logs
 scratch=$(mktemp -d)
@@ -40,6 +62,29 @@ export UBSAN_OPTIONS=print_stacktrace=1
 summarize() {
   grep -E 'vmm fuzz finding|^==[0-9]+==ERROR|^SUMMARY|^ +#[0-9]+ .* in vmm::|Test unit written|ALARM|out-of-memory' "$1" |
     grep -v ' in vmm::fuzz::' | head -n 14 | sed 's/^/    /'
+}
+
+# The long mode's corpus: the named seeds (make_seeds.cpp; libFuzzer names what it finds by
+# the SHA-1 of its bytes) and, merged after them, whatever of the committed and the new inputs
+# adds coverage, written back to tests/fuzz/corpus/<target>/.
+keep_minimized_corpus() {
+  local target=$1 binary=$2
+  shift 2
+  local committed=tests/fuzz/corpus/$target fresh=$scratch/$target/minimized
+  local before after
+  before=$(find "$committed" -type f | wc -l)
+  mkdir -p "$fresh"
+  find "$committed" -maxdepth 1 -regextype posix-extended -type f ! -regex '.*/[0-9a-f]{40}' \
+    -exec cp {} "$fresh/" \;
+  if ! "$binary" "$@" -merge=1 "$fresh" "$scratch/$target/corpus" >"$logs/$target.merge.log" 2>&1; then
+    echo "$target: the merge failed (log: $logs/$target.merge.log)"
+    failures+=("$target: merge")
+    return
+  fi
+  rm -rf "$committed"
+  cp -r "$fresh" "$committed"
+  after=$(find "$committed" -type f | wc -l)
+  report[-1]+=$(printf ', corpus %d -> %d inputs (%s)' "$before" "$after" "$(du -sh "$committed" | cut -f1)")
 }
 
 failures=()
@@ -74,6 +119,8 @@ for target in "${targets[@]}"; do
     echo "$target: the fuzzer stopped with status $status (log: $log):"
     summarize "$log"
     failures+=("$target: fuzzing (status $status)")
+  elif ((long)); then
+    keep_minimized_corpus "$target" "$binary" "${options[@]}"
   fi
 done
 

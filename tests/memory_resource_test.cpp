@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <chrono>
@@ -169,6 +170,95 @@ TYPED_TEST(memory_resources, out_of_memory_says_the_numbers_and_leaves_the_resou
   resource->deallocate({}, a, 5 * g);
   void* c = resource->allocate({}, 8 * g);
   resource->deallocate({}, c, 8 * g);
+}
+
+// The statistics a refused request must leave as they were: no address range, no page.
+void expect_unchanged(const memory_resource_statistics& before, const memory_resource_statistics& after) {
+  EXPECT_EQ(after.segments, before.segments);
+  EXPECT_EQ(after.largest_free_block, before.largest_free_block);
+  EXPECT_EQ(after.reserved_current, before.reserved_current);
+  EXPECT_EQ(after.used_current, before.used_current);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_EQ(after.allocations_total, before.allocations_total);
+  EXPECT_EQ(after.handles, before.handles);
+  EXPECT_EQ(after.pages_created, before.pages_created);
+}
+
+TYPED_TEST(memory_resources, a_request_past_max_size_leaves_no_address_range_behind) {
+  auto resource = this->make({.max_size = 64 * mib});
+  // Before the stream's first allocation: not even its arenas are made.
+  EXPECT_THROW((void)resource->allocate({}, std::size_t{1} << 40), out_of_memory);
+  EXPECT_EQ(resource->statistics().segments, 0u);
+  void* p = resource->allocate({}, 4 * kib);
+  const memory_resource_statistics before = resource->statistics();
+  void* q = nullptr;
+  for (const std::size_t bytes : {std::size_t{1} << 40, 64 * mib + 1, 61 * mib}) {
+    if (bytes == 61 * mib) q = resource->allocate({}, 4 * mib);  // 61 MiB more cannot fit now
+    const memory_resource_statistics now = resource->statistics();
+    try {
+      (void)resource->allocate({}, bytes);
+      ADD_FAILURE() << "no out_of_memory for " << bytes << " bytes";
+    } catch (const out_of_memory& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find(std::to_string(bytes) + " bytes requested"), std::string::npos) << message;
+      EXPECT_NE(message.find("max_size"), std::string::npos) << message;
+    }
+    expect_unchanged(now, resource->statistics());
+  }
+  EXPECT_EQ(resource->statistics().segments, before.segments);
+  resource->deallocate({}, q, 4 * mib);
+  resource->deallocate({}, p, 4 * kib);
+}
+
+TYPED_TEST(memory_resources, exactly_two_to_the_48_bytes_is_out_of_memory_with_the_numbers) {
+  // 2^48 bytes is a valid request (only more is invalid_argument); no memory holds it. Both
+  // under a small max_size and under the default (the location's memory).
+  for (const bool bounded : {true, false}) {
+    auto resource = bounded ? this->make() : std::make_unique<memory_resource>(this->pool_);
+    void* p = resource->allocate({}, 4 * kib);
+    const memory_resource_statistics before = resource->statistics();
+    try {
+      (void)resource->allocate({}, std::size_t{1} << 48);
+      ADD_FAILURE() << "no out_of_memory";
+    } catch (const out_of_memory& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("281474976710656 bytes requested"), std::string::npos) << message;
+      EXPECT_NE(message.find("reserved"), std::string::npos) << message;
+      EXPECT_NE(message.find("in use"), std::string::npos) << message;
+    }
+    expect_unchanged(before, resource->statistics());
+    resource->deallocate({}, p, 4 * kib);
+  }
+}
+
+TYPED_TEST(memory_resources, a_deallocation_of_another_size_is_refused_even_within_the_rounding) {
+  auto resource = this->make();
+  const auto quiet = set_cleanup_failure_handler([](const char*) noexcept {});
+  void* p = resource->allocate({}, 1000);
+  const memory_resource_statistics before = resource->statistics();
+  resource->deallocate({}, p, 1001);  // both round to 1024: still another size
+  resource->deallocate({}, p, 999);
+  resource->deallocate({}, p, 1024);
+  EXPECT_THROW((void)resource->pages_of(p, 1001), invalid_argument);
+  memory_resource_statistics after = resource->statistics();
+  EXPECT_EQ(after.bad_deallocations, 3u);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_EQ(after.used_current, before.used_current);
+  resource->deallocate({}, p, 1000);
+  EXPECT_EQ(resource->statistics().allocations, 0u);
+  // A block taken back from a quick bin (a size of the same rounding) carries its new size.
+  void* q = resource->allocate({}, 1010);
+  resource->deallocate({}, q, 1000);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 4u);
+  resource->deallocate({}, q, 1010);
+  // And one placed by the slow path.
+  void* r = resource->allocate({}, 3 * mib + 7);
+  resource->deallocate({}, r, 3 * mib + 8);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 5u);
+  resource->deallocate({}, r, 3 * mib + 7);
+  set_cleanup_failure_handler(quiet);
+  EXPECT_EQ(resource->statistics().allocations, 0u);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 5u);
 }
 
 TYPED_TEST(memory_resources, trim_and_the_release_threshold_give_idle_pages_back_to_the_pool) {
@@ -586,6 +676,41 @@ template <class Kind>
 class sleeping_resources : public memory_resources<Kind> {};
 TYPED_TEST_SUITE(sleeping_resources, all_memory_kinds, memory_kind_names);
 
+// A stand-in for NCCL's registry: what is registered now, and every call in order. Each call
+// reads the range's first and last bytes, so that it faults where the memory is not mapped
+// then (on host memory), and keeps what register saw.
+class recording_registrar : public memory_registrar {
+ public:
+  using reader = std::function<std::vector<std::uint8_t>(const void*, std::size_t)>;
+  explicit recording_registrar(reader read) : read_(std::move(read)) {}
+  void* register_memory(void* ptr, std::size_t bytes) override {
+    calls.push_back("register " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)));
+    if (fail_after >= 0 && fail_after-- == 0) throw std::runtime_error("the transport refused");
+    seen.push_back(read_(ptr, bytes));
+    const std::uintptr_t handle = ++next_handle;
+    live[handle] = {ptr, bytes};
+    return reinterpret_cast<void*>(handle);
+  }
+  void deregister_memory(void* handle) noexcept override {
+    const auto it = live.find(reinterpret_cast<std::uintptr_t>(handle));
+    if (it == live.end()) {
+      calls.push_back("deregister of an unknown handle");
+      return;
+    }
+    (void)read_(it->second.first, 1);  // still mapped
+    calls.push_back("deregister " + std::to_string(reinterpret_cast<std::uintptr_t>(it->second.first)));
+    live.erase(it);
+  }
+  std::map<std::uintptr_t, std::pair<void*, std::size_t>> live;  // by handle
+  std::vector<std::string> calls;
+  std::vector<std::vector<std::uint8_t>> seen;  // the bytes under each registration made
+  int fail_after = -1;                          // registrations before one throws (-1: none)
+  std::uintptr_t next_handle = 0;
+
+ private:
+  reader read_;
+};
+
 TYPED_TEST(sleeping_resources, sleep_gives_every_page_back_and_wake_restores_the_saved_bytes) {
   const std::size_t g = this->granularity_;
   auto resource = this->make();
@@ -641,6 +766,128 @@ TYPED_TEST(sleeping_resources, sleep_gives_every_page_back_and_wake_restores_the
 
 // A program that sleeps and wakes in a loop: a wake that keeps the host copies hands them
 // to the next sleep, which makes no fresh host memory while they are large enough.
+TYPED_TEST(sleeping_resources, registrations_are_withdrawn_by_sleep_and_renewed_over_the_new_memory) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make();
+  constexpr allocation_tag weights{1};
+  constexpr allocation_tag cache{2};
+  void* w = resource->allocate({}, 2 * g + 100, 256, weights);
+  void* c = resource->allocate({}, g, 256, cache);
+  const auto w_bytes = pattern(2 * g + 100, 21);
+  this->write(w, w_bytes);
+  auto registry = std::make_shared<recording_registrar>(
+      [this](const void* p, std::size_t n) { return this->read(p, n); });
+  memory_registration rw = resource->register_memory(w, 2 * g + 100, registry);
+  memory_registration rc = resource->register_memory(c, g / 2, registry);
+  ASSERT_EQ(registry->live.size(), 2u);
+  EXPECT_EQ(registry->seen.front(), w_bytes);
+  EXPECT_NE(rw.handle(), nullptr);
+  // A registered allocation cannot be freed: refused, counted, and nothing changes.
+  const auto quiet = set_cleanup_failure_handler([](const char*) noexcept {});
+  resource->deallocate({}, c, g);
+  set_cleanup_failure_handler(quiet);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 1u);
+  EXPECT_EQ(resource->statistics().allocations, 2u);
+
+  const allocation_tag offload[] = {weights};
+  resource->sleep(offload);
+  EXPECT_TRUE(registry->live.empty()) << "a registration outlived its pages";
+  EXPECT_EQ(rw.handle(), nullptr);
+  EXPECT_TRUE(rw);  // still the resource's: a wake registers it again
+  EXPECT_THROW((void)resource->register_memory(w, 100, registry), invalid_argument);
+
+  const allocation_tag first[] = {weights};
+  resource->wake(first);  // only the weights' registration comes back
+  ASSERT_EQ(registry->live.size(), 1u);
+  EXPECT_EQ(registry->live.begin()->second.first, w);
+  EXPECT_EQ(registry->seen.back(), w_bytes) << "registered before the saved bytes were restored";
+  EXPECT_NE(rw.handle(), nullptr);
+  EXPECT_EQ(rc.handle(), nullptr);
+  resource->wake();
+  EXPECT_EQ(registry->live.size(), 2u);
+  EXPECT_NE(rc.handle(), nullptr);
+  EXPECT_EQ(registry->calls,
+            (std::vector<std::string>{"register " + std::to_string(reinterpret_cast<std::uintptr_t>(w)),
+                                      "register " + std::to_string(reinterpret_cast<std::uintptr_t>(c)),
+                                      "deregister " + std::to_string(reinterpret_cast<std::uintptr_t>(w)),
+                                      "deregister " + std::to_string(reinterpret_cast<std::uintptr_t>(c)),
+                                      "register " + std::to_string(reinterpret_cast<std::uintptr_t>(w)),
+                                      "register " + std::to_string(reinterpret_cast<std::uintptr_t>(c))}));
+
+  rc.reset();  // ends it: deregistered, and the allocation may go
+  EXPECT_FALSE(rc);
+  EXPECT_EQ(registry->live.size(), 1u);
+  resource->deallocate({}, c, g);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 1u);
+  rw = memory_registration{};  // a move over it ends it too
+  EXPECT_TRUE(registry->live.empty());
+  resource->deallocate({}, w, 2 * g + 100);
+  EXPECT_EQ(resource->statistics().allocations, 0u);
+}
+
+TYPED_TEST(sleeping_resources,
+           a_registrar_that_fails_in_a_wake_leaves_the_tags_asleep_and_nothing_registered) {
+  const std::size_t g = this->granularity_;
+  auto resource = this->make();
+  constexpr allocation_tag weights{1};
+  void* a = resource->allocate({}, g, 256, weights);
+  void* b = resource->allocate({}, 3 * g, 256, weights);
+  this->write(a, pattern(g, 31));
+  this->write(b, pattern(3 * g, 32));
+  auto registry = std::make_shared<recording_registrar>(
+      [this](const void* p, std::size_t n) { return this->read(p, n); });
+  memory_registration ra = resource->register_memory(a, g, registry);
+  memory_registration rb = resource->register_memory(b, 3 * g, registry);
+  const allocation_tag offload[] = {weights};
+  resource->sleep(offload);
+  const memory_resource_statistics asleep = resource->statistics();
+
+  registry->fail_after = 1;  // the second registration of the wake throws
+  EXPECT_THROW(resource->wake(), std::runtime_error);
+  EXPECT_TRUE(resource->asleep());
+  EXPECT_TRUE(registry->live.empty()) << "the wake left a registration behind";
+  EXPECT_EQ(ra.handle(), nullptr);
+  EXPECT_EQ(resource->statistics().reserved_current, asleep.reserved_current);
+  EXPECT_EQ(resource->statistics().host_copy_bytes, asleep.host_copy_bytes);
+  EXPECT_EQ(registry->calls.back(), "deregister " + std::to_string(reinterpret_cast<std::uintptr_t>(a)));
+
+  resource->wake();  // the transport takes them now
+  EXPECT_FALSE(resource->asleep());
+  EXPECT_EQ(registry->live.size(), 2u);
+  EXPECT_EQ(this->read(b, 3 * g), pattern(3 * g, 32));
+
+  // A registrar that refuses at once: nothing recorded, the allocation may go.
+  registry->fail_after = 0;
+  void* c = resource->allocate({}, 1000);
+  EXPECT_THROW((void)resource->register_memory(c, 1000, registry), std::runtime_error);
+  resource->deallocate({}, c, 1000);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 0u);
+  // The other refusals of register_memory.
+  void* d = resource->allocate({}, 1000);
+  EXPECT_THROW((void)resource->register_memory(d, 1000, nullptr), invalid_argument);
+  EXPECT_THROW((void)resource->register_memory(d, 1001, registry), invalid_argument);
+  EXPECT_THROW((void)resource->register_memory(static_cast<char*>(d) + 256, 100, registry), invalid_argument);
+  EXPECT_THROW((void)resource->register_memory(d, 0, registry), invalid_argument);
+  EXPECT_EQ(registry->live.size(), 2u);
+  resource->deallocate({}, d, 1000);
+
+  // The resource going first deregisters what is live; the registrations are empty after.
+  ra.reset();
+  const auto quiet = set_cleanup_failure_handler([](const char*) noexcept {});
+  resource->deallocate({}, a, g);
+  set_cleanup_failure_handler(quiet);
+  EXPECT_EQ(resource->statistics().bad_deallocations, 0u);
+  static int reports = 0;
+  reports = 0;
+  const auto counting = set_cleanup_failure_handler([](const char*) noexcept { ++reports; });
+  resource.reset();  // b still allocated and registered: both reported
+  set_cleanup_failure_handler(counting);
+  EXPECT_EQ(reports, 2);
+  EXPECT_TRUE(registry->live.empty());
+  EXPECT_FALSE(rb);
+  EXPECT_EQ(rb.handle(), nullptr);
+}
+
 TYPED_TEST(sleeping_resources, host_copies_kept_by_a_wake_serve_the_next_sleep) {
   const std::size_t g = this->granularity_;
   auto resource = this->make();

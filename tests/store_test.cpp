@@ -41,42 +41,6 @@ namespace {
 
 using store::status;
 
-// A temporary directory, removed with everything in it.
-class temporary_directory {
- public:
-  temporary_directory() {
-    char name[] = "/tmp/vmm-store-test-XXXXXX";
-    if (::mkdtemp(name) == nullptr) throw os_error(errno, "mkdtemp");
-    path_ = name;
-  }
-  ~temporary_directory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
-
- private:
-  std::string path_;
-};
-
-// A vmm-store daemon, listening once the constructor returns.
-class daemon_process {
- public:
-  daemon_process(const std::string& socket, const std::vector<std::string>& extra = {}) : socket_(socket) {
-    std::vector<std::string> argv{VMM_STORE_PATH, "serve", "--socket", socket, "--ready-fd", "3"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    process_ = std::make_unique<child_process>(argv);
-    char byte = 0;
-    if (::read(process_->socket(), &byte, 1) != 1) throw std::runtime_error("the daemon did not start");
-  }
-  [[nodiscard]] const std::string& socket() const noexcept { return socket_; }
-  child_process& process() { return *process_; }
-
- private:
-  std::string socket_;
-  std::unique_ptr<child_process> process_;
-};
-
 // A process stopped (SIGSTOP) for the scope: it reads and answers nothing.
 class stopped {
  public:

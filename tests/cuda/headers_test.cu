@@ -33,6 +33,7 @@
 #include "vmm/location.hpp"
 #include "vmm/mapped_range.hpp"
 #include "vmm/mapping.hpp"
+#include "vmm/memory_registration.hpp"
 #include "vmm/physical_allocation.hpp"
 #include "vmm/provider.hpp"
 #include "vmm/replicated_buffer.hpp"

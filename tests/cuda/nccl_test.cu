@@ -1,7 +1,9 @@
 // vmm memory registered with NCCL (ncclCommRegister) and reduced over it: two GPUs in one
 // process (ncclCommInitAll over devices 0 and 1), an all-reduce (sum of floats) that reads
 // and writes (a) allocations of a vmm::memory_resource on each GPU and (b) a growable_buffer
-// on each GPU, the result checked on the host, the buffers deregistered.
+// on each GPU, the result checked on the host, the buffers deregistered; and (c) allocations
+// registered through the resource (memory_resource::register_memory), reduced after a sleep
+// and a wake have put new physical memory under them (vmm/memory_registration.hpp).
 //
 // What registration needs of the memory: NCCL finds the physical segments under a
 // registered range (cuMemGetAddressRange, segment by segment) and exports each one with its
@@ -26,6 +28,7 @@
 #include "cuda_support.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/growable_buffer.hpp"
+#include "vmm/error.hpp"
 #include "vmm/memory_resource.hpp"
 #include "vmm/provider.hpp"
 
@@ -74,6 +77,28 @@ class registration {
   void* handle_ = nullptr;
 };
 
+// ncclCommRegister / ncclCommDeregister as a vmm::memory_registrar: the resource calls it so
+// that a registration follows its memory across sleep and wake.
+class nccl_registrar : public memory_registrar {
+ public:
+  explicit nccl_registrar(ncclComm_t comm) : comm_(comm) {}
+  void* register_memory(void* ptr, std::size_t bytes) override {
+    void* handle = nullptr;
+    VMM_NCCL_CHECK(ncclCommRegister(comm_, ptr, bytes, &handle));
+    ++registered;
+    return handle;
+  }
+  void deregister_memory(void* handle) noexcept override {
+    if (ncclCommDeregister(comm_, handle) != ncclSuccess) report_cleanup_failure("ncclCommDeregister failed");
+    ++deregistered;
+  }
+  int registered = 0;
+  int deregistered = 0;
+
+ private:
+  ncclComm_t comm_;
+};
+
 class nccl_two_gpus : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -106,17 +131,30 @@ class nccl_two_gpus : public ::testing::Test {
       if (comm != nullptr) ncclCommDestroy(comm);
   }
 
-  // Writes each rank's contribution into send[r], all-reduces into receive[r] (both
-  // registered), and checks every value on every rank.
-  void reduce_and_check(const std::vector<float*>& send, const std::vector<float*>& receive) {
-    std::vector<std::unique_ptr<registration>> registered;
+  // Writes each rank's contribution into send[r] on its stream.
+  void write_contributions(const std::vector<float*>& send) {
     for (int r = 0; r < ranks; ++r) {
       on_device selected(r);
       write_contribution<<<264, 256, 0, streams_[r]->get()>>>(send[r], floats, r);
       VMM_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+
+  // Writes each rank's contribution into send[r], all-reduces into receive[r] (both
+  // registered), and checks every value on every rank.
+  void reduce_and_check(const std::vector<float*>& send, const std::vector<float*>& receive) {
+    write_contributions(send);
+    std::vector<std::unique_ptr<registration>> registered;
+    for (int r = 0; r < ranks; ++r) {
       registered.push_back(std::make_unique<registration>(comms_[r], send[r], floats * sizeof(float)));
       registered.push_back(std::make_unique<registration>(comms_[r], receive[r], floats * sizeof(float)));
     }
+    all_reduce_and_check(send, receive);
+    for (auto& buffer : registered) buffer->deregister();
+  }
+
+  // All-reduces send[r] into receive[r] (registered already) and checks every value.
+  void all_reduce_and_check(const std::vector<float*>& send, const std::vector<float*>& receive) {
     VMM_NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < ranks; ++r)
       VMM_NCCL_CHECK(
@@ -136,7 +174,6 @@ class nccl_two_gpus : public ::testing::Test {
       }
       EXPECT_EQ(wrong, 0U) << "rank " << r << ", first at index " << first_wrong;
     }
-    for (auto& buffer : registered) buffer->deregister();
   }
 
   // Allocations of `bytes` (at least floats' worth) from a resource on each GPU, made with
@@ -181,6 +218,51 @@ TEST_F(nccl_two_gpus, all_reduce_over_registered_large_page_allocations) {
   const std::size_t large = granularity_[0] * memory_resource::default_large_page_granules;
   reduce_over_resource_allocations({.handle_type = handle_kind::posix_fd, .large_page_size = large},
                                    2 * large + floats * sizeof(float));
+}
+
+// The registrations go with the pages at sleep() and come back over the new pages at wake():
+// the reduce after the wake reads the restored contributions through NCCL's registration.
+TEST_F(nccl_two_gpus, registrations_made_through_the_resource_follow_it_across_sleep_and_wake) {
+  constexpr allocation_tag weights{1};
+  const std::size_t bytes = floats * sizeof(float);
+  std::vector<std::unique_ptr<memory_resource>> resources;
+  std::vector<std::shared_ptr<nccl_registrar>> registrars;
+  std::vector<memory_registration> registrations;
+  std::vector<float*> send;
+  std::vector<float*> receive;
+  for (int r = 0; r < ranks; ++r) {
+    resources.push_back(std::make_unique<memory_resource>(
+        location::device(r), memory_resource_properties{.handle_type = handle_kind::posix_fd}));
+    const std::size_t page = resources.back()->pool()->granularity();
+    send.push_back(static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page, weights)));
+    receive.push_back(
+        static_cast<float*>(resources.back()->allocate(streams_[r]->get(), bytes, page, weights)));
+    registrars.push_back(std::make_shared<nccl_registrar>(comms_[r]));
+  }
+  write_contributions(send);
+  for (int r = 0; r < ranks; ++r) {
+    streams_[r]->synchronize();
+    registrations.push_back(resources[r]->register_memory(send[r], bytes, registrars[r]));
+    registrations.push_back(resources[r]->register_memory(receive[r], bytes, registrars[r]));
+  }
+  const allocation_tag offload[] = {weights};
+  for (int r = 0; r < ranks; ++r) {
+    on_device selected(r);
+    resources[r]->sleep(offload, streams_[r]->get());
+    EXPECT_EQ(registrars[r]->deregistered, 2) << "rank " << r;
+    EXPECT_EQ(resources[r]->statistics().reserved_current, 0U);
+    resources[r]->wake({}, streams_[r]->get());
+    EXPECT_EQ(registrars[r]->registered, 4) << "rank " << r << ": not registered again over the new pages";
+  }
+  all_reduce_and_check(send, receive);
+  registrations.clear();
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(registrars[r]->deregistered, 4) << "rank " << r;
+    const std::size_t page = resources[r]->pool()->granularity();
+    resources[r]->deallocate(streams_[r]->get(), send[r], bytes, page);
+    resources[r]->deallocate(streams_[r]->get(), receive[r], bytes, page);
+    streams_[r]->synchronize();
+  }
 }
 
 TEST_F(nccl_two_gpus, all_reduce_over_registered_growable_buffers) {

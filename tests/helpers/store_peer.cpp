@@ -13,18 +13,29 @@
 //   create <name> <bytes> <seed>
 //                            create, fill with pattern(seed), report; then wait (an
 //                            uncommitted creation) until the test closes the socket or kills it
+//   soak <peer> <cycles> <seed> <dies at cycle | -1> <how>
+//                            tests/store_soak_test.cpp: `cycles` create / get / grow / release
+//                            / remove cycles, each checking the bytes it reads (also those of
+//                            the test's sealed buffer "shared", pattern(0x5eed)); reports the
+//                            cycles done and the mismatches (checksum = mismatches, size =
+//                            cycles). A peer that dies kills itself with SIGKILL in that cycle,
+//                            in the middle of a request or of the cycle (soak_death).
 // Exit status: 0 done, 2 bad usage, 1 any error (printed).
 
 #include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <functional>
+#include <random>
 #include <string>
 
 #include "../memory_io.hpp"
 #include "store_peer_protocol.hpp"
 #include "vmm/store/client.hpp"
+#include "vmm/store/protocol.hpp"
 
 namespace {
 
@@ -49,6 +60,110 @@ bool wait_word(int socket) {
   } catch (const vmm::ipc::peer_closed&) {
     return false;
   }
+}
+
+std::uint64_t checksum_of(const vmm::store::buffer& held) {
+  const auto bytes =
+      vmm::testing::read_bytes(*held.provider(), reinterpret_cast<std::uintptr_t>(held.data()), held.size());
+  return vmm::testing::checksum(bytes.data(), bytes.size());
+}
+
+void write_pattern(const vmm::store::buffer& held, std::size_t from, std::size_t bytes, std::uint32_t seed) {
+  const std::vector<std::uint8_t> all = vmm::testing::pattern(from + bytes, seed);
+  vmm::testing::write_bytes(
+      *held.provider(), reinterpret_cast<std::uintptr_t>(held.data()) + from,
+      std::vector<std::uint8_t>(all.begin() + static_cast<std::ptrdiff_t>(from), all.end()));
+}
+
+// A raw connection to the daemon that sends `bytes` of `frame` (a whole or a cut request),
+// then dies: the daemon sees a request stop in the middle, or a reply go to a dead peer.
+[[noreturn]] void die_inside(const std::string& socket_path, const std::vector<std::byte>& hello,
+                             const std::vector<std::byte>& frame, bool whole) {
+  const vmm::unique_fd raw = vmm::ipc::connect_unix(socket_path);
+  vmm::ipc::send_message(raw.get(), hello);
+  if (whole) {
+    vmm::ipc::send_message(raw.get(), frame);
+  } else {
+    // The first half of the bytes send_message puts on the wire for the frame.
+    auto [in, out] = vmm::ipc::make_socket_pair();
+    vmm::ipc::send_message(in.get(), frame);
+    std::vector<std::byte> wire(frame.size() + 256);
+    const ssize_t got = ::read(out.get(), wire.data(), wire.size());
+    if (got <= 1) throw vmm::os_error(errno, "store_peer: reading a frame back");
+    (void)::write(raw.get(), wire.data(), static_cast<std::size_t>(got) / 2);
+  }
+  ::raise(SIGKILL);
+  std::abort();
+}
+
+// How a soak peer dies (tests/store_soak_test.cpp draws one per victim).
+enum class soak_death : int {
+  cut_request = 0,         // half a create frame on a connection of its own
+  unread_reply = 1,        // a whole create request whose reply it never reads
+  uncommitted_create = 2,  // after create and its writes, before seal or remove
+  after_grow = 3,          // holding the buffer and a get of it, after grow, before refresh
+};
+
+int soak(vmm::store::client& store, const std::string& socket_path, vmm::location where, int argc,
+         char** argv, const std::function<std::string(int)>& arg) {
+  (void)argc;
+  (void)argv;
+  const std::string peer = arg(4);
+  const std::uint64_t cycles = std::stoull(arg(5));
+  const std::uint64_t seed = std::stoull(arg(6));
+  const std::int64_t dies_at = std::stoll(arg(7));
+  const auto how = static_cast<soak_death>(std::stoi(arg(8)));
+  const std::size_t g = vmm::provider_for(where)->capabilities().granularity;
+  const std::uint64_t shared_checksum = [&] {
+    const auto bytes = vmm::testing::pattern(vmm::testing::soak_shared_bytes, 0x5eed);
+    return vmm::testing::checksum(bytes.data(), bytes.size());
+  }();
+  std::mt19937_64 random(seed);
+  store_report report;
+  for (std::uint64_t cycle = 0; cycle < cycles; ++cycle) {
+    const bool dies = static_cast<std::int64_t>(cycle) == dies_at;
+    const std::string name = "soak-" + peer + "-" + std::to_string(cycle);
+    // Small buffers, so that the cycles cost requests rather than copies; one grow in eight
+    // passes the first chunk, so that the holders map a new one.
+    const std::size_t size = 64 + random() % 16384;
+    const std::size_t grown = random() % 8 == 0 ? g + 64 + random() % 4096 : size + 1 + random() % 16384;
+    const auto pattern_seed = static_cast<std::uint32_t>(random());
+    if (dies && (how == soak_death::cut_request || how == soak_death::unread_reply))
+      die_inside(socket_path, vmm::store::encode(vmm::store::request{.op = vmm::store::operation::hello}),
+                 vmm::store::encode(vmm::store::request{
+                     .op = vmm::store::operation::create, .name = name, .where = where, .size = size}),
+                 how == soak_death::unread_reply);
+    vmm::store::buffer made = store.create(name, size, where);
+    write_pattern(made, 0, size, pattern_seed);
+    if (dies && how == soak_death::uncommitted_create) ::raise(SIGKILL);
+    vmm::store::buffer held = store.get(name);
+    report.checksum += checksum_of(held) == checksum_of(made) &&
+                               checksum_of(held) ==
+                                   [&] {
+                                     const auto bytes = vmm::testing::pattern(size, pattern_seed);
+                                     return vmm::testing::checksum(bytes.data(), bytes.size());
+                                   }()
+                           ? 0
+                           : 1;
+    (void)store.grow(name, grown);
+    if (dies && how == soak_death::after_grow) ::raise(SIGKILL);
+    made.refresh();
+    write_pattern(made, size, grown - size, pattern_seed);
+    held.refresh();
+    const auto expected = vmm::testing::pattern(grown, pattern_seed);
+    report.checksum +=
+        held.size() == grown && checksum_of(held) == vmm::testing::checksum(expected.data(), grown) ? 0 : 1;
+    {
+      const vmm::store::buffer shared = store.get("shared");
+      report.checksum += checksum_of(shared) == shared_checksum ? 0 : 1;
+    }
+    held.release();
+    made.release();
+    store.remove(name);
+    report.size = cycle + 1;
+  }
+  send_store_report(vmm::testing::store_child_fd, report);
+  return 0;
 }
 
 int run(int argc, char** argv) {
@@ -92,6 +207,7 @@ int run(int argc, char** argv) {
     send_store_report(socket, report);
     return 0;
   }
+  if (mode == "soak") return soak(store, arg(1), where, argc, argv, arg);
   if (mode == "create") {
     const std::size_t bytes = std::stoul(arg(5));
     vmm::store::buffer made = store.create(arg(4), bytes, where);

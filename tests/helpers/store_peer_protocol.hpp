@@ -1,19 +1,24 @@
 #pragma once
-// What tests/store_test.cpp and its processes say to each other: the child processes
-// themselves (a vmm-store daemon, tests/helpers/store_peer.cpp), started with posix_spawn
-// with one end of a socket pair as descriptor 3, and the peer's report of what it sees.
+// What tests/store_test.cpp (and tests/store_soak_test.cpp) and their processes say to each
+// other: the child processes themselves (a vmm-store daemon, tests/helpers/store_peer.cpp),
+// started with posix_spawn with one end of a socket pair as descriptor 3, the peer's report
+// of what it sees, and the temporary directory the daemon's socket lives in.
 // Both ends run on one host from one build: plain structs in host byte order.
 
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,6 +31,9 @@ extern char** environ;
 namespace vmm::testing {
 
 inline constexpr int store_child_fd = 3;
+// The size of the sealed buffer "shared" of tests/store_soak_test.cpp, which every soak peer
+// reads in every cycle (pattern(0x5eed)).
+inline constexpr std::size_t soak_shared_bytes = 3 * 4096 + 17;
 
 // What a store peer sees.
 struct store_report {
@@ -41,8 +49,9 @@ inline void send_store_report(int socket_fd, const store_report& report) {
   ipc::send_message(socket_fd, std::as_bytes(std::span(&report, 1)));
 }
 
-inline store_report receive_store_report(int socket_fd) {
-  const ipc::message received = ipc::receive_message(socket_fd, 0);
+inline store_report receive_store_report(int socket_fd,
+                                         std::chrono::milliseconds timeout = ipc::default_timeout) {
+  const ipc::message received = ipc::receive_message(socket_fd, 0, timeout);
   store_report report;
   if (received.payload.size() != sizeof report) throw ipc::protocol_error("store report of the wrong size");
   std::memcpy(&report, received.payload.data(), sizeof report);
@@ -99,5 +108,43 @@ class child_process {
   pid_t pid_ = -1;
   unique_fd socket_;
 };
+
+// A temporary directory, removed with everything in it.
+class temporary_directory {
+ public:
+  temporary_directory() {
+    char name[] = "/tmp/vmm-store-test-XXXXXX";
+    if (::mkdtemp(name) == nullptr) throw os_error(errno, "mkdtemp");
+    path_ = name;
+  }
+  ~temporary_directory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
+#ifdef VMM_STORE_PATH
+// A vmm-store daemon (the tool the build names), listening once the constructor returns.
+class daemon_process {
+ public:
+  daemon_process(const std::string& socket, const std::vector<std::string>& extra = {}) : socket_(socket) {
+    std::vector<std::string> argv{VMM_STORE_PATH, "serve", "--socket", socket, "--ready-fd", "3"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process_ = std::make_unique<child_process>(argv);
+    char byte = 0;
+    if (::read(process_->socket(), &byte, 1) != 1) throw std::runtime_error("the daemon did not start");
+  }
+  [[nodiscard]] const std::string& socket() const noexcept { return socket_; }
+  child_process& process() { return *process_; }
+
+ private:
+  std::string socket_;
+  std::unique_ptr<child_process> process_;
+};
+#endif
 
 }  // namespace vmm::testing

@@ -128,24 +128,35 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   /// releases idle chunks and tries once more.
   /// @throws vmm::out_of_memory the cap or the memory is exhausted.
   /// @throws vmm::invalid_argument size is 0.
+  /// @throws vmm::os_error, vmm::driver_error creating the memory failed for another reason.
+  /// @throws vmm::driver_error querying whether an idle chunk's stream has passed failed.
   [[nodiscard]] pooled_chunk acquire(std::size_t size, stream_ref stream = {});
   /// The same for work whose stream is not known yet: only an idle chunk every stream may
   /// use at once (none still waiting for the stream that gave it back), else a new one.
+  /// @throws as acquire(size, stream).
   [[nodiscard]] pooled_chunk acquire(std::size_t size, any_stream_t);
   /// The largest idle chunk of at most `max_size` bytes that `stream` may use, or an empty
   /// chunk. Never creates memory.
+  /// @throws vmm::driver_error querying whether an idle chunk's stream has passed failed.
   [[nodiscard]] pooled_chunk acquire_idle(std::size_t max_size, stream_ref stream = {});
+  /// @throws as acquire_idle(max_size, stream).
   [[nodiscard]] pooled_chunk acquire_idle(std::size_t max_size, any_stream_t);
 
   /// Releases idle chunks (those no stream still has to pass) until at most
-  /// `bytes_to_keep` bytes are reserved or none is left to release.
+  /// `bytes_to_keep` bytes are reserved or none is left to release. A chunk that cannot be
+  /// destroyed is reported (report_cleanup_failure).
+  /// @throws vmm::driver_error querying whether an idle chunk's stream has passed failed.
   void trim_to(std::size_t bytes_to_keep);
+  /// Throws nothing but std::system_error from a broken mutex.
   [[nodiscard]] pool_statistics statistics() const;
-  /// Sets reserved_high and used_high to the current values.
+  /// Sets reserved_high and used_high to the current values. As statistics().
   void reset_high_water_marks();
+  /// Sets the release threshold and releases idle chunks above it now.
+  /// @throws as trim_to().
   void set_release_threshold(std::size_t bytes);
-  /// A cap below what is reserved now only stops further growth.
+  /// A cap below what is reserved now only stops further growth. As statistics().
   void set_cap(std::size_t bytes);
+  /// As statistics().
   [[nodiscard]] chunk_pool_options options() const;
 
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept { return provider_; }
@@ -190,6 +201,7 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
 /// made from a location use. Like every pool it keeps the chunks given back to it (release
 /// threshold unlimited), so that the next growth costs no cuMemCreate: call
 /// trim_to(0) or set_release_threshold() on it to hand idle memory back to the device.
+/// @throws vmm::invalid_argument, vmm::driver_unavailable as provider_for().
 [[nodiscard]] std::shared_ptr<chunk_pool> default_pool(location where);
 
 }  // namespace vmm

@@ -198,7 +198,7 @@ class device_vector {
     const size_type first = size_;
     grow_to(first + 1, stream, [&] { copy_in(data() + first, &value, sizeof(T), stream); });
   }
-  /// push_back(value, stream()).
+  /// push_back(value, stream()). @throws as push_back() on a stream.
   void push_back(const T& value) { push_back(value, stream()); }
 
   /// Appends the elements of a host range with one copy queued on `stream`.
@@ -214,7 +214,7 @@ class device_vector {
     grow_to(first + values.size(), stream,
             [&] { copy_in(data() + first, values.data(), values.size_bytes(), stream); });
   }
-  /// append(values, stream()).
+  /// append(values, stream()). @throws as append() on a stream.
   void append(std::span<const T> values) { append(values, stream()); }
 
   /// Appends [first, last), a host range. A contiguous range of T is copied as it is; any
@@ -256,7 +256,7 @@ class device_vector {
       if (init == element_init::zeroed) fill_zero(data() + first, (count - first) * sizeof(T), stream);
     });
   }
-  /// resize(count, init, stream()).
+  /// resize(count, init, stream()). @throws as resize() on a stream.
   void resize(size_type count, element_init init) { resize(count, init, stream()); }
 
   /// Maps memory for at least `count` elements without changing size(): later growth up to
@@ -269,16 +269,17 @@ class device_vector {
     if (count > max_size()) throw_past_max_size(count - size_);
     buffer_.reserve(count * sizeof(T), stream);
   }
-  /// reserve(count, stream()).
+  /// reserve(count, stream()). @throws as reserve() on a stream.
   void reserve(size_type count) { reserve(count, stream()); }
   /// As reserve, without the chunk policy's amortizing slack: maps what `count` elements
-  /// need, rounded up to the granularity (growable_buffer::reserve_exact). Same errors.
+  /// need, rounded up to the granularity (growable_buffer::reserve_exact).
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as reserve().
   void reserve_exact(size_type count, stream_ref stream) {
     if (count <= capacity()) return;
     if (count > max_size()) throw_past_max_size(count - size_);
     buffer_.reserve_exact(count * sizeof(T), stream);
   }
-  /// reserve_exact(count, stream()).
+  /// reserve_exact(count, stream()). @throws as reserve_exact() on a stream.
   void reserve_exact(size_type count) { reserve_exact(count, stream()); }
 
   /// Retires the chunks wholly past size(): capacity() drops now. They are unmapped and go
@@ -286,7 +287,7 @@ class device_vector {
   /// grow before then takes them back with no driver call.
   /// @throws vmm::driver_error recording the point on the stream failed; nothing changed.
   void shrink_to_fit(stream_ref stream) { buffer_.resize(size_ * sizeof(T), stream); }
-  /// shrink_to_fit(stream()).
+  /// shrink_to_fit(stream()). @throws as shrink_to_fit() on a stream.
   void shrink_to_fit() { shrink_to_fit(stream()); }
 
   /// Sets the size to 0; keeps the capacity and data().
@@ -300,7 +301,7 @@ class device_vector {
     check_range(first, values.size(), "copy_from_host");
     if (!values.empty()) copy_in(data() + first, values.data(), values.size_bytes(), stream);
   }
-  /// copy_from_host(first, values, stream()).
+  /// copy_from_host(first, values, stream()). @throws as copy_from_host() on a stream.
   void copy_from_host(size_type first, std::span<const T> values) { copy_from_host(first, values, stream()); }
 
   /// Copies elements [first, first + destination.size()) into host memory, then waits for
@@ -317,7 +318,7 @@ class device_vector {
     });
     provider()->executor().synchronize(stream);
   }
-  /// copy_to_host(first, destination, stream()).
+  /// copy_to_host(first, destination, stream()). @throws as copy_to_host() on a stream.
   void copy_to_host(size_type first, std::span<T> destination) const {
     copy_to_host(first, destination, stream());
   }
@@ -329,7 +330,7 @@ class device_vector {
     copy_to_host(0, result, stream);
     return result;
   }
-  /// to_host(stream()).
+  /// to_host(stream()). @throws as to_host() on a stream.
   [[nodiscard]] std::vector<T> to_host() const { return to_host(stream()); }
 
  private:

@@ -169,6 +169,8 @@ class growable_buffer {
   ///         another reason.
   explicit growable_buffer(std::shared_ptr<chunk_pool> pool, growable_buffer_options options = {});
   /// A buffer on the default pool of `where`.
+  /// @throws vmm::driver_unavailable GPU or pinned memory asked for and no usable driver.
+  /// @throws as the constructor above (a location that does not exist: invalid_argument).
   explicit growable_buffer(location where, growable_buffer_options options = {});
   growable_buffer(growable_buffer&&) noexcept;
   growable_buffer& operator=(growable_buffer&&) noexcept;
@@ -207,27 +209,36 @@ class growable_buffer {
   /// On any exception the buffer is exactly as it was.
   void resize(std::size_t bytes, stream_ref stream);
   /// resize(bytes, stream()).
+  /// @throws as resize(bytes, stream).
   void resize(std::size_t bytes) { resize(bytes, options_.stream); }
   /// Maps at least `bytes` without changing size(). Same errors and guarantee as resize.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as resize().
   void reserve(std::size_t bytes, stream_ref stream);
   /// reserve(bytes, stream()).
+  /// @throws as reserve(bytes, stream).
   void reserve(std::size_t bytes) { reserve(bytes, options_.stream); }
   /// As reserve, but maps nothing past what `bytes` needs, rounded up to the granularity:
   /// the chunk policy's largest chunk still applies, its amortizing slack does not. For a
   /// caller that knows the size it is about to reach (append_from_kernel's estimate).
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as resize().
   void reserve_exact(std::size_t bytes, stream_ref stream);
   /// Retires every chunk wholly past size() after `stream`'s queued work.
+  /// @throws vmm::driver_error recording the point the chunks wait for failed.
   void shrink_to_fit(stream_ref stream);
   /// shrink_to_fit(stream()).
+  /// @throws as shrink_to_fit(stream).
   void shrink_to_fit() { shrink_to_fit(options_.stream); }
   /// Unmaps retired chunks and gives them back to the pool. With wait, blocks until the
   /// streams have passed their retirement; without, collects only those already passed.
+  /// @throws vmm::driver_error waiting for or querying a stream's point failed.
   void collect_retired(bool wait = false);
   /// Blocks until the chunks asked for ahead are ready, or their preparation ended in a
   /// failure (dropped: see the file comment). Returns at once without growth ahead. Never
   /// needed for correctness: for tests and benchmarks that want the thread's work done.
+  /// Throws nothing but std::system_error from a broken mutex.
   void wait_for_growth_ahead() const;
-  /// Bytes of chunks prepared ahead and not mapped yet (0 without growth ahead).
+  /// Bytes of chunks prepared ahead and not mapped yet (0 without growth ahead). As
+  /// wait_for_growth_ahead().
   [[nodiscard]] std::size_t ready_ahead() const;
 
   /// The chunks that back [offset, offset + length), in address order, for mapping the same

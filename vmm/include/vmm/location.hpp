@@ -49,7 +49,8 @@ struct location {
   }
 };
 
-/// "gpu 0", "pinned host (numa 0)", "os host" (id 0), "os host 1".
+/// "gpu 0", "pinned host (numa 0)", "os host" (id 0), "os host 1". Throws nothing but
+/// std::bad_alloc.
 std::string to_string(const location& where);
 
 /// A processor that reads and writes memory through a mapping: a GPU or the host CPU.
@@ -68,7 +69,7 @@ struct accessor {
   }
 };
 
-/// "gpu 0", "the host".
+/// "gpu 0", "the host". Throws nothing but std::bad_alloc.
 std::string to_string(const accessor& who);
 
 /// The access a mapping grants.

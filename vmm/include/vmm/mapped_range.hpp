@@ -97,8 +97,10 @@ class mapped_range {
   /// Sets access over [offset, offset + length) of what is mapped (one call).
   /// @throws vmm::invalid_argument the span is not whole chunks within mapped(), or a grant
   ///         cannot be given.
+  /// @throws vmm::driver_error, vmm::os_error the provider refused the access.
   void set_access(std::size_t offset, std::size_t length, std::span<const access_grant> grants);
   /// Grants `mode` to the default accessors of the range's provider.
+  /// @throws as set_access() with grants.
   void set_access(std::size_t offset, std::size_t length, access_mode mode);
   /// Unmaps chunks [first, chunk count) at once, the last first, and lets go of them.
   /// Returns the chunk count afterwards: `first`, or more when an unmap failed (that chunk

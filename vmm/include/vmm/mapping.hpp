@@ -34,9 +34,11 @@ class mapping {
   /// A failure to set access unmaps again: nothing is left behind.
   /// @throws vmm::invalid_argument the address is unaligned, not reserved, already mapped,
   ///         or the provider differs from the allocation's.
+  /// @throws vmm::driver_error, vmm::os_error the map or the access was refused.
   mapping(const physical_allocation& memory, std::uintptr_t address, access_mode mode);
   /// Maps `memory` at `address` and applies `grants` (an empty span: no access yet; the
   /// caller sets it later over a larger range, one call for many mappings).
+  /// @throws as the constructor above; also vmm::invalid_argument a grant cannot be given.
   mapping(const physical_allocation& memory, std::uintptr_t address, std::span<const access_grant> grants);
 
   /// The first address (0 when empty).

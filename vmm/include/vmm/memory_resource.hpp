@@ -50,6 +50,10 @@
 /// bytes: every pointer and every captured CUDA graph stays valid. Sleep is stream-ordered
 /// (the copies are queued on the stream given; work on other streams must be ordered before
 /// it). While asleep, allocate() throws and deallocate() refuses (counted): nothing is lost.
+/// Registrations of the memory with a transport (NCCL's ncclCommRegister, RDMA) made through
+/// register_memory() follow it: sleep deregisters them before the pages go, and the wake
+/// that maps their allocation registers them again over the new pages
+/// (vmm/memory_registration.hpp says why, and what a failing registrar leaves).
 ///
 /// Host memory (the OS provider) works synchronously: freed memory is free for everyone
 /// at once. Every test suite of the resource runs on it in CI.
@@ -65,6 +69,7 @@
 
 #include "vmm/chunk_pool.hpp"
 #include "vmm/location.hpp"
+#include "vmm/memory_registration.hpp"
 #include "vmm/provider.hpp"
 #include "vmm/shared_chunk.hpp"
 #include "vmm/stream_ref.hpp"
@@ -224,23 +229,35 @@ class memory_resource {
   /// `bytes` (0: nullptr) aligned to `alignment` (a power of two, at most the granularity),
   /// usable by work queued on `stream` from now on.
   /// @throws vmm::invalid_argument the alignment is not a power of two or exceeds the
-  ///         granularity, or `bytes` is beyond any address space (more than 2^48).
+  ///         granularity, `bytes` is beyond any address space (more than 2^48), or the
+  ///         resource is asleep. Nothing has changed.
   /// @throws vmm::out_of_memory nothing fits even after giving back what is idle and
-  ///         waiting for what other streams freed: the message gives the numbers
-  ///         (requested, reserved, used, the largest free run). Nothing has changed.
+  ///         waiting for what other streams freed, or `bytes` and the bytes in use pass
+  ///         max_size (refused before any address range is reserved), or the provider
+  ///         refuses an address range for it: the message gives the numbers (requested,
+  ///         reserved, used, the largest free run). Nothing has changed.
+  /// @throws vmm::os_error, vmm::driver_error mapping or granting its pages failed for
+  ///         another reason than memory; nothing has changed.
   [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes,
                                std::size_t alignment = default_alignment);
   /// allocate() with a tag for sleep() and wake().
+  /// @throws vmm::invalid_argument, vmm::out_of_memory, vmm::os_error, vmm::driver_error
+  ///         as allocate().
   [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes, std::size_t alignment,
                                allocation_tag tag);
   /// Frees `ptr` in stream order: work queued on `stream` before this call may still use
-  /// it. `bytes` and `alignment` as given to allocate() (nullptr: nothing). Never throws: a
-  /// pointer this resource did not hand out, a second free, or another size is reported
+  /// it. `bytes` exactly as given to allocate(), not rounded (what torch's pluggable
+  /// allocator, CuPy and RMM's resources pass); `alignment` a power of two (nullptr:
+  /// nothing). Never throws: a pointer this resource did not hand out, a second free,
+  /// another size (also one that rounds to the same 256 bytes), an allocation still
+  /// registered (register_memory()) or a resource asleep is reported
   /// (report_cleanup_failure), counted in bad_deallocations, and changes nothing.
   void deallocate(stream_ref stream, void* ptr, std::size_t bytes,
                   std::size_t alignment = default_alignment) noexcept;
   /// allocate() for use by any stream, without stream order: only memory no stream may
   /// still use is handed out.
+  /// @throws vmm::invalid_argument, vmm::out_of_memory, vmm::os_error, vmm::driver_error
+  ///         as allocate().
   [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment);
   /// deallocate() of memory no queued work uses any more (the caller synchronized): free
   /// for every stream at once.
@@ -249,7 +266,7 @@ class memory_resource {
   /// The names of CCCL 3.0's cuda::mr::async_resource (allocate/deallocate are the
   /// synchronous pair there). `Stream` is any stream type with get() (cuda::stream_ref).
   /// The pair is templated on exactly std::size_t so that allocate({}, n) still means the
-  /// legacy default stream.
+  /// legacy default stream. Each throws what allocate_sync() or allocate() throws.
   template <std::same_as<std::size_t> Bytes, std::same_as<std::size_t> Alignment>
   [[nodiscard]] void* allocate(Bytes bytes, Alignment alignment) {
     return allocate_sync(bytes, alignment);
@@ -276,23 +293,31 @@ class memory_resource {
   /// `bytes_to_keep` are reserved. Pages under frees whose streams the resource has not
   /// seen pass are kept: synchronize() first to give back everything freed. Host copies a
   /// wake kept for the next sleep (after_wake::keep_host_copies) go back too.
+  /// @throws vmm::driver_error querying the points recorded on the streams failed.
   void trim_to(std::size_t bytes_to_keep);
   /// Blocks until the device is idle (every stream; cudaDeviceSynchronize), after which
   /// everything freed on any stream is free for every stream and its idle pages can be
   /// trimmed. vmm learns that a stream has passed a free only from points it records
   /// during calls that name the stream; this is the way to tell it about all of them.
+  /// @throws vmm::driver_error the device's synchronize failed (an earlier kernel's fault).
   void synchronize();
   /// Sets the release threshold (see memory_resource_properties) and applies it now.
+  /// @throws vmm::driver_error as trim_to().
   void set_release_threshold(std::size_t bytes);
   /// cudaMemPoolSetAccess: the access each accessor gets to every page mapped now and to
   /// every page mapped later. The default: the provider's default accessors, read-write.
-  /// @throws vmm::invalid_argument an accessor cannot be given this memory; nothing changed.
+  /// @throws vmm::invalid_argument no grant, or an accessor cannot be given this memory;
+  ///         nothing changed.
+  /// @throws vmm::os_error, vmm::driver_error the provider refused the access of a mapped
+  ///         run (pages before it have the new access, later ones the old).
   void set_access(std::span<const access_grant> grants);
-  /// The access `who` has.
+  /// The access `who` has (none when no grant names it). Throws nothing but std::bad_alloc.
   [[nodiscard]] access_mode access(const accessor& who) const;
   /// Makes work queued on `waiting` from now on wait for the work queued on `freeing`
   /// so far (an event, cuStreamWaitEvent), and lets memory freed on `freeing` before this
-  /// call be reused by `waiting` (follow_event_dependencies).
+  /// call be reused by `waiting` (follow_event_dependencies). Nothing on the OS provider.
+  /// @throws vmm::out_of_memory `freeing` is new to the resource and its arenas cannot be had.
+  /// @throws vmm::driver_error recording the event or the wait failed.
   void wait_for(stream_ref waiting, stream_ref freeing);
 
   /// The physical pages under a live allocation, for sharing it (vmm::ipc exports them):
@@ -306,9 +331,20 @@ class memory_resource {
     std::size_t page_size = 0;
     std::vector<shared_chunk> pages;
   };
-  /// @throws vmm::invalid_argument `ptr` is not a live allocation of `bytes` bytes of this
-  ///         resource.
+  /// @throws vmm::invalid_argument `ptr` is not a live allocation of exactly `bytes` bytes
+  ///         (as asked for) of this resource.
   [[nodiscard]] allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
+
+  /// Registers [ptr, ptr + bytes) through `registrar` now, and keeps it registered across
+  /// sleep() and wake() (vmm/memory_registration.hpp): `ptr` is a live allocation of this
+  /// resource, `bytes` at most its size. The allocation cannot be deallocated until the
+  /// registration ends.
+  /// @throws vmm::invalid_argument the registrar is null, the resource is asleep, or the
+  ///         range is not the start of a live allocation of at least `bytes` bytes; nothing
+  ///         was registered.
+  /// @throws whatever registrar->register_memory() throws; nothing was recorded.
+  [[nodiscard]] memory_registration register_memory(void* ptr, std::size_t bytes,
+                                                    std::shared_ptr<memory_registrar> registrar);
 
   /// Puts the resource to sleep (see the file comment): copies the allocations tagged with
   /// one of `offload` to pinned host memory (plain host memory on the OS provider) in order
@@ -319,6 +355,8 @@ class memory_resource {
   /// copies are queued as soon as it is pinned, so that they overlap the work on the rest.
   /// Host copies the last wake kept (after_wake::keep_host_copies) are used instead when
   /// they are large enough, and given back first when not.
+  /// Every registration made through register_memory() is deregistered once the copies
+  /// are taken, before the first page goes.
   /// @throws vmm::invalid_argument the resource is asleep already.
   /// @throws vmm::out_of_memory the host copies cannot be had (more than the host can
   ///         commit safely, or refused); nothing changed.
@@ -333,19 +371,24 @@ class memory_resource {
   /// copies go back to the system on a thread of their own (unpinning them costs about as
   /// much as the rest of the wake); the next sleep() and the destructor wait for that. On
   /// the OS provider they go back before wake() returns. A resource destroyed asleep gives
-  /// its host copies back at once.
+  /// its host copies back at once. Last, the registrations (register_memory()) of the
+  /// waking allocations are registered again, over the new pages.
   /// @throws vmm::invalid_argument the resource is not asleep.
   /// @throws vmm::out_of_memory not enough memory: what was mapped is given back, and the
   ///         message says how many bytes were missing; the tags stay asleep.
   /// @throws vmm::os_error, vmm::driver_error a map or grant refused: what was mapped is
   ///         given back (after the copies queued into it) and the tags stay asleep.
+  /// @throws whatever a registrar's register_memory() throws: the registrations renewed by
+  ///         this wake are deregistered again, what was mapped is given back, the tags stay
+  ///         asleep.
   void wake(std::span<const allocation_tag> tags = {}, stream_ref stream = {},
             after_wake then = after_wake::give_back_host_copies);
   /// Whether the resource is asleep (some tag not woken yet).
   [[nodiscard]] bool asleep() const noexcept;
 
+  /// Throws nothing but std::bad_alloc (none in practice: the statistics are counters).
   [[nodiscard]] memory_resource_statistics statistics() const;
-  /// Sets reserved_high and used_high to the current values.
+  /// Sets reserved_high and used_high to the current values. Throws nothing.
   void reset_high_water_marks();
   [[nodiscard]] const memory_resource_properties& properties() const noexcept;
   [[nodiscard]] const reuse_policies& policies() const noexcept;

@@ -84,7 +84,8 @@ struct provider_capabilities {
   /// Whether executor() completes all work before returning (host memory).
   bool synchronous = false;
 
-  /// `mode` for each of default_accessors: what set_access() is given by default.
+  /// `mode` for each of default_accessors: what set_access() is given by default. Throws
+  /// nothing but std::bad_alloc.
   [[nodiscard]] std::vector<access_grant> grants(access_mode mode) const;
 };
 
@@ -109,32 +110,39 @@ class memory_provider {
   /// @throws vmm::invalid_argument size is 0 or not a multiple of the granularity, or the
   ///         alignment is not a power of two multiple of it.
   /// @throws vmm::out_of_memory no address space of that size is left.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused it otherwise.
   [[nodiscard]] std::uintptr_t allocate_range(std::size_t size, std::size_t alignment = 0);
   /// Frees a range from allocate_range(): the whole range, with nothing mapped in it.
   /// @throws vmm::invalid_argument it is not such a range, or something is mapped in it.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused.
   void free_range(std::uintptr_t address, std::size_t size);
 
   /// Creates `size` bytes of physical memory, committed now.
   /// @throws vmm::invalid_argument size is 0 or not a multiple of the granularity.
   /// @throws vmm::out_of_memory the memory is not there.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused it otherwise.
   [[nodiscard]] physical_handle create(std::size_t size);
   /// Destroys a handle from create(), import_fd() or adopt(). Mappings of it stay valid.
   /// @throws vmm::invalid_argument the handle is not live.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused.
   void destroy(physical_handle handle);
 
   /// Maps the whole of `handle` at `address` (inside a range, over nothing mapped).
   /// The range is inaccessible until set_access().
   /// @throws vmm::invalid_argument the contract is broken (the message says how).
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error the map was refused.
   void map(std::uintptr_t address, std::size_t size, physical_handle handle);
   /// Unmaps [address, address + size): whole mappings with no gap between them.
   /// Not stream-ordered: the caller makes sure no queued work still uses the range.
   /// @throws vmm::invalid_argument the range is not exactly whole mappings.
+  /// @throws vmm::driver_error, vmm::os_error the unmap was refused.
   void unmap(std::uintptr_t address, std::size_t size);
   /// Sets access over [address, address + size), which must be wholly mapped (with memory
   /// of any provider of this address space). One call over many mappings costs the driver
   /// one step per handle in the range.
   /// @throws vmm::invalid_argument the range is not whole mappings, `grants` is empty, or
   ///         it names an accessor that cannot be given this memory.
+  /// @throws vmm::driver_error, vmm::os_error the driver or the OS refused the access.
   void set_access(std::uintptr_t address, std::size_t size, std::span<const access_grant> grants);
 
   /// Exports a handle as a new file descriptor, owned by the caller.

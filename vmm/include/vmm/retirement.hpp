@@ -29,10 +29,13 @@
 namespace vmm {
 
 /// Unmaps and gives back what was retired and whose streams have passed; with `wait`,
-/// first blocks until every retirement's streams have passed. Thread-safe.
+/// first blocks until every retirement's streams have passed. Thread-safe. An unmap or
+/// free that fails is reported (report_cleanup_failure) and tried again by a later call.
+/// @throws vmm::driver_error waiting for or querying a stream's point failed.
 void collect_retired(bool wait = false);
 
-/// Retirements still waiting for their streams, or to be unmapped or freed again.
+/// Retirements still waiting for their streams, or to be unmapped or freed again. Throws
+/// nothing but std::system_error from a broken mutex.
 [[nodiscard]] std::size_t retired_count();
 
 }  // namespace vmm

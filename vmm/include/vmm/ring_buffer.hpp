@@ -58,6 +58,8 @@ class ring_buffer {
   ///         memory, or zeroing the counters, failed; nothing is left mapped.
   ring_buffer(std::shared_ptr<chunk_pool> pool, std::size_t capacity, ring_buffer_options options = {});
   /// A ring on the default pool of `where`.
+  /// @throws vmm::driver_unavailable GPU or pinned memory asked for and no usable driver.
+  /// @throws as the constructor above (a location that does not exist: invalid_argument).
   ring_buffer(location where, std::size_t capacity, ring_buffer_options options = {});
   ring_buffer(ring_buffer&& other) noexcept;
   ring_buffer& operator=(ring_buffer&& other) noexcept;

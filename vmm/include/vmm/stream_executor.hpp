@@ -40,12 +40,18 @@ class stream_executor {
 
   /// Copies n bytes between any two addresses the executor's device (or the host) can
   /// reach, host memory included, in order on `stream`.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   virtual void copy(void* destination, const void* source, std::size_t n, stream_ref stream) = 0;
   /// Sets n bytes to `value`, in order on `stream`.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   virtual void fill(void* destination, std::uint8_t value, std::size_t n, stream_ref stream) = 0;
   /// Page-locks [p, p + n) of host memory for the executor's device, so that copies to
   /// and from it run at full speed and in stream order (cuMemHostRegister). Undo it with
   /// unpin_host() before the memory goes. The host executor does nothing.
+  /// @throws vmm::driver_error cuMemHostRegister refused (vmm::out_of_memory where it ran
+  ///         out of memory).
   virtual void pin_host(void* p, std::size_t n) {
     (void)p;
     (void)n;
@@ -56,28 +62,44 @@ class stream_executor {
     (void)n;
   }
   /// Blocks until all work queued on `stream` is done.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   virtual void synchronize(stream_ref stream) = 0;
   /// Blocks until all work queued on the executor's device is done, on every stream (a
   /// last resort: for when the streams that may use memory are no longer known).
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   virtual void synchronize_device() = 0;
 
   /// A new event, not recorded yet (it counts as done). Destroy it with destroy_event().
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   [[nodiscard]] virtual event_handle create_event() = 0;
   /// Destroys an event from create_event() (0 is ignored). Never throws.
   virtual void destroy_event(event_handle event) noexcept = 0;
   /// Records `event` at the current end of `stream`'s queued work, replacing its previous
   /// point.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   virtual void record(event_handle event, stream_ref stream) = 0;
   /// Whether the work before the event's recorded point is done. Never blocks.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   [[nodiscard]] virtual bool done(event_handle event) = 0;
   /// Blocks until the work before the event's recorded point is done.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   virtual void synchronize_event(event_handle event) = 0;
   /// Makes work queued on `stream` from now on wait for the event's recorded point.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   virtual void enqueue_wait(stream_ref stream, event_handle event) = 0;
 
   /// A new stream of the executor's device that does not synchronize with the legacy
   /// default stream (host executor: a distinct token). Destroy it with destroy_stream();
   /// vmm::owned_stream does both.
+  /// @throws vmm::driver_error the driver call failed (a GPU executor; the host executor
+  ///         throws nothing).
   [[nodiscard]] virtual stream_ref create_stream() = 0;
   /// Destroys a stream from create_stream() once its queued work is done. Never throws.
   virtual void destroy_stream(stream_ref stream) noexcept = 0;
@@ -130,6 +152,7 @@ class stream_event {
   /// No event: done.
   stream_event() noexcept = default;
   /// Records the current end of `stream`'s queued work.
+  /// @throws vmm::driver_error creating or recording the event failed (nothing is left).
   stream_event(stream_executor& executor, stream_ref stream);
   stream_event(stream_event&& other) noexcept
       : executor_(std::exchange(other.executor_, nullptr)), event_(std::exchange(other.event_, 0)) {}
@@ -146,15 +169,20 @@ class stream_event {
   ~stream_event() { reset(); }
 
   /// Whether the work before the point is done (true when empty). Never blocks.
+  /// @throws vmm::driver_error as stream_executor::done().
   [[nodiscard]] bool done() const { return event_ == 0 || executor_->done(event_); }
   /// Blocks until the work before the point is done.
+  /// @throws vmm::driver_error as stream_executor::synchronize_event().
   void synchronize() const {
     if (event_ != 0) executor_->synchronize_event(event_);
   }
   /// Moves the point to the current end of `stream`'s queued work, reusing the event (one
   /// driver call, where a new point costs creating an event too). Not on an empty one.
+  /// @throws vmm::invalid_argument the point is empty.
+  /// @throws vmm::driver_error as stream_executor::record().
   void record_again(stream_ref stream);
   /// Makes work queued on `stream` from now on wait for the point.
+  /// @throws vmm::driver_error as stream_executor::enqueue_wait().
   void enqueue_wait(stream_ref stream) const {
     if (event_ != 0) executor_->enqueue_wait(stream, event_);
   }

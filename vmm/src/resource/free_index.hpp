@@ -29,6 +29,7 @@ struct block {
   bool cached = false;          // freed into a quick bin: allocated still, for the tiling
   std::uint8_t list_first = 0;  // free: the size list it is in (free_index keeps these)
   std::uint8_t list_second = 0;
+  std::uint8_t slack = 0;  // allocated: size less the bytes asked for (deallocate checks them)
   [[nodiscard]] std::uint64_t end() const noexcept { return offset + size; }
 };
 

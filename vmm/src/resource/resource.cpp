@@ -6,7 +6,8 @@
 // of the arena it lands in (fast path: a block whose pages are mapped). Everything that
 // maps, unmaps or moves pages, or reaches across arenas (another stream's blocks, pages to
 // stitch), runs on the slow path: the resource's mutex, then every arena's mutex in the
-// order the arenas were made. A stream record's mutex is taken after any arena mutex.
+// order the arenas were made. A stream record's mutex is taken after any arena mutex, and
+// so is the registrations' (resource/registrations.hpp).
 
 #include "vmm/memory_resource.hpp"
 
@@ -25,6 +26,7 @@
 #include "cleanup.hpp"
 #include "resource/arena.hpp"
 #include "resource/host_copies.hpp"
+#include "resource/registrations.hpp"
 #include "retirement.hpp"
 #include "vmm/error.hpp"
 
@@ -140,6 +142,8 @@ class resource_state {
   bool asleep() const noexcept { return asleep_.load(); }
   memory_resource_statistics statistics() const;
   memory_resource::allocation_pages pages_of(const void* ptr, std::size_t bytes) const;
+  memory_registration register_memory(void* ptr, std::size_t bytes,
+                                      std::shared_ptr<memory_registrar> registrar);
   void reset_high_water_marks();
   bool owns(const void* ptr) const noexcept {
     return arena_containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
@@ -205,7 +209,7 @@ class resource_state {
   // The fast path: a block of `size` in `home` whose pages are all mapped, from the
   // stream's own pending blocks or the released ones.
   void* try_mapped(arena& home, stream_record* record, std::uint64_t size, std::uint64_t alignment,
-                   std::uint32_t tag);
+                   std::uint32_t tag, std::uint8_t slack);
   void* slow_allocate(stream_entry& entry, std::uint64_t size, std::uint64_t alignment, bool sync,
                       std::size_t requested, std::uint32_t tag);
   // A free block to carve a request from: the one with the fewest pages to map (then the
@@ -231,6 +235,8 @@ class resource_state {
                               std::uint64_t alignment, bool wait_allowed);
   void* slow_allocate_locked(stream_entry& entry, std::size_t kind, std::uint64_t size,
                              std::uint64_t alignment, bool sync, std::size_t requested);
+  // The out_of_memory of a request that cannot be had, with the numbers (under all_locked).
+  [[noreturn]] void refuse_request(std::size_t requested, std::uint64_t size, const std::string& why) const;
   void map_pages(arena& a, std::uint64_t offset, std::uint64_t size);
   // `wanted` pages for `target`'s pages [first, first + count): spare, stitched or created
   // (each with whether it was created for this request). Nothing changes if it throws.
@@ -345,6 +351,9 @@ class resource_state {
   // next sleep (after_wake::keep_host_copies), pinned, or none.
   std::unique_ptr<host_copies> saved_;
   std::vector<saved_run> saved_runs_;
+  // Registrations with transports, withdrawn by sleep and renewed by wake
+  // (vmm/memory_registration.hpp).
+  const std::shared_ptr<registration_table> registrations_ = std::make_shared<registration_table>();
   // The host copies of the last wake are given back on a detached thread of their own (a
   // resource may live until the process exits, so nothing may have to join it), counted
   // in host_releases_running under this resource. Until a wake starts one, waiting for
@@ -410,6 +419,12 @@ resource_state::resource_state(std::shared_ptr<chunk_pool> pool, memory_resource
 }
 
 resource_state::~resource_state() {
+  if (const std::size_t registered = registrations_->close(); registered != 0)
+    report_cleanup_failure(
+        fmt::format("memory_resource: destroyed with {} registration(s) (memory_registration) "
+                    "still live: deregistered",
+                    registered)
+            .c_str());
   wait_for_host_release();
   // The host copies (asleep, or kept by the last wake) go back to the system now.
   saved_.reset();
@@ -528,11 +543,12 @@ void resource_state::note_unused(std::uint64_t bytes) noexcept {
 }
 
 void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64_t size,
-                                 std::uint64_t alignment, std::uint32_t tag) {
+                                 std::uint64_t alignment, std::uint32_t tag, std::uint8_t slack) {
   std::lock_guard lock(home.mutex);
   if (size < small_limit)  // only small blocks wait in quick bins (deallocate)
     if (block* b = home.take_quick(size, alignment, record)) {
       b->tag = tag;
+      b->slack = slack;
       ++home.allocations_made;
       return reinterpret_cast<void*>(home.base() + b->offset);
     }
@@ -552,6 +568,7 @@ void* resource_state::try_mapped(arena& home, stream_record* record, std::uint64
     if (found == nullptr) return nullptr;
     block* b = home.carve(found, start, size);
     b->tag = tag;
+    b->slack = slack;
     ++home.allocations_made;
     return reinterpret_cast<void*>(home.base() + b->offset);
   };
@@ -582,10 +599,16 @@ void* resource_state::allocate(stream_ref stream, std::size_t bytes, std::size_t
     throw invalid_argument(
         fmt::format("memory_resource: {} bytes asked for: more than any address space holds", bytes));
   const std::uint64_t size = round_to_unit(bytes);
+  if (size > properties_.max_size) {  // before a stream's arenas are made: nothing changes
+    const all_locked locked(*this);
+    refuse_request(bytes, size, fmt::format("more than max_size of {} bytes", properties_.max_size));
+  }
   const std::uint64_t align = std::max<std::uint64_t>(alignment, unit);
   stream_entry& entry = entry_of(stream, sync);
   const std::size_t kind = kind_of(size);
-  void* p = try_mapped(*entry.arenas[kind].back(), sync ? nullptr : entry.record.get(), size, align, tag);
+  const auto slack = static_cast<std::uint8_t>(size - bytes);
+  void* p =
+      try_mapped(*entry.arenas[kind].back(), sync ? nullptr : entry.record.get(), size, align, tag, slack);
   if (p == nullptr) p = slow_allocate(entry, size, align, sync, bytes, tag);
   note_used(size);
   return p;
@@ -1123,7 +1146,9 @@ void* resource_state::slow_allocate(stream_entry& entry, std::uint64_t size, std
   const timed_into timer(slow_path_time_, start);
   void* p = slow_allocate_locked(entry, kind, size, alignment, sync, requested);
   arena& a = *arena_containing(reinterpret_cast<std::uintptr_t>(p));
-  a.allocated_at(reinterpret_cast<std::uintptr_t>(p) - a.base())->tag = tag;
+  block* b = a.allocated_at(reinterpret_cast<std::uintptr_t>(p) - a.base());
+  b->tag = tag;
+  b->slack = static_cast<std::uint8_t>(size - requested);
   ++a.allocations_made;
   return p;
 }
@@ -1140,6 +1165,12 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
       caller = nullptr;
     }
   } forget_request{request_, caller_};
+  // The bytes live blocks hold and this request cannot share: past max_size, no way of
+  // placing it can succeed, and none is tried (a new address range would stay behind).
+  if (used_.load() + size > properties_.max_size)
+    refuse_request(
+        requested, size,
+        fmt::format("max_size of {} bytes reached ({} in use)", properties_.max_size, used_.load()));
   std::string shortage;  // the last option's out-of-memory, for the message
   // Runs one way of placing the request; an out-of-memory of one way (no pages for it)
   // lets the next be tried.
@@ -1190,21 +1221,33 @@ void* resource_state::slow_allocate_locked(stream_entry& entry, std::size_t kind
     if (shortage.empty()) {
       // No address run fits anywhere: a new arena for this stream.
       const std::size_t page_size = kind == 2 ? large_page_ : page_;
-      arena& added =
-          add_arena(round_up(std::max<std::size_t>(2 * properties_.max_size, size), page_size), page_size);
-      std::unique_lock<arena_mutex> hold(added.mutex);
-      entry.arenas[kind].push_back(&added);
-      if (void* p = attempt_with([&] { return place(added, added.released(), size, alignment); })) return p;
+      arena* added = nullptr;
+      try {  // an address range the provider refuses is this request's shortage too
+        added =
+            &add_arena(round_up(std::max<std::size_t>(2 * properties_.max_size, size), page_size), page_size);
+      } catch (const out_of_memory& error) {
+        shortage = error.what();
+      }
+      if (added != nullptr) {
+        std::unique_lock<arena_mutex> hold(added->mutex);
+        entry.arenas[kind].push_back(added);
+        if (void* p = attempt_with([&] { return place(*added, added->released(), size, alignment); }))
+          return p;
+      }
     }
     // Out of memory: wait for what was retired in stream order and for every stream's
     // recorded points, then once more.
     if (attempt == 0) collect_retired(true);
   }
+  refuse_request(requested, size, shortage);
+}
+
+void resource_state::refuse_request(std::size_t requested, std::uint64_t size, const std::string& why) const {
   throw out_of_memory(fmt::format(
       "memory_resource on {}: {} bytes requested ({} with rounding), {} reserved, {} in use, the largest "
       "free run of addresses is {} bytes{}{}",
       to_string(provider()->capabilities().where), requested, size, reserved_bytes(), used_.load(),
-      largest_free_locked(), shortage.empty() ? "" : ": ", shortage));
+      largest_free_locked(), why.empty() ? "" : ": ", why));
 }
 
 // ---- deallocation -------------------------------------------------------------------------
@@ -1234,8 +1277,10 @@ void resource_state::deallocate(stream_ref stream, void* ptr, std::size_t bytes,
     block* b = a->allocated_at(address - a->base());
     if (b == nullptr || b->cached)
       return refuse("it is not a live allocation (freed twice, or never allocated)");
-    if (round_to_unit(bytes) != b->size)
-      return refuse(fmt::format("it was allocated with {} bytes", b->size));
+    if (bytes != b->size - b->slack)
+      return refuse(fmt::format("it was allocated with {} bytes", b->size - b->slack));
+    if (registrations_->any_in(address, b->size))
+      return refuse("it is registered (memory_registration): end the registration first");
     const std::uint64_t size = b->size;
     // Small blocks wait in a quick bin for the next request of their size (arena.hpp). Not
     // larger ones: kept whole, they change where other sizes are placed, and the replays of
@@ -1392,6 +1437,8 @@ void resource_state::sleep(std::span<const allocation_tag> offload, stream_ref s
     }
   }
   executor_.synchronize(stream);
+  // Nothing can fail from here: the transports let go of the memory before its pages go.
+  registrations_->withdraw_all();
   unmap_passed_retiring(true);  // the old mappings of lent pages too
 
   // Every page goes: the physical memory back to the pool, and the pool's idle memory back
@@ -1514,6 +1561,9 @@ void resource_state::wake(std::span<const allocation_tag> tags, stream_ref strea
       i = j;
     }
     executor_.synchronize(stream);
+    // The registrations of the waking allocations, over the new pages and restored bytes;
+    // a registrar that throws has had the ones renewed here withdrawn again.
+    registrations_->renew(waking);
   } catch (...) {
     // Copies queued into the pages may still run: they finish before the pages go.
     if (copied != 0) cleanup("memory_resource: wake", [&] { executor_.synchronize(stream); });
@@ -1650,7 +1700,7 @@ memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std:
     if (!a.contains(address)) continue;
     std::lock_guard lock(a.mutex);
     const block* b = a.allocated_at(address - a.base());
-    if (b == nullptr || b->cached || b->size != round_to_unit(bytes))
+    if (b == nullptr || b->cached || b->size - b->slack != bytes)
       throw invalid_argument(
           fmt::format("memory_resource: {:#x} ({} bytes) is not a live allocation of "
                       "this resource",
@@ -1661,6 +1711,23 @@ memory_resource::allocation_pages resource_state::pages_of(const void* ptr, std:
     return result;
   }
   throw invalid_argument(fmt::format("memory_resource: {:#x} is not this resource's", address));
+}
+
+memory_registration resource_state::register_memory(void* ptr, std::size_t bytes,
+                                                    std::shared_ptr<memory_registrar> registrar) {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  if (registrar == nullptr) throw invalid_argument("memory_resource: register_memory with a null registrar");
+  all_locked locked(*this);
+  if (asleep_.load())
+    throw invalid_argument("memory_resource: register_memory while the resource is asleep (wake() it first)");
+  arena* a = arena_containing(address);
+  const block* b = a == nullptr ? nullptr : a->allocated_at(address - a->base());
+  if (b == nullptr || b->cached || bytes == 0 || bytes > b->size - b->slack)
+    throw invalid_argument(fmt::format(
+        "memory_resource: register_memory of {:#x} ({} bytes): not the start of a live allocation "
+        "of this resource of at least that many bytes",
+        address, bytes));
+  return registrations_->add(address, bytes, b->tag, std::move(registrar));
 }
 
 void resource_state::reset_high_water_marks() {
@@ -1704,6 +1771,11 @@ void memory_resource::deallocate(stream_ref stream, void* ptr, std::size_t bytes
 void* memory_resource::allocate(stream_ref stream, std::size_t bytes, std::size_t alignment,
                                 allocation_tag tag) {
   return state_->allocate(stream, bytes, alignment, false, tag.value);
+}
+
+memory_registration memory_resource::register_memory(void* ptr, std::size_t bytes,
+                                                     std::shared_ptr<memory_registrar> registrar) {
+  return state_->register_memory(ptr, bytes, std::move(registrar));
 }
 
 void memory_resource::sleep(std::span<const allocation_tag> offload, stream_ref stream) {

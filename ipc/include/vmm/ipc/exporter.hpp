@@ -87,6 +87,7 @@ struct export_statistics {
 /// Exports buffers as manifests, exporting each physical chunk once. See the file comment.
 class exporter {
  public:
+  /// An exporter with nothing cached. Throws nothing but std::bad_alloc.
   exporter();
   exporter(const exporter&) = delete;
   exporter& operator=(const exporter&) = delete;
@@ -132,8 +133,9 @@ class exporter {
                                                 export_options options = {});
 
   /// Drops the entries whose chunks have died, closing their fds, and the generations
-  /// whose chunks have all died.
+  /// whose chunks have all died. Throws nothing but std::system_error from a broken mutex.
   void purge();
+  /// What is cached. As purge().
   [[nodiscard]] export_statistics statistics() const;
 
  private:

@@ -113,6 +113,10 @@ class imported_buffer {
   /// one message's fds at a time, within options.timeout. Same errors as above and as
   /// receive_manifest() (vmm::ipc::timeout_error included). After an exception the socket
   /// may be in the middle of a manifest: close it.
+  /// @throws vmm::ipc::bad_manifest, vmm::ipc::protocol_error, vmm::ipc::timeout_error,
+  ///         vmm::ipc::peer_closed, vmm::os_error as receive_manifest().
+  /// @throws vmm::invalid_argument, vmm::out_of_memory, vmm::driver_error, vmm::os_error
+  ///         as the constructor above.
   [[nodiscard]] static imported_buffer receive(int socket_fd, import_options options = {});
 
   imported_buffer(imported_buffer&& other) noexcept;

@@ -70,16 +70,20 @@ class interprocess_event {
 
   /// Records the current end of `stream`'s queued work (cuEventRecord).
   /// @throws vmm::invalid_argument there is no event.
+  /// @throws vmm::driver_error the driver call failed.
   void record(stream_ref stream);
   /// Makes work queued on `stream` from now on wait until the last recorded point has
   /// passed, in whichever process it was recorded (cuStreamWaitEvent). Never blocks.
   /// @throws vmm::invalid_argument there is no event.
+  /// @throws vmm::driver_error the driver call failed.
   void enqueue_wait(stream_ref stream) const;
   /// Whether the last recorded point has passed (true when nothing was recorded).
   /// @throws vmm::invalid_argument there is no event.
+  /// @throws vmm::driver_error the driver call failed.
   [[nodiscard]] bool done() const;
   /// Blocks the calling thread until the last recorded point has passed.
   /// @throws vmm::invalid_argument there is no event.
+  /// @throws vmm::driver_error the driver call failed.
   void synchronize() const;
   /// Destroys this process's event object now (never throws) and becomes empty.
   void reset() noexcept;

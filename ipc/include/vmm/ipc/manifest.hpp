@@ -77,7 +77,9 @@ namespace vmm::ipc {
 /// do not agree with it (their descriptor counts, a continuation out of place): the
 /// exporter broke the protocol. Nothing was mapped and every descriptor received is closed;
 /// close the socket. validate() and serialize() raise it too, for a manifest built in memory
-/// that no peer would accept.
+/// that no peer would accept. It is a protocol_error, not a std::invalid_argument (it was in
+/// 0.1): code that caught vmm::invalid_argument for a bad manifest catches this type, or
+/// vmm::ipc::protocol_error, instead.
 class bad_manifest : public protocol_error {
  public:
   using protocol_error::protocol_error;

@@ -197,9 +197,10 @@ class resource_exporter {
 
   /// Drops the cache entries and page ids of pages the resource gave up (trimmed, or
   /// given back to its pool), closing their fds; each export does it too. Once every
-  /// importer has let go of such a page, no process holds its memory any more.
+  /// importer has let go of such a page, no process holds its memory any more. Throws
+  /// nothing but std::system_error from a broken mutex.
   void purge();
-  /// The export cache's counters (vmm::ipc::exporter).
+  /// The export cache's counters (vmm::ipc::exporter). As purge().
   [[nodiscard]] export_statistics statistics() const;
   [[nodiscard]] memory_resource& resource() const noexcept { return resource_; }
 
@@ -315,6 +316,9 @@ class imported_resource {
   explicit imported_resource(const resource_description& description, resource_import_options options = {});
   /// Receives a resource message (receive_resource) within options.timeout and imports it.
   /// Same errors as above and as receive_resource().
+  /// @throws vmm::invalid_argument, vmm::driver_unavailable as the constructor above.
+  /// @throws vmm::ipc::protocol_error, vmm::ipc::timeout_error, vmm::ipc::peer_closed,
+  ///         vmm::os_error as receive_resource().
   [[nodiscard]] static imported_resource receive(int socket_fd, resource_import_options options = {});
   imported_resource(imported_resource&&) noexcept;
   imported_resource& operator=(imported_resource&&) noexcept;
@@ -342,10 +346,15 @@ class imported_resource {
   /// @throws vmm::driver_error, vmm::os_error importing or mapping failed.
   [[nodiscard]] imported_pointer import_pointer(received_pointer received, stream_ref stream);
   /// import_pointer() on the options' stream.
+  /// @throws as import_pointer(received, stream).
   [[nodiscard]] imported_pointer import_pointer(received_pointer received);
   /// receive_pointer() within the options' timeout, then import_pointer(). After an
   /// exception other than one of import_pointer's own, close the socket.
+  /// @throws vmm::ipc::protocol_error, vmm::ipc::timeout_error, vmm::ipc::peer_closed,
+  ///         vmm::os_error as receive_pointer() (a broken message, the peer gone).
+  /// @throws vmm::invalid_argument, vmm::out_of_memory, vmm::driver_error as import_pointer().
   [[nodiscard]] imported_pointer receive_pointer(int socket_fd, stream_ref stream);
+  /// receive_pointer() on the options' stream. @throws as receive_pointer(socket_fd, stream).
   [[nodiscard]] imported_pointer receive_pointer(int socket_fd);
 
   /// Always throws: an imported resource maps memory another process allocated, and
@@ -354,12 +363,14 @@ class imported_resource {
   [[nodiscard]] void* allocate(stream_ref stream, std::size_t bytes,
                                std::size_t alignment = memory_resource::default_alignment);
   /// Always throws, as allocate().
+  /// @throws vmm::invalid_argument always, saying so.
   [[nodiscard]] void* allocate_sync(std::size_t bytes,
                                     std::size_t alignment = memory_resource::default_alignment);
 
   [[nodiscard]] const resource_description& description() const noexcept;
   [[nodiscard]] access_mode access() const noexcept;
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
+  /// Throws nothing but std::system_error from a broken mutex.
   [[nodiscard]] imported_resource_statistics statistics() const;
 
   /// Gives back every cached page (resource_import_options::keep_mapped_bytes): unmapped

@@ -31,7 +31,14 @@
 /// Errors. The daemon's refusals are vmm::store::store_error with the daemon's status and
 /// message (a cap refusal names the cap). A daemon that went away is store_error with
 /// status daemon_gone; mappings made before stay readable. A reply or manifest that breaks
-/// the protocol is vmm::ipc::protocol_error, and the client is unusable after it.
+/// the protocol is vmm::ipc::protocol_error (vmm::ipc::bad_manifest is one), and the client
+/// is unusable after it. A bad argument of this process (a name that is empty, longer than
+/// max_name_bytes, not UTF-8 or with a control character; a get with access none; a
+/// negative location id) is vmm::invalid_argument, thrown before anything is sent: the
+/// client stays usable, nothing changed. Mapping what the daemon sent may fail here as
+/// vmm::ipc::importer says (vmm::out_of_memory: no address range; vmm::invalid_argument:
+/// memory this process cannot map, such as a GPU it lacks; vmm::driver_error,
+/// vmm::driver_unavailable); the client is unusable after those too.
 ///
 /// Thread safety: one client may be used from several threads (one request at a time);
 /// handles may be destroyed on any thread.
@@ -123,7 +130,10 @@ class buffer {
   /// The provider the memory is mapped through (for copies: provider()->executor()).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
   /// Maps what the buffer grew by since this client last looked; the address stays.
-  /// @throws store_error the daemon refused or is gone; vmm::ipc::protocol_error as get().
+  /// @throws vmm::invalid_argument the handle is empty (default-made, moved from, released).
+  /// @throws store_error the daemon refused or is gone.
+  /// @throws vmm::ipc::protocol_error, vmm::out_of_memory, vmm::invalid_argument,
+  ///         vmm::driver_error as get() (mapping the growth).
   void refresh();
   /// Releases the hold now; the handle is empty afterwards.
   void release() noexcept;
@@ -138,8 +148,11 @@ class buffer {
 class client {
  public:
   /// Connects and says hello.
+  /// @throws vmm::invalid_argument the socket path is empty, too long or holds a NUL byte.
   /// @throws store_error nothing listens at the path (daemon_gone), or the daemon refuses
   ///         this uid (status denied) or this protocol version.
+  /// @throws vmm::ipc::protocol_error the daemon's reply is malformed.
+  /// @throws vmm::os_error mapping the daemon's version table failed.
   explicit client(client_options options = {});
   ~client();
   client(client&&) noexcept;
@@ -150,29 +163,54 @@ class client {
 
   /// Creates `name` with `size` bytes at `where`; a writable handle. The creation is
   /// uncommitted until seal(): if this client's connection closes first, the name goes.
+  /// @throws vmm::invalid_argument a bad name or a negative location id (file comment);
+  ///         nothing was sent.
   /// @throws store_error exists, cap_exceeded (naming the cap), unavailable (no such
   ///         memory at the daemon), invalid, out_of_memory; daemon_gone.
+  /// @throws vmm::ipc::protocol_error, vmm::out_of_memory, vmm::invalid_argument,
+  ///         vmm::driver_error mapping what the daemon sent (file comment).
   [[nodiscard]] buffer create(std::string_view name, std::size_t size, location where,
                               create_options options = {});
   /// No writer any more: writable gets and growth are refused from now on; the buffer
   /// stays until remove(), whoever holds it.
+  /// @throws vmm::invalid_argument a bad name; nothing was sent.
+  /// @throws store_error not_found, denied; daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply is malformed.
   void seal(std::string_view name);
   /// A hold on `name`, mapped with `access`. Read-write only while unsealed and only for
   /// the creator's process or a pid it granted.
+  /// @throws vmm::invalid_argument a bad name, or `access` is none; nothing was sent.
   /// @throws store_error not_found, sealed, denied; daemon_gone.
   /// @throws vmm::ipc::protocol_error the daemon sent something malformed.
+  /// @throws vmm::out_of_memory, vmm::invalid_argument, vmm::driver_error mapping what the
+  ///         daemon sent (file comment).
   [[nodiscard]] buffer get(std::string_view name, access_mode access = access_mode::read_only);
   /// Grows `name` to `size` bytes (creator or granted writers, unsealed). Holders see it
   /// after refresh().
-  /// @throws store_error not_found, sealed, denied, cap_exceeded, invalid; daemon_gone.
+  /// @throws vmm::invalid_argument a bad name; nothing was sent.
+  /// @throws store_error not_found, sealed, denied, cap_exceeded, invalid, out_of_memory;
+  ///         daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply is malformed.
   buffer_info grow(std::string_view name, std::size_t size);
   /// Lets process `pid` get `name` writable while it is unsealed (creator only).
+  /// @throws vmm::invalid_argument a bad name; nothing was sent.
+  /// @throws store_error not_found, sealed, denied; daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply is malformed.
   void grant(std::string_view name, pid_t pid);
+  /// Every buffer the daemon names.
+  /// @throws store_error daemon_gone. @throws vmm::ipc::protocol_error the reply is malformed.
   [[nodiscard]] std::vector<buffer_info> list();
+  /// @throws vmm::invalid_argument a bad name; nothing was sent.
+  /// @throws store_error not_found; daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply is malformed.
   [[nodiscard]] buffer_info stat(std::string_view name);
   /// Frees the name at once; the memory goes when the last holder lets go.
+  /// @throws vmm::invalid_argument a bad name; nothing was sent.
+  /// @throws store_error not_found, denied; daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply is malformed.
   void remove(std::string_view name);
   /// The daemon's counters (a debug request: leak checks compare them).
+  /// @throws store_error daemon_gone. @throws vmm::ipc::protocol_error the reply is malformed.
   [[nodiscard]] daemon_statistics statistics();
   /// Drops the cached imports no handle holds.
   void drop_cache();

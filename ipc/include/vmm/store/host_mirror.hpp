@@ -62,13 +62,18 @@ class host_mirror {
   [[nodiscard]] stream_ref stream() const noexcept { return host_.stream(); }
 
   /// Queues buffer -> host on `stream`.
+  /// @throws vmm::driver_error the copy could not be queued (GPU memory).
   void copy_in(stream_ref stream);
+  /// copy_in() on the mirror's stream. @throws as copy_in(stream).
   void copy_in() { copy_in(stream()); }
   /// Queues host -> buffer on `stream`.
   /// @throws vmm::invalid_argument the buffer is mapped read-only here.
+  /// @throws vmm::driver_error the copy could not be queued (GPU memory).
   void copy_back(stream_ref stream);
+  /// copy_back() on the mirror's stream. @throws as copy_back(stream).
   void copy_back() { copy_back(stream()); }
   /// Waits for the work queued on the mirror's stream.
+  /// @throws vmm::driver_error the stream's work failed.
   void synchronize();
 
  private:

@@ -213,7 +213,8 @@ struct daemon_statistics {
 };
 
 /// Reply bodies: the bytes after the reply header, and back. Decoders check every byte and
-/// throw vmm::ipc::protocol_error.
+/// throw vmm::ipc::protocol_error. The encoders throw nothing but std::bad_alloc (the
+/// daemon encodes only what it has checked).
 [[nodiscard]] std::vector<std::byte> encode_ok(std::span<const std::byte> body = {});
 [[nodiscard]] std::vector<std::byte> encode_error(status code, std::string_view message);
 [[nodiscard]] std::vector<std::byte> encode(const buffer_info& info);
@@ -231,10 +232,15 @@ struct reply {
 /// @throws vmm::ipc::protocol_error bad magic, another version, an unknown status, a
 ///         truncated or oversized error message.
 [[nodiscard]] reply decode_reply(std::span<const std::byte> bytes);
+/// @throws vmm::ipc::protocol_error the body is not a valid buffer_info (its name included).
 [[nodiscard]] buffer_info decode_buffer_info(std::span<const std::byte> body);
+/// @throws vmm::ipc::protocol_error as decode_buffer_info, or the count does not fit the body.
 [[nodiscard]] std::vector<buffer_info> decode_buffer_infos(std::span<const std::byte> body);
+/// @throws vmm::ipc::protocol_error the body is not a valid daemon_info.
 [[nodiscard]] daemon_info decode_daemon_info(std::span<const std::byte> body);
+/// @throws vmm::ipc::protocol_error the body is not a valid hold_reply.
 [[nodiscard]] hold_reply decode_hold_reply(std::span<const std::byte> body);
+/// @throws vmm::ipc::protocol_error the body is not a valid daemon_statistics.
 [[nodiscard]] daemon_statistics decode_daemon_statistics(std::span<const std::byte> body);
 
 }  // namespace vmm::store

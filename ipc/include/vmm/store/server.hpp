@@ -129,14 +129,18 @@ class server {
   /// Serves what is ready within `timeout` (one turn of run()'s loop). False once stopped.
   /// Running out of memory ends the turn, or closes the connection whose request or reply
   /// could not be made (dropping its holds); the daemon serves on.
+  /// @throws vmm::os_error poll failed.
   bool serve_once(std::chrono::milliseconds timeout);
   /// Makes run() return; callable from another thread or a signal handler.
   void stop() noexcept;
 
   /// Adopts a connected socket as a client with these credentials (checked as accept's).
-  /// For tests and the fuzzer; the daemon's own connections come from accept.
+  /// For tests and the fuzzer; the daemon's own connections come from accept. A uid not
+  /// allowed, or a connection past max_connections, is refused on the socket (status
+  /// denied) and closed. Throws nothing but std::bad_alloc.
   void add_connection(unique_fd socket, pid_t pid, uid_t uid);
 
+  /// The daemon's counters. Throws nothing but std::bad_alloc.
   [[nodiscard]] daemon_statistics statistics() const;
   [[nodiscard]] const daemon_info& info() const noexcept { return info_; }
   [[nodiscard]] const server_options& options() const noexcept { return options_; }
