@@ -26,6 +26,7 @@
 #include "helpers/store_peer_protocol.hpp"
 #include "memory_io.hpp"
 #include "provider_kinds.hpp"
+#include "sanitizers.hpp"
 #include "vmm/store/client.hpp"
 
 namespace vmm::testing {
@@ -124,7 +125,9 @@ using soak_kinds = ::testing::Types<os_host_memory, device_memory>;
 TYPED_TEST_SUITE(store_soak, soak_kinds, memory_kind_names);
 
 TYPED_TEST(store_soak, crashing_clients_leave_the_daemon_as_it_was) {
-  const std::uint64_t target = from_environment("VMM_STORE_SOAK_CYCLES", 10'000);
+  // Under ThreadSanitizer a tenth of the cycles (tests/sanitizers.hpp says why).
+  const std::uint64_t target =
+      from_environment("VMM_STORE_SOAK_CYCLES", under_thread_sanitizer ? 1'000 : 10'000);
   const std::uint64_t seed = from_environment("VMM_STORE_SOAK_SEED", 1);
   this->daemon_ = std::make_unique<daemon_process>(this->directory_.path() + "/socket");
   const pid_t daemon_pid = this->daemon_->process().pid();
