@@ -72,10 +72,8 @@ class replicated_kernels : public ::testing::Test {
       locations_.push_back(location::device(d));
     }
   }
-  void need_two() {
-    if (devices_.size() < 2)
-      GTEST_SKIP() << "needs 2 GPUs that reach each other; this machine has " << devices_.size();
-  }
+  // GTEST_SKIP() returns from the function it is in: a test asks this and skips itself.
+  [[nodiscard]] bool fewer_than_two() const { return devices_.size() < 2; }
   // Mismatches a kernel on every GPU finds in its replica, after buffer's last update.
   std::vector<unsigned long long> mismatches_everywhere(const replicated_buffer& buffer, std::uint32_t seed,
                                                         std::uint64_t first, std::uint64_t count) {
@@ -116,7 +114,8 @@ TEST_F(replicated_kernels, a_kernel_on_every_gpu_reads_its_own_replica) {
 }
 
 TEST_F(replicated_kernels, updates_from_the_host_and_from_either_gpu_reach_every_replica) {
-  need_two();
+  if (fewer_than_two())
+    GTEST_SKIP() << "needs 2 GPUs that reach each other; this machine has " << devices_.size();
   replicated_buffer buffer(locations_, {.max_size = std::size_t{1} << 30});
   const std::size_t count = std::size_t{1} << 20;
   buffer.resize(count * 4);
