@@ -95,10 +95,11 @@ BAD_TRACES = [
     ("free without id", "a 1 4096 0\nf\n", ["2:", "a free needs an id"]),
     ("no events", "# only a comment\n\n", ["no events"]),
     ("binary junk", b"\x00\xff\xfe garbage\n", ["must start with 'a' or 'f'", "\\x00\\xff\\xfe garbage"]),
-    # An allocation the OS refuses (a 128 TiB address range on the OS provider): the OS
-    # error, and the trace's line number and text.
-    ("refused by the OS", "# big\na 1 140737488355328 0\n",
-     ["2:", "allocating 140737488355328 bytes on stream 0 failed", "mmap", '"a 1 140737488355328 0"']),
+    # An allocation the resource refuses (128 TiB: past the OS provider's max_size, which the
+    # commit budget bounds, and past what the OS would map): the reason, and the trace's line
+    # number and text.
+    ("refused by the resource", "# big\na 1 140737488355328 0\n",
+     ["2:", "allocating 140737488355328 bytes on stream 0 failed", "max_size", '"a 1 140737488355328 0"']),
 ]
 
 # (arguments after the trace, exit status, words stderr must hold): a bad option exits 2 and
