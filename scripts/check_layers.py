@@ -355,7 +355,7 @@ def self_test() -> int:
     expect(layer_of("vmm/include/vmm/shared_chunk.hpp") == layer("pool", 4), "shared_chunk")
     expect(layer_of("ipc/include/vmm/ipc/manifest.hpp") == layer("ipc", 6), "ipc")
     expect(layer_of("vmm/src/unknown.cpp") is None, "an unlisted file has no layer")
-    expect(layer_of("python/vmm_torch/allocator.cpp") == layer("python", 7), "python")
+    expect(layer_of("python/native/device_resources.cpp") == layer("python", 7), "python")
     expect(may_include("os", 1) == ["base", "driver"], f"siblings: {may_include('os', 1)}")
 
     for failure in failures:
