@@ -77,6 +77,7 @@ vmm_install_python_package() {
   rm -rf "$venv"
   "$python" -m venv --system-site-packages --without-pip "$venv" ||
     { echo "$python could not make a virtual environment in $venv" >&2; return 1; }
+  venv=$(cd "$venv" && pwd) || return 1
   local site
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || return 1
   "$python" -c '
