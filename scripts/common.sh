@@ -60,15 +60,15 @@ vmm_install_fuzz_tools() {
 
 # Installs the Python package vmm of the source tree SOURCE (default: the working directory)
 # with pip into a fresh virtual environment VENV_DIR made by the interpreter PYTHON, offline:
-# no index, no build isolation, no dependencies (pip, setuptools and wheel are PYTHON's own).
-# The environment sees every package PYTHON sees: --system-site-packages gives the base
-# installation's, and a .pth file adds PYTHON's own site directories, which are other ones
-# where PYTHON is itself a virtual environment's (the lent GPU image's python3, which holds
-# torch and CuPy, is). The package comes first. Then VENV_DIR/bin/python imports the
-# installed vmm, and so do the processes it starts with sys.executable. pip builds the native
-# module in SOURCE/build/pip-TAG/ (setup.py), kept between installs. pip's output is this
-# function's; the status is non-zero, with the reason on stderr, when the package cannot be
-# installed and imported.
+# no index, no build isolation, no dependencies. The environment sees every package PYTHON
+# sees, the installed vmm first: --system-site-packages gives the base installation's, and a
+# .pth file adds PYTHON's own site directories where they are others, as when PYTHON is itself
+# a virtual environment's (the lent GPU image's python3, which holds torch and CuPy, is). pip,
+# setuptools and wheel are PYTHON's (--without-pip: no ensurepip needed). Then
+# VENV_DIR/bin/python imports the installed vmm, and so do the processes it starts with
+# sys.executable. pip builds the native module in SOURCE/build/pip-TAG/ (setup.py), kept
+# between installs. pip's output is this function's; the status is non-zero, with the reason
+# on stderr, when the package cannot be installed and imported.
 # Usage: vmm_install_python_package PYTHON VENV_DIR [SOURCE]
 vmm_install_python_package() {
   local python=$1 venv=$2 source=${3:-.}
