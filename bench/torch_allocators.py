@@ -10,7 +10,8 @@ Allocators, each in a process of its own (this script runs itself with --child):
   native           torch's caching allocator (PYTORCH_CUDA_ALLOC_CONF unset)
   expandable       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   cudaMallocAsync  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
-  vmm              vmm_torch.use() (python/vmm_torch; build libvmm_torch_allocator.so first)
+  vmm              vmm.torch.use(): the installed package vmm (pip install --no-build-isolation .,
+                   python/README.md), imported by this interpreter's processes
   pluggable_floor  torch.empty + del only: CUDAPluggableAllocator over a C allocator that
                    does nothing (built here with cc; it hands out one address that nothing
                    touches), so the cost of torch's pluggable interface by itself
@@ -33,9 +34,9 @@ inside the timed step (a collection takes 70-200 ms here and comes at random ste
 host's share of each step (issued_ms: until the step's Python returned, before it waited
 for the GPU; close to the step time means the host, not the GPU, sets the pace), and peak
 reserved / peak allocated
-(torch.cuda.max_memory_reserved/max_memory_allocated for torch's allocators; vmm_torch's for
+(torch.cuda.max_memory_reserved/max_memory_allocated for torch's allocators; vmm.torch's for
 vmm), the caches emptied and the peaks reset before each workload; for vmm also its own
-figures (vmm_torch.memory_stats()'s "vmm." keys and num_ooms; the counts, such as pages
+figures (vmm.torch.memory_stats()'s "vmm." keys and num_ooms; the counts, such as pages
 stitched and host_waits, over that workload alone) and each step's slow-path host time
 (vmm_slow_path_ms: allocations that mapped, stitched, created or gave back pages, or waited
 for the GPU; the rest of vmm's host time is its fast path). Also: torch.empty + del
@@ -43,14 +44,14 @@ for the GPU; the rest of vmm's host time is its fast path). Also: torch.empty + 
 2048 that fits (a search over batch sizes, each probe a process of its own so that an out
 of memory never poisons a measurement), and for vmm a sleep/wake of 8 GiB of weights (plus
 4 GiB dropped), two cycles, then two whose wake keeps the host copies for the next sleep
-(vmm_torch.wake(keep_host_copies=True)), against a pinned-memory copy of the same bytes in
-the same process (the sleep is timed without the gc.collect() vmm_torch.sleep() runs by
+(vmm.torch.wake(keep_host_copies=True)), against a pinned-memory copy of the same bytes in
+the same process (the sleep is timed without the gc.collect() vmm.torch.sleep() runs by
 default, which is timed on its own).
 
 torch.empty + del is also measured side by side (--side-by-side, on unless "off"): every
 allocator's process runs the loop over the same seconds, each on a CPU of a core of its own
 (the CPUs rotated over --side-by-side-repeats), with vmm_pool beside them when vmm is one:
-vmm_torch.mem_pool() under torch.cuda.use_mem_pool, torch's caching allocator on top of vmm.
+vmm.torch.mem_pool() under torch.cuda.use_mem_pool, torch's caching allocator on top of vmm.
 A host may run the same Python at two speeds (docs/GPU-FACTS.md, "The host") and move
 between them within seconds, so processes measured one after the other compare moments of
 the host more than allocators. Each process also times a fixed
@@ -81,7 +82,7 @@ kernels on some GPUs, and cuDNN builds a plan on the host for every new sequence
 time cuDNN's planner and the host's speed, not the allocator. Off cuDNN, torch takes flash
 attention and the steps are the GPU's. --cudnn-attention leaves torch's choice.
 
---vmm-headroom X runs vmm with vmm_torch.use(headroom=X): the idle share of its peak use a
+--vmm-headroom X runs vmm with vmm.torch.use(headroom=X): the idle share of its peak use a
 resource may learn to keep mapped (vmm's default 1/128; less reserves less and, when shapes
 change every step, moves more pages).
 
@@ -90,6 +91,7 @@ Writes one JSON (--json) and prints a table with the targets checked.
 
 import argparse
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -102,7 +104,7 @@ import traceback
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "vmm", "pluggable_floor")
-# vmm_torch.memory_stats() keys that count over the process's life: reported per workload.
+# vmm.torch.memory_stats() keys that count over the process's life: reported per workload.
 VMM_COUNTS = (
     "num_ooms",
     "vmm.pages_stitched",
@@ -219,11 +221,10 @@ class Child:
                 torch.cuda.memory.CUDAPluggableAllocator(library, "floor_alloc", "floor_free"))
             return  # no memory is ever touched: nothing may run a kernel here
         if allocator in ("vmm", "vmm_pool"):
-            sys.path.insert(0, os.path.join(REPOSITORY, "python"))
-            import vmm_torch
+            import vmm.torch
         if allocator == "vmm":
-            vmm_torch.use(headroom=vmm_headroom)
-            self.vmm = vmm_torch
+            vmm.torch.use(headroom=vmm_headroom)
+            self.vmm = vmm.torch
         import torch
 
         self.torch = torch
@@ -233,7 +234,7 @@ class Child:
             # Every later allocation of this thread goes to a pool over vmm, torch's caching
             # allocator on top (autograd's backward threads would still use torch's own: this
             # mode runs only torch.empty + del, on the main thread).
-            self.pool = vmm_torch.mem_pool()
+            self.pool = vmm.torch.mem_pool()
             self.pool_scope = torch.cuda.use_mem_pool(self.pool)
             self.pool_scope.__enter__()
         assert not torch.backends.cudnn.benchmark
@@ -702,7 +703,7 @@ def sleep_wake(child, s):
     plan = [False] * s["cycles"] + [True, True]
     for index, keep in enumerate(plan):
         free_before, _ = torch.cuda.mem_get_info()
-        # vmm_torch.sleep() runs gc.collect() first by default; timed apart, since its cost is
+        # vmm.torch.sleep() runs gc.collect() first by default; timed apart, since its cost is
         # the Python heap's (large with torch and transformers loaded), not the memory's.
         start = time.perf_counter()
         gc.collect()
@@ -1141,12 +1142,12 @@ def main():
     parser.add_argument("--no-sleep-wake", action="store_true")
     parser.add_argument("--record", metavar="DIR", help="native allocator only: also write each workload's allocation trace (from before its model is built) to DIR/NAME.trace.gz, for vmm-replay")
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
-    parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm_torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/128)")
+    parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm.torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/128)")
     parser.add_argument("--rounds", type=int, default=1, help="every allocator's process this many times, in alternating order")
     parser.add_argument("--cudnn-attention", action="store_true", help="leave cuDNN's attention in torch's scaled_dot_product_attention (torch's choice on Hopper; it plans every new sequence length on the host, so gpt2 and llama time cuDNN's planner)")
     parser.add_argument("--cpus", help="run every process on these CPUs, e.g. 0-7 or 0,2,4-6 (default: wherever the OS puts it)")
     # the children
-    parser.add_argument("--side-by-side", default="auto", help="torch.empty + del of these allocators side by side, at the same moments (comma-separated; auto: those of --allocators, and vmm_pool, vmm_torch.mem_pool() with torch's caching allocator on top, when vmm is one of them; off: none)")
+    parser.add_argument("--side-by-side", default="auto", help="torch.empty + del of these allocators side by side, at the same moments (comma-separated; auto: those of --allocators, and vmm_pool, vmm.torch.mem_pool() with torch's caching allocator on top, when vmm is one of them; off: none)")
     parser.add_argument("--side-by-side-seconds", type=float, help="seconds of each side-by-side repeat (default 8, --quick 3)")
     parser.add_argument("--side-by-side-repeats", type=int, help="side-by-side repeats, the CPUs rotated between them (default 3, --quick 1)")
     parser.add_argument("--empty-del-only", action="store_true", help="only torch.empty + del side by side: no workloads, no largest-batch search")
@@ -1211,6 +1212,10 @@ def main():
         if len(side) < 2:
             parser.error("--empty-del-only compares allocators side by side: name two or more (--side-by-side, --allocators)")
         allocators = []
+    # The children import vmm as this interpreter finds it (they run with sys.executable).
+    if {"vmm", "vmm_pool"} & set(allocators + side) and importlib.util.find_spec("vmm") is None:
+        sys.exit(f"torch_allocators.py: the package vmm is not installed for {sys.executable}: "
+                 f"pip install --no-build-isolation {REPOSITORY} (python/README.md), or leave vmm out of --allocators")
     started = time.time()
     runs = {allocator: [] for allocator in allocators}
     with tempfile.TemporaryDirectory() as folder:

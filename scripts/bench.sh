@@ -9,7 +9,8 @@
 #   - vmm-replay --json on each trace of bench/data: on GPU 0 where there is one, else on the
 #     OS provider simulated (--simulate: the resource's bookkeeping, no memory written);
 #   - bench/torch_allocators.py, where a Python with torch and a CUDA device is found
-#     ($VMM_BENCH_PYTHON, python3, /opt/torch/.venv/bin/python3);
+#     ($VMM_BENCH_PYTHON, python3, /opt/torch/.venv/bin/python3), with the package vmm
+#     installed by it with pip into BUILD_DIR/torch-venv (also with --no-build);
 # and merges everything into DIR/bench.json (default DIR: bench-out): a "context" block
 # (machine, driver, CUDA, date, git commit, GPU or not and why) and one section per program.
 # Raw outputs and logs go to DIR/bench-logs.tar.gz. Then:
@@ -22,7 +23,8 @@
 #   targets are set at), torch_allocators.py
 #   --quick, and a time budget of 480 s for the whole script (build included): a program
 #   that would start past it is skipped, and each runs under a timeout of what is left
-#   (torch_allocators.py, about 150 s, is skipped when less than 200 s are left).
+#   (torch_allocators.py, about 150 s after the package's install, is skipped when less
+#   than 200 s are left).
 #   Expected on an H100: build 1-2 min, the programs 2-3 min, torch_allocators.py 2.5 min.
 #   Without a GPU (2 cores): about 100 s once built. bench.json's context has the times.
 # Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
@@ -35,7 +37,6 @@
 # Nothing here enforces a target: the exit status is 0 when bench.json was written.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-repo=$PWD
 
 quick=0
 out=bench-out
@@ -207,21 +208,27 @@ if [ "$gpu" = 1 ]; then
 else
   torch_why="no GPU ($no_gpu_reason)"
 fi
-library="$build/python/libvmm_torch_allocator.so"
-if [ -n "$torch_python" ] && [ ! -f "$library" ]; then
-  torch_python=""
-  torch_why="$library was not built"
-fi
 # Its JSON is written at the end only: a run cut short by the budget leaves nothing.
 if [ -n "$torch_python" ] && [ "$quick" = 1 ] && [ "$(left)" -lt 200 ]; then
   torch_python=""
   torch_why="--quick takes about 150 s and only $(left) s of the budget were left"
 fi
+# vmm's allocator is the package vmm, installed with pip by that Python into a fresh virtual
+# environment that sees its packages (torch): the benchmark and its processes run there.
+if [ -n "$torch_python" ]; then
+  echo "bench.sh: installing the package vmm with $torch_python"
+  if vmm_install_python_package "$torch_python" "$build/torch-venv" >"$work/torch/pip-install.log" 2>&1; then
+    torch_python=$build/torch-venv/bin/python
+  else
+    torch_why="the package vmm could not be installed with $torch_python: $(tail -1 "$work/torch/pip-install.log")"
+    torch_python=""
+  fi
+fi
 if [ -n "$torch_python" ]; then
   torch_args=(bench/torch_allocators.py --json "$work/torch/torch_allocators.json")
   if [ "$quick" = 1 ]; then torch_args+=(--quick --timeout 240); fi
   echo "bench.sh: torch_allocators.py with $torch_python (${torch_args[*]:3})"
-  VMM_TORCH_LIBRARY="$repo/$library" run_timed 3600 "$work/torch/torch_allocators" "$torch_python" "${torch_args[@]}"
+  run_timed 3600 "$work/torch/torch_allocators" "$torch_python" "${torch_args[@]}"
 else
   printf 'skipped\t0\t%s\n' "$torch_why" >"$work/torch/torch_allocators.status"
   echo "bench.sh: torch_allocators.py skipped: $torch_why"

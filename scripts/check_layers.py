@@ -359,7 +359,7 @@ def self_test() -> int:
     expect(layer_of("ipc/include/vmm/ipc/manifest.hpp") == layer("ipc", 6), "ipc")
     expect(layer_of("ipc/tools/vmm_store.cpp") == layer("tools", 7), "a tool beside vmm::ipc")
     expect(layer_of("vmm/src/unknown.cpp") is None, "an unlisted file has no layer")
-    expect(layer_of("python/native/module.cpp") == layer("python", 7), "python")
+    expect(layer_of("python/native/device_resources.cpp") == layer("python", 7), "python")
     expect(may_include("os", 1) == ["base", "driver"], f"siblings: {may_include('os', 1)}")
 
     for failure in failures:

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the README's commands: install what is missing, configure and build.
 # Usage: source scripts/common.sh; vmm_prepare BUILD_DIR [extra cmake arguments...]
 
@@ -19,9 +20,9 @@ vmm_install_missing() {
   vmm_apt_install_missing cmake ninja-build g++ libfmt-dev libgtest-dev libbenchmark-dev libcli11-dev \
     nlohmann-json3-dev python3 || return 1
   # The Python package (pip install . offline, and its ctest python.pip_install_and_pytest):
-  # pybind11 and Python's headers for the module, setuptools and wheel for pip's build,
+  # pybind11 and Python's headers for the module, pip, setuptools and wheel for pip's build,
   # venv for the fresh environment, pytest and numpy for its tests.
-  vmm_apt_install_missing pybind11-dev python3-dev python3-venv python3-setuptools python3-wheel \
+  vmm_apt_install_missing pybind11-dev python3-dev python3-pip python3-venv python3-setuptools python3-wheel \
     python3-pytest python3-numpy || return 1
   if [ ! -f /usr/local/cuda/include/cuda.h ] && [ ! -f /usr/include/cuda.h ]; then
     echo "cuda.h not found: vmm compiles against the CUDA toolkit's headers (it never links libcuda)" >&2
@@ -58,17 +59,46 @@ vmm_install_fuzz_tools() {
   [ -f "$runtime" ] || { echo "libFuzzer runtime not found: $runtime" >&2; return 1; }
 }
 
-# For the scripts under bench/results that time vmm_torch on the lent GPU machine: configures
-# a Release build of the source tree SOURCE in BUILD_DIR, builds only the PyTorch allocator
-# library and exports VMM_TORCH_LIBRARY for bench/torch_allocators.py. The logs go to
-# BUILD_DIR.configure.log and BUILD_DIR.build.log; the build log's tail is printed on failure.
-# Usage: vmm_build_torch_allocator SOURCE BUILD_DIR
-vmm_build_torch_allocator() {
-  local source=$1 build_dir=$2
-  cmake -S "$source" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$build_dir.configure.log" 2>&1 ||
-    { tail -30 "$build_dir.configure.log"; return 1; }
-  cmake --build "$build_dir" -j "${VMM_JOBS:-$(nproc)}" --target vmm_torch_allocator >"$build_dir.build.log" 2>&1 ||
-    { tail -30 "$build_dir.build.log"; return 1; }
-  VMM_TORCH_LIBRARY=$(realpath "$build_dir")/python/libvmm_torch_allocator.so
-  export VMM_TORCH_LIBRARY
+# Installs the Python package vmm of the source tree SOURCE (default: the working directory)
+# with pip into a fresh virtual environment VENV_DIR made by the interpreter PYTHON, offline:
+# no index, no build isolation, no dependencies. The environment sees every package PYTHON
+# sees, the installed vmm first: --system-site-packages gives the base installation's, and a
+# .pth file adds PYTHON's own site directories where they are others, as when PYTHON is itself
+# a virtual environment's (the lent GPU image's python3, which holds torch and CuPy, is). pip,
+# setuptools and wheel are PYTHON's (--without-pip: no ensurepip needed). Then
+# VENV_DIR/bin/python imports the installed vmm, and so do the processes it starts with
+# sys.executable. pip builds the native module in SOURCE/build/pip-TAG/ (setup.py), kept
+# between installs. pip's output is this function's; the status is non-zero, with the reason
+# on stderr, when the package cannot be installed and imported.
+# Usage: vmm_install_python_package PYTHON VENV_DIR [SOURCE]
+vmm_install_python_package() {
+  local python=$1 venv=$2 source=${3:-.}
+  "$python" -m pip --version >/dev/null 2>&1 ||
+    { echo "$python has no pip: it cannot install the package vmm" >&2; return 1; }
+  rm -rf "$venv"
+  "$python" -m venv --system-site-packages --without-pip "$venv" ||
+    { echo "$python could not make a virtual environment in $venv" >&2; return 1; }
+  venv=$(cd "$venv" && pwd) || return 1
+  local site
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || return 1
+  "$python" -c '
+import os, site, sys
+given = set(site.getsitepackages([sys.base_prefix]))  # what --system-site-packages gives
+seen = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+for directory in seen:
+    if directory not in given and os.path.isdir(directory):
+        print(f"import site; site.addsitedir({directory!r})")
+' >"$site/vmm-interpreter-site.pth" || return 1
+  # pybind11 from pip keeps its CMake files inside its Python package, where CMake does not
+  # look: pybind11_ROOT in the environment points setup.py's find_package there.
+  local hint=() cmake_dir
+  if [ -z "${pybind11_ROOT:-}" ] &&
+     cmake_dir=$("$python" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null); then
+    hint=("pybind11_ROOT=$cmake_dir")
+  fi
+  env "${hint[@]}" "$venv/bin/python" -m pip install --no-index --no-build-isolation --no-deps "$source" ||
+    { echo "pip install of $source with $python failed" >&2; return 1; }
+  # From outside the source tree, so that only the installed package can be imported.
+  (cd / && "$venv/bin/python" -c 'import vmm, vmm._vmm; print("vmm", vmm.__version__, "installed in", vmm.__path__[0])') ||
+    { echo "the package vmm installed in $venv does not import" >&2; return 1; }
 }

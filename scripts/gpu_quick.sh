@@ -4,11 +4,13 @@
 # Logs go under $OUT; a summary is printed last.
 #   bash scripts/gpu_quick.sh ['build-gpu/bench/vmm_bench_driver ...' ...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
-build=build-gpu
+build="build-gpu"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The ctest python.pip_install_and_pytest installs the package with the python3 of torch.
+export VMM_PYTHON=${VMM_PYTHON:-python3}
 start=$(date +%s)
 if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVMM_BUILD_BENCHMARKS=ON >"$out/configure.log" 2>&1 &&
        cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1; }; then

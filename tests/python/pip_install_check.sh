@@ -6,11 +6,14 @@
 #
 # The interpreter is $VMM_PYTHON, default /usr/bin/python3 (Debian's, which has
 # python3-setuptools, python3-wheel, python3-pytest and python3-numpy; a `python3` first on
-# PATH may be another one without them). The environment sees the system's packages
-# (--system-site-packages) and pip uses no index (--no-index --no-build-isolation): nothing
-# is downloaded. pip builds in the source tree, in build/pip-TAG/ (setup.py), which is kept
-# between runs, so that a second run compiles only what changed.
-# Exit status: pytest's; 77 (a skip) when pytest collected no test (its status 5).
+# PATH may be another one without them). The install is scripts/common.sh's
+# vmm_install_python_package: the environment, WORK_DIR/venv, sees every package of that
+# interpreter, pip uses no index (--no-index --no-build-isolation) and nothing is downloaded.
+# pip builds in the source tree, in build/pip-TAG/ (setup.py), which is kept between runs, so
+# that a second run compiles only what changed. WORK_DIR/venv stays after the run:
+# WORK_DIR/venv/bin/python imports the installed package.
+# Exit status: pytest's; 77 (a skip) when the interpreter has no pytest or pytest collected
+# no test (its status 5).
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
 work_dir=$2
@@ -20,10 +23,13 @@ python=${VMM_PYTHON:-/usr/bin/python3}
 mkdir -p "$work_dir"
 work_dir=$(cd "$work_dir" && pwd)
 venv=$work_dir/venv
-rm -rf "$venv"
-"$python" -m venv --system-site-packages "$venv"
-"$venv/bin/pip" install --quiet --no-index --no-build-isolation --no-deps "$source_dir" ||
-  { echo "pip install of $source_dir failed" >&2; exit 1; }
+# shellcheck source=scripts/common.sh
+source "$source_dir/scripts/common.sh"
+vmm_install_python_package "$python" "$venv" "$source_dir"
+if ! "$venv/bin/python" -c "import pytest" 2>/dev/null; then
+  echo "skipped: $python has no pytest: tests/python not run (the package is installed in $venv)"
+  exit 77
+fi
 
 # Outside the source tree, so that only the installed package can be imported.
 cd "$work_dir"
