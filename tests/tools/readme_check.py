@@ -8,8 +8,8 @@ fails ("no rule checks this block"):
   line by line with runs of whitespace collapsed and blank lines dropped. The files holding
   regions are built and run as tests (samples/, tests/subproject_consumer/, ...), so a
   snippet that compiles and runs there is the one the README shows. Every region in the
-  repository must be shown by the README, and every `vmm_torch.NAME` of a Python snippet
-  must be defined by python/vmm_torch.
+  repository must be shown by the README, and every `vmm.torch.NAME` of a Python snippet
+  must be defined by python/vmm/torch.
 - A `sh` block is a list of commands, each checked against the tree: `bash SCRIPT` and
   `python3 SCRIPT` name a tracked file, and each option given appears in that file (the
   scripts' own option parsing); `--help` is run; `pip install PATH` (or `python3 -m pip`)
@@ -192,13 +192,17 @@ class Checker:
             self.check_python_names(line, body)
 
     def check_python_names(self, line, body):
-        package = os.path.join(self.root, "python", "vmm_torch", "__init__.py")
+        """Every vmm.torch.NAME (and the alias's vmm_torch.NAME) of a Python block is defined,
+        imported or listed in python/vmm/torch/__init__.py."""
+        package = os.path.join(self.root, "python", "vmm", "torch", "__init__.py")
         with open(package, encoding="utf-8") as f:
             text = f.read()
-        defined = set(re.findall(r"^def (\w+)", text, re.M)) | set(re.findall(r"^(\w+)\s*=", text, re.M))
-        for name in sorted(set(re.findall(r"\bvmm_torch\.(\w+)", "\n".join(body)))):
+        defined = (set(re.findall(r"^def (\w+)", text, re.M)) | set(re.findall(r"^(\w+)\s*=", text, re.M))
+                   | {n.strip() for names in re.findall(r"^from \S+ import (.+)$", text, re.M)
+                      for n in names.split(",")})
+        for name in sorted(set(re.findall(r"\bvmm(?:\.|_)torch\.(\w+)", "\n".join(body)))):
             if name not in defined:
-                self.problem(line, f"vmm_torch.{name} is not defined in python/vmm_torch/__init__.py")
+                self.problem(line, f"vmm.torch.{name} is not defined in python/vmm/torch/__init__.py")
 
     # --- shell commands ----------------------------------------------------------------
     def check_commands(self, line, body):
