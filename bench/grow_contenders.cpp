@@ -257,7 +257,7 @@ class host_vector_resize final : public grow_contender {
 
 // The OS's own cost of growth by mapping: one committed memfd of the final size, each step's
 // new pages mapped (MAP_FIXED | MAP_SHARED) at the end of a reservation, their page tables
-// filled at once (MADV_POPULATE_WRITE), as the OS provider does. Without huge pages for
+// filled at once (MADV_POPULATE_WRITE): the OS at its best. Without huge pages for
 // shared memory every 4 KiB page still takes a page-table entry, which is what separates
 // growth by mapping from writes into memory touched long before (the floor).
 class host_map_committed final : public grow_contender {

@@ -219,20 +219,6 @@ void os_host_provider::do_set_access(std::uintptr_t address, std::size_t size,
   }
   if (os::mprotect(reinterpret_cast<void*>(address), size, protection) != 0)
     throw_errno(errno, fmt::format("os host: mprotect of {} bytes at {:#x}", size, address));
-  populate(address, size, protection);
-}
-
-void os_host_provider::populate(std::uintptr_t address, std::size_t size, int protection) noexcept {
-  // Committed pages exist already: filling the page tables in one call spares the first
-  // touch of every page its fault. Pages of an uncommitted memfd come at first touch, as
-  // commit_on_create = false promises, so those are left alone. Population is advice: a
-  // kernel without MADV_POPULATE_* (before Linux 5.14) says EINVAL once and is not asked
-  // again, and any other refusal leaves the pages to fault in as before.
-  if (protection == PROT_NONE || !commit_on_create_ || !populate_supported_.load(std::memory_order_relaxed))
-    return;
-  const int advice = (protection & PROT_WRITE) != 0 ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
-  if (os::madvise(reinterpret_cast<void*>(address), size, advice) != 0 && errno == EINVAL)
-    populate_supported_.store(false, std::memory_order_relaxed);
 }
 
 int os_host_provider::do_export_fd(physical_handle handle) {

@@ -43,16 +43,12 @@ class os_host_provider final : public memory_provider {
   // mmap MAP_SHARED | MAP_FIXED over the range, PROT_NONE until set_access.
   void do_map(std::uintptr_t address, std::size_t size, physical_handle handle) override;
   void do_unmap(std::uintptr_t address, std::size_t size) override;  // PROT_NONE anonymous back
-  // mprotect with the host's grant; a grant to any other accessor is refused. Then the
-  // page tables of committed memory are filled at once (populate).
+  // mprotect with the host's grant; a grant to any other accessor is refused.
   void do_set_access(std::uintptr_t address, std::size_t size, std::span<const access_grant> grants) override;
   int do_export_fd(physical_handle handle) override;                // a dup of the memfd
   physical_handle do_import_fd(int fd, std::size_t size) override;  // fstat + seals checked, a dup
 
-  void populate(std::uintptr_t address, std::size_t size, int protection) noexcept;
-
   bool commit_on_create_ = true;
-  std::atomic<bool> populate_supported_{true};
   std::atomic<std::size_t> committed_{0};
   std::unordered_map<physical_handle, std::size_t> created_;  // ours (not imported): budgeted
 };
