@@ -144,7 +144,11 @@ struct reuse_policies {
 struct memory_resource_statistics {
   std::size_t reserved_current = 0;  ///< physical bytes mapped or kept spare
   std::size_t reserved_high = 0;
-  std::size_t used_current = 0;  ///< bytes handed out (each rounded up to 256)
+  /// The part of reserved_current in pages of the granularity, and in large pages
+  /// (memory_resource_properties::large_page_size): the two add up to it.
+  std::size_t reserved_small_pages = 0;
+  std::size_t reserved_large_pages = 0;  ///< see reserved_small_pages
+  std::size_t used_current = 0;          ///< bytes handed out (each rounded up to 256)
   std::size_t used_high = 0;
   std::size_t allocations = 0;         ///< live allocations
   std::size_t allocations_total = 0;   ///< allocations made (lifetime)
