@@ -82,13 +82,14 @@ def draw(series, out, title):
             *[gib[name] for name, _, _ in layers],
             labels=[label for _, label, _ in layers],
             colors=[colour for _, _, colour in layers],
-            step="post",
+            step="pre",
         )
         peak_reserved = max(series["reserved_bytes"]) / GIB
         peak_live = max(series["live_high_bytes"]) / GIB
-        axes.step(series["event"], gib["reserved_bytes"], where="post", color="#08306b", linewidth=0.8,
+        axes.step(series["event"], gib["reserved_bytes"], where="pre", color="#08306b", linewidth=0.8,
                   label=f"reserved (peak {peak_reserved:.3f} GiB)")
-        # The most live bytes up to each row, since the one before: peaks between rows show.
+        # Each row's figures span the events since the row before (where="pre"): the most live
+        # bytes over them, so that peaks between rows show, and reserved after the last of them.
         axes.step(series["event"], gib["live_high_bytes"], where="pre", color="#e6550d", linewidth=1.2,
                   label=f"live (peak {peak_live:.3f} GiB)")
         axes.set_xlabel("trace event")
