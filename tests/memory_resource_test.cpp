@@ -358,12 +358,20 @@ TYPED_TEST(memory_resources, large_requests_get_large_pages_and_idle_pages_chang
   }
   EXPECT_EQ(resource->statistics().handles, 3u);
   EXPECT_EQ(resource->statistics().reserved_current, 3 * large);
+  EXPECT_EQ(resource->statistics().reserved_large_pages, 3 * large);
+  EXPECT_EQ(resource->statistics().reserved_small_pages, 0u);
   const auto big_pattern = pattern(big_bytes, 11);
   this->write(big, big_pattern);
   EXPECT_EQ(this->read(big, big_bytes), big_pattern);
   // Just under one large page: small pages.
   void* medium = resource->allocate({}, large - g);
   EXPECT_EQ(resource->pages_of(medium, large - g).page_size, g);
+  {
+    const memory_resource_statistics s = resource->statistics();
+    EXPECT_GE(s.reserved_small_pages, large - g);
+    EXPECT_EQ(s.reserved_large_pages, 3 * large);
+    EXPECT_EQ(s.reserved_small_pages + s.reserved_large_pages, s.reserved_current);
+  }
   resource->deallocate({}, medium, large - g);
   resource->deallocate({}, big, big_bytes);
   resource->synchronize();
@@ -375,6 +383,8 @@ TYPED_TEST(memory_resources, large_requests_get_large_pages_and_idle_pages_chang
     smalls.push_back(resource->allocate({}, 2 * g));
   memory_resource_statistics s = resource->statistics();
   EXPECT_LE(s.reserved_current, 4 * large);
+  EXPECT_GE(s.reserved_small_pages, smalls.size() * 2 * g);
+  EXPECT_EQ(s.reserved_small_pages + s.reserved_large_pages, s.reserved_current);
   EXPECT_GE(s.pages_released - before.pages_released, 3u);
   EXPECT_LE(this->pool_->statistics().reserved_current, 4 * large);
   for (std::size_t i = 0; i < smalls.size(); ++i) {

@@ -4,6 +4,7 @@
     replay_check.py VMM_REPLAY shared      TRACE   # the shared trace, simulated: ratio <= 1.04
     replay_check.py VMM_REPLAY bad-input           # malformed traces and arguments are refused
     replay_check.py VMM_REPLAY trade       TRACE   # bench/data/vit_live: no trade at the default
+    replay_check.py VMM_REPLAY series      TRACE   # --series: the CSV agrees with the JSON
 
 `shared`: replays the trace with --simulate (pages at first touch, so a 16 GiB trace runs
 on a small machine) and --max-ratio 1.04, the figure PyTorch's expandable segments reach on
@@ -22,8 +23,17 @@ size to make one in the other) every step when the resource keeps too little idl
 At the default headroom (1/128) the replay gives back at most 64 pages over two passes with
 the device 150 events behind, within 1.02 of peak live; at 1/256 the same replay gives back
 500 or more, so the trace still trades and the check can fail.
+
+`series`: replays the trace (simulated) with --series and --json, once and over two passes:
+the CSV has its header, at most 2000 rows at events increasing by a fixed step, the last at
+the last event; at every row the two page sizes add up to reserved and reserved covers live
+(every live byte lies in a mapped page, which reserved counts); the most live of the rows is
+the JSON's peak live, the most reserved at most its peak, and the last row's page sizes are
+the JSON's. An unwritable --series path ends with exit status 1 naming it before the trace is
+read, and a replay that fails leaves no series behind.
 """
 
+import csv
 import gzip
 import json
 import os
@@ -238,11 +248,81 @@ def trade(replay, trace):
     return 1 if failures else 0
 
 
+SERIES_HEADER = ["event", "live_bytes", "live_high_bytes", "reserved_bytes", "reserved_small_page_bytes",
+                 "reserved_large_page_bytes"]
+
+
+def check_series(rows, report, passes):
+    """What is wrong with the rows of a --series CSV against the JSON report of its replay."""
+    failures = []
+    if not rows or rows[0] != SERIES_HEADER:
+        return [f"header {rows[:1]}, expected {SERIES_HEADER}"]
+    values = [[int(field) for field in row] for row in rows[1:]]
+    total = report["events"] * passes
+    if not 1000 <= len(values) <= 2000:
+        failures.append(f"{len(values)} rows for {total} events, expected from 1000 to 2000")
+    events = [row[0] for row in values]
+    step = events[0]
+    if events[-1] != total or any(e != step * (i + 1) for i, e in enumerate(events[:-1])) or events[-2] >= total:
+        failures.append(f"events {events[:3]} ... {events[-3:]}: not every {step} events up to {total}")
+    for event, live, live_high, reserved, small, large in values:
+        if small + large != reserved or reserved < live or live_high < live:
+            failures.append(f"event {event}: live {live} (most {live_high}), reserved {reserved} = {small} small + "
+                            f"{large} large pages?")
+            break
+    if max(row[2] for row in values) != report["peak_live_bytes"]:
+        failures.append(f"the most live of the rows {max(row[2] for row in values)}, peak live {report['peak_live_bytes']}")
+    if max(row[3] for row in values) > report["peak_reserved_bytes"]:
+        failures.append(f"a row reserves {max(row[3] for row in values)}, past peak {report['peak_reserved_bytes']}")
+    if values[-1][4:] != [report["reserved_small_pages_bytes"], report["reserved_large_pages_bytes"]]:
+        failures.append(f"the last row's page sizes {values[-1][4:]}, the JSON's {report['reserved_small_pages_bytes']}, "
+                        f"{report['reserved_large_pages_bytes']}")
+    if values[-1][5] == 0:
+        failures.append("no large pages at the end: the split by page size is not exercised")
+    return failures
+
+
+def series(replay, trace):
+    failures = []
+    with tempfile.TemporaryDirectory() as directory:
+        out = os.path.join(directory, "series.csv")
+        for passes in (1, 2):
+            status, report = replay_report(replay, trace, "--location", "os_host", "--simulate", "8GiB", "--series", out,
+                                           "--repeat", str(passes))
+            if status == 4:
+                return SKIP
+            if status != 0:
+                failures.append(f"--repeat {passes}: exit {status}")
+                continue
+            with open(out, newline="") as f:
+                rows = list(csv.reader(f))
+            failures += [f"--repeat {passes}: {failure}" for failure in check_series(rows, report, passes)]
+            print(f"--repeat {passes}: {len(rows) - 1} rows, the last {rows[-1]}")
+        # An unwritable path: refused before the trace is read (the absent trace goes unnamed).
+        unwritable = os.path.join(directory, "absent", "series.csv")
+        result = run(replay, os.path.join(directory, "absent.trace"), "--series", unwritable)
+        if result.returncode != 1 or f"--series {unwritable}: cannot write" not in result.stderr:
+            failures.append(f"unwritable --series: exit {result.returncode}, stderr {result.stderr!r}")
+        # A replay that fails leaves no series.
+        bad = os.path.join(directory, "bad.trace")
+        with open(bad, "w") as f:
+            f.write("a 1 4096 0\nf 2\n")
+        left = os.path.join(directory, "left.csv")
+        result = run(replay, bad, "--location", "os_host", "--series", left)
+        if result.returncode != 1 or os.path.exists(left):
+            failures.append(f"failed replay: exit {result.returncode}, series left behind: {os.path.exists(left)}")
+    for failure in failures:
+        print("FAILED:", failure)
+    return 1 if failures else 0
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[2] == "shared":
         return shared(sys.argv[1], sys.argv[3])
     if len(sys.argv) == 4 and sys.argv[2] == "trade":
         return trade(sys.argv[1], sys.argv[3])
+    if len(sys.argv) == 4 and sys.argv[2] == "series":
+        return series(sys.argv[1], sys.argv[3])
     if len(sys.argv) == 3 and sys.argv[2] == "bad-input":
         return bad_input(sys.argv[1])
     print(__doc__, file=sys.stderr)

@@ -28,11 +28,15 @@
 // synchronizes and trims the resource to nothing and resets its peaks (what
 // bench/torch_allocators.py does between workloads, through vmm_torch.trim()): the figures
 // are TRACE's alone, on the layout FIRST left behind.
+// --series: the live and reserved bytes (reserved also by page size) after every few events
+// of TRACE, as CSV for python -m vmm.plot; the resource's statistics are read between calls,
+// outside the timings.
 
 #include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -189,6 +193,7 @@ vmm::location parse_location(const std::string& text) {
 struct options {
   std::string trace_path;
   std::string json_path;
+  std::string series_path;
   std::string first_path;
   std::optional<vmm::location> where;
   int repeat = 1;
@@ -241,6 +246,11 @@ std::variant<options, int> parse_options(int argc, char** argv) {
       ->type_name("FIRST")
       ->default_str("none");
   app.add_option("--json", o.json_path, "Also write the report as JSON to FILE (docs/tools.md: its fields)")
+      ->type_name("FILE")
+      ->default_str("none");
+  app.add_option("--series", o.series_path,
+                 "Also write reserved and live bytes over the replay as CSV to FILE, at most 2000 rows "
+                 "(docs/tools.md: its columns; python -m vmm.plot draws it)")
       ->type_name("FILE")
       ->default_str("none");
   app.add_option("--repeat", o.repeat, "Replay TRACE N times in one resource; the figures cover every pass")
@@ -298,6 +308,26 @@ int main(int argc, char** argv) try {
                  "%zu for pages (ulimit -n): give a smaller budget or raise the limit\n",
                  static_cast<std::size_t>(simulate_bytes / os_granularity), os_pages);
     return exit_too_few_descriptors;
+  }
+
+  // Opened before the replay, so that a path that cannot be written fails at once; a replay
+  // that fails leaves no series behind.
+  struct series_file {
+    std::string path;
+    std::ofstream out;
+    bool written = false;
+    explicit operator bool() const noexcept { return !path.empty(); }
+    ~series_file() {
+      if (path.empty() || written) return;
+      out.close();
+      (void)std::remove(path.c_str());
+    }
+  } series{o.series_path, {}};
+  if (series) {
+    series.out.open(series.path);
+    if (!series.out)
+      throw std::runtime_error(
+          fmt::format("--series {}: cannot write: {}", series.path, std::strerror(errno)));
   }
 
   const vmm::tools::trace replayed = vmm::tools::read_trace(o.trace_path);
@@ -372,6 +402,15 @@ int main(int argc, char** argv) try {
   std::vector<double> pair_ns;
   std::uint64_t live_bytes = 0;
   std::uint64_t peak_live = 0;
+  // --series: a row after every `stride` events and after the last, so at most series_rows.
+  constexpr std::uint64_t series_rows = 2000;
+  const std::uint64_t total_events = events.size() * static_cast<std::uint64_t>(repeat);
+  const std::uint64_t stride = std::max<std::uint64_t>(1, (total_events + series_rows - 1) / series_rows);
+  std::uint64_t replayed_events = 0;
+  std::uint64_t live_high_since_row = 0;  // the most live bytes since the last row
+  if (series)
+    series.out << "event,live_bytes,live_high_bytes,reserved_bytes,reserved_small_page_bytes,"
+                  "reserved_large_page_bytes\n";
   const auto started = std::chrono::steady_clock::now();
   vmm::tools::call_clock timer;
   for (int pass = 0; pass < repeat; ++pass) {
@@ -394,6 +433,7 @@ int main(int argc, char** argv) try {
         allocate_ns.push_back(slot.allocate_ns);
         live_bytes += e.bytes;
         peak_live = std::max(peak_live, live_bytes);
+        live_high_since_row = std::max(live_high_since_row, live_bytes);
       } else {
         const std::uint64_t t0 = timer.now();
         try {
@@ -407,6 +447,13 @@ int main(int argc, char** argv) try {
         pair_ns.push_back(slot.allocate_ns + ns);
         live_bytes -= slot.bytes;
         slot.pointer = nullptr;
+      }
+      ++replayed_events;
+      if (series && (replayed_events % stride == 0 || replayed_events == total_events)) {
+        const vmm::memory_resource_statistics now = resource.statistics();
+        series.out << fmt::format("{},{},{},{},{},{}\n", replayed_events, live_bytes, live_high_since_row,
+                                  now.reserved_current, now.reserved_small_pages, now.reserved_large_pages);
+        live_high_since_row = live_bytes;
       }
     }
     if (!last_pass) {  // the next pass starts from nothing live
@@ -501,6 +548,8 @@ int main(int argc, char** argv) try {
         {"passes", repeat},
         {"peak_live_bytes", peak_live},
         {"peak_reserved_bytes", after.reserved_high},
+        {"reserved_small_pages_bytes", after.reserved_small_pages},
+        {"reserved_large_pages_bytes", after.reserved_large_pages},
         {"reserved_over_live", ratio},
         {"headroom", resource.properties().headroom},
         {"largest_possible_bytes", largest_after},
@@ -524,6 +573,11 @@ int main(int argc, char** argv) try {
     std::ofstream out(o.json_path);
     out << report.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     if (!out) throw std::runtime_error(fmt::format("--json {}: cannot write", o.json_path));
+  }
+  if (series) {
+    series.out.close();
+    if (!series.out) throw std::runtime_error(fmt::format("--series {}: cannot write", series.path));
+    series.written = true;
   }
   if (o.max_ratio != 0 && ratio > o.max_ratio) {
     std::fprintf(stderr, "vmm-replay: reserved/live %.4f is past --max-ratio %.4f\n", ratio, o.max_ratio);

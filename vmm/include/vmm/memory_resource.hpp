@@ -146,15 +146,19 @@ struct memory_resource_statistics {
   std::size_t reserved_high = 0;
   std::size_t used_current = 0;  ///< bytes handed out (each rounded up to 256)
   std::size_t used_high = 0;
-  std::size_t allocations = 0;         ///< live allocations
-  std::size_t allocations_total = 0;   ///< allocations made (lifetime)
-  std::size_t segments = 0;            ///< address ranges (arenas)
-  std::size_t handles = 0;             ///< physical pages mapped or spare
-  std::size_t largest_free_block = 0;  ///< the largest free run of addresses for any stream
-  std::size_t pages_stitched = 0;      ///< pages unmapped from one place and mapped in another
-  std::size_t pages_created = 0;       ///< pages taken from the chunk pool (lifetime)
-  std::size_t pages_released = 0;      ///< pages given back to the chunk pool (lifetime)
-  std::size_t bad_deallocations = 0;   ///< refused deallocations: unknown pointers, double frees
+  /// The part of reserved_current in pages of the granularity, and in large pages
+  /// (memory_resource_properties::large_page_size): the two add up to it.
+  std::size_t reserved_small_pages = 0;
+  std::size_t reserved_large_pages = 0;  ///< see reserved_small_pages
+  std::size_t allocations = 0;           ///< live allocations
+  std::size_t allocations_total = 0;     ///< allocations made (lifetime)
+  std::size_t segments = 0;              ///< address ranges (arenas)
+  std::size_t handles = 0;               ///< physical pages mapped or spare
+  std::size_t largest_free_block = 0;    ///< the largest free run of addresses for any stream
+  std::size_t pages_stitched = 0;        ///< pages unmapped from one place and mapped in another
+  std::size_t pages_created = 0;         ///< pages taken from the chunk pool (lifetime)
+  std::size_t pages_released = 0;        ///< pages given back to the chunk pool (lifetime)
+  std::size_t bad_deallocations = 0;     ///< refused deallocations: unknown pointers, double frees
   /// Times an allocation (or sleep()) made the calling thread wait for a stream to pass a
   /// free (lifetime): to map a page again at an address whose old mapping work queued
   /// before the free may still use (its memory was lent to a request when the resource held

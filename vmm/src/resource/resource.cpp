@@ -201,11 +201,12 @@ class resource_state {
   [[nodiscard]] std::size_t page_class(const arena& a) const noexcept {
     return a.page_size() == page_ ? 0 : 1;
   }
-  // Physical bytes mapped or spare.
-  [[nodiscard]] std::size_t reserved_bytes() const noexcept {
-    return (mapped_pages_[0] + spare_[0].size()) * page_ +
-           (mapped_pages_[1] + spare_[1].size()) * large_page_;
+  // Physical bytes mapped or spare in pages of the granularity (0) or large pages (1).
+  [[nodiscard]] std::size_t reserved_bytes(std::size_t which) const noexcept {
+    return (mapped_pages_[which] + spare_[which].size()) * (which == 0 ? page_ : large_page_);
   }
+  // Physical bytes mapped or spare.
+  [[nodiscard]] std::size_t reserved_bytes() const noexcept { return reserved_bytes(0) + reserved_bytes(1); }
   // The fast path: a block of `size` in `home` whose pages are all mapped, from the
   // stream's own pending blocks or the released ones.
   void* try_mapped(arena& home, stream_record* record, std::uint64_t size, std::uint64_t alignment,
@@ -1671,6 +1672,8 @@ memory_resource_statistics resource_state::statistics() const {
   memory_resource_statistics s;
   s.reserved_current = reserved_bytes();
   s.reserved_high = reserved_high_;
+  s.reserved_small_pages = reserved_bytes(0);
+  s.reserved_large_pages = reserved_bytes(1);
   s.used_current = used_.load();
   s.used_high = used_high_.load();
   for (std::size_t i = 0; i < arena_count_.load(); ++i) {
