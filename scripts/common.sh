@@ -22,9 +22,9 @@ vmm_install_missing() {
   # The Python package (pip install . offline, and its ctest python.pip_install_and_pytest):
   # pybind11 and Python's headers for the module, pip, setuptools and wheel for pip's build,
   # venv for the fresh environment, pytest and numpy for its tests, matplotlib for those of
-  # python -m vmm.plot.
+  # python -m vmm.plot, and CPU torch for the tests of arrays and memory history under torch.
   vmm_apt_install_missing pybind11-dev python3-dev python3-pip python3-venv python3-setuptools python3-wheel \
-    python3-pytest python3-numpy python3-matplotlib || return 1
+    python3-pytest python3-numpy python3-matplotlib python3-torch || return 1
   if [ ! -f /usr/local/cuda/include/cuda.h ] && [ ! -f /usr/include/cuda.h ]; then
     echo "cuda.h not found: vmm compiles against the CUDA toolkit's headers (it never links libcuda)" >&2
     return 1

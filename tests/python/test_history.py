@@ -107,6 +107,18 @@ def test_memory_viz_renders_a_snapshot(scenario):
                 text = function(snapshot)
                 assert isinstance(text, str) and text, name
                 rendered += 1
-        assert rendered, "this torch's _memory_viz has none of segsum, trace, trace_plot, segment_plot"
+        # PyTorch before 2.0 (Debian's 1.13) has the first form of memory_viz: functions over
+        # the list of segments; its flame graphs are text here (format_flamegraph would fetch
+        # flamegraph.pl), and stats() checks every segment's size against its blocks.
+        if hasattr(_memory_viz, "stats") and hasattr(_memory_viz, "segments"):
+            plain = lambda text: text
+            for name in ("segments", "memory"):
+                text = getattr(_memory_viz, name)(snapshot["segments"], format_flamegraph=plain)
+                assert isinstance(text, str) and text, name
+                rendered += 1
+            stats = _memory_viz.stats(snapshot["segments"])
+            assert stats["segments"] == 2 and stats["total_size"].value >= 1000 + (3 << 20), stats
+            rendered += 1
+        assert rendered, "this torch's _memory_viz has none of segsum, trace, trace_plot, segment_plot, stats"
         """
     )
