@@ -21,4 +21,20 @@ inline constexpr bool under_thread_sanitizer = false;
 inline constexpr bool under_thread_sanitizer = false;
 #endif
 
+// AddressSanitizer keeps freed memory in a quarantine (256 MiB by default) and maps shadow
+// memory for what a process touches, so a process's resident memory under it says nothing
+// about leaks: tests that bound resident memory leave that check out there (LeakSanitizer
+// checks leaks instead).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool under_address_sanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool under_address_sanitizer = true;
+#else
+inline constexpr bool under_address_sanitizer = false;
+#endif
+#else
+inline constexpr bool under_address_sanitizer = false;
+#endif
+
 }  // namespace vmm::testing
