@@ -183,8 +183,9 @@ TYPED_TEST(store_soak, crashing_clients_leave_the_daemon_as_it_was) {
       << "descriptors left behind beyond the " << pool_chunks_added << " chunk(s) the pool kept";
   EXPECT_EQ(after.named_entries, 1u);  // "shared"
   const std::size_t resident_after = resident_bytes(daemon_pid);
-  if (!under_address_sanitizer)  // its quarantine keeps freed memory resident (sanitizers.hpp)
+  if (!under_address_sanitizer) {  // its quarantine keeps freed memory resident (sanitizers.hpp)
     EXPECT_LE(resident_after, resident_before + resident_bound);
+  }
   shared.release();
   store.remove("shared");
   const store::daemon_statistics emptied = store.statistics();
