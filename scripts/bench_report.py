@@ -40,7 +40,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMAT = "vmm-bench/1"
 
 # ---- the issues' targets (printed, never enforced) ------------------------------------------
-# Issue 1, growth on an H100/H200 (the GPU set only).
+# Issue 1, growth on a GPU (the GPU set only).
 TARGET_AHEAD_TO_WARM = 1.05
 TARGET_CASE = "16GiB_by_256MiB"
 TARGET_FLOOR_RATIO = 1.25
