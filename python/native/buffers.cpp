@@ -35,6 +35,7 @@
 #include "vmm/unique_fd.hpp"
 #include "vmm/location.hpp"
 #include "vmm/memory_resource.hpp"
+#include "vmm/provider.hpp"
 #include "vmm/stream_ref.hpp"
 
 namespace py = pybind11;
@@ -185,14 +186,49 @@ vmm::ipc::exporter& buffer_exporter() {
   return *kept;
 }
 
+// A receiver's copy of a lease (receiver_leases.hpp): closed last, once the work this
+// process queued on the memory has passed, so that the sender reuses nothing still read.
+// The import's unmapping is ordered after the legacy default stream (imported_buffer), and
+// so is this wait.
+class held_lease {
+ public:
+  held_lease(vmm::unique_fd fd, const vmm::location& where) : fd_(std::move(fd)), where_(where) {}
+  held_lease(held_lease&&) noexcept = default;
+  held_lease& operator=(held_lease&&) noexcept = default;
+  held_lease(const held_lease&) = delete;
+  held_lease& operator=(const held_lease&) = delete;
+  ~held_lease() {
+    if (fd_.get() < 0 || host_readable(where_)) return;
+    try {
+      vmm::provider_for(where_)->executor().synchronize(vmm::stream_ref{});
+    } catch (const std::exception& error) {
+      // The device is lost: nothing of this process reads the memory any more either.
+      vmm::report_cleanup_failure(fmt::format("closing a shared tensor's lease: {}", error.what()).c_str());
+    }
+  }
+
+ private:
+  vmm::unique_fd fd_;
+  vmm::location where_;
+};
+
 // Another process's buffer (or one of this process's, shared with itself), mapped here.
+// The lease is declared first, so it is closed after the buffer is unmapped.
 struct python_import {
+  held_lease lease;
   vmm::ipc::imported_buffer buffer;
   vmm::location where;
   bool read_only = false;
 };
 
-python_import import_shared(const py::bytes& manifest_bytes, const std::vector<int>& fds, bool read_only) {
+vmm::unique_fd duplicate(int fd, const char* what) {
+  vmm::unique_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (copy.get() < 0) throw vmm::os_error(errno, fmt::format("{}: cannot duplicate descriptor {}", what, fd));
+  return copy;
+}
+
+python_import import_shared(const py::bytes& manifest_bytes, const std::vector<int>& fds, bool read_only,
+                            int lease) {
   const std::string_view bytes = manifest_bytes;
   const vmm::ipc::manifest description =
       vmm::ipc::parse_manifest(std::as_bytes(std::span(bytes.data(), bytes.size())));
@@ -200,15 +236,15 @@ python_import import_shared(const py::bytes& manifest_bytes, const std::vector<i
   owned.reserve(fds.size());
   for (const int fd : fds) {
     // The handle keeps its own descriptors (it may be opened again): the import gets copies.
-    vmm::unique_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    if (copy.get() < 0) throw vmm::os_error(errno, fmt::format("fds: cannot duplicate descriptor {}", fd));
-    owned.push_back(std::move(copy));
+    owned.push_back(duplicate(fd, "fds"));
   }
+  vmm::unique_fd lease_copy = lease < 0 ? vmm::unique_fd() : duplicate(lease, "lease");
   const bool granted_read_only = description.grant == vmm::access_mode::read_only;
   vmm::ipc::import_options options;
   options.access =
       read_only || granted_read_only ? vmm::access_mode::read_only : vmm::access_mode::read_write;
-  return python_import{vmm::ipc::imported_buffer(description, std::move(owned), options), description.where,
+  return python_import{held_lease(std::move(lease_copy), description.where),
+                       vmm::ipc::imported_buffer(description, std::move(owned), options), description.where,
                        options.access == vmm::access_mode::read_only};
 }
 
@@ -318,17 +354,29 @@ new size, which no view may read afterwards.)")
             buffer_exporter().export_chunks(pages.pages, share_options(read_only));
         // The pages travel back to back: the allocation starts this far into the first one.
         const std::size_t offset = ptr - (pages.arena_base + pages.first_page * pages.page_size);
-        return manifest_and_fds(sent) + py::make_tuple(offset);
+        vmm::unique_fd lease = vmm_python::lease_allocation(device, start, size);
+        return manifest_and_fds(sent) + py::make_tuple(offset, lease.release());
       },
       py::arg("ptr"), py::arg("size"), py::arg("device"), py::arg("read_only"),
-      "(manifest bytes, fds, offset) of the pages under a live allocation of a device's resource; the fds "
-      "are "
-      "the caller's.");
+      "(manifest bytes, fds, offset, lease fd) of the pages under a live allocation of a device's "
+      "resource; the fds are the caller's. The allocation's free is held until every copy of the "
+      "lease is closed (receivers hold it while they map the memory).");
+
+  m.def(
+      "held_for_receivers",
+      [](int device) {
+        const held_frees held = vmm_python::held_for_receivers(device);
+        return py::make_tuple(held.frees, held.bytes);
+      },
+      py::arg("device"),
+      "(frees, bytes) held until the processes a tensor was shared with let go, after completing "
+      "those whose receivers all have.");
 
   py::class_<python_import>(
       m, "ImportedBuffer", py::buffer_protocol(),
       "A shared buffer mapped in this process (vmm.open); holds the memory while it lives.")
-      .def(py::init(&import_shared), py::arg("manifest"), py::arg("fds"), py::arg("read_only") = false)
+      .def(py::init(&import_shared), py::arg("manifest"), py::arg("fds"), py::arg("read_only") = false,
+           py::arg("lease") = -1)
       .def_property_readonly(
           "data",
           [](const python_import& self) { return reinterpret_cast<std::uintptr_t>(self.buffer.data()); })

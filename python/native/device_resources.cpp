@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "last_error.hpp"
+#include "receiver_leases.hpp"
 #include "vmm/chunk_pool.hpp"
 #include "vmm/error.hpp"
 #include "vmm/location.hpp"
@@ -46,18 +47,13 @@
 namespace vmm_python {
 namespace {
 
-struct deferred_free {
-  void* ptr;
-  std::size_t size;
-  vmm::stream_ref stream;
-};
-
 struct device_state {
   std::atomic<vmm::memory_resource*> resource{nullptr};
   std::atomic<int> in_flight{0};
   std::atomic<bool> gated{false};
   std::mutex mutex;  // making the resource, sleep, wake, the gated path, deferred
-  std::vector<deferred_free> deferred;
+  std::vector<pending_free> deferred;
+  receiver_leases leases;  // frees held while other processes map the memory
   std::atomic<std::uint64_t> out_of_memory{0};
   std::atomic<std::uint64_t> failed{0};
   std::atomic<std::uint64_t> frees_deferred{0};
@@ -234,11 +230,38 @@ std::vector<vmm::allocation_tag> tags_of(std::span<const std::uint32_t> tags) {
   return result;
 }
 
+// A free through the gate (see the file comment): kept for the wake while the resource sleeps.
+void free_now(device_state& state, vmm::memory_resource& resource, const pending_free& free) {
+  {
+    gate_pass pass(state);
+    if (pass.open()) {
+      resource.deallocate(free.stream, free.ptr, free.size);
+      return;
+    }
+  }
+  std::lock_guard lock(state.mutex);
+  if (resource.asleep()) {
+    state.deferred.push_back(free);
+    state.frees_deferred.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  resource.deallocate(free.stream, free.ptr, free.size);
+}
+
+// The frees held for receivers whose receivers have all let go (receiver_leases.hpp).
+void finish_released_frees(device_state& state) {
+  if (!state.leases.any()) return;
+  vmm::memory_resource* resource = state.resource.load(std::memory_order_acquire);
+  if (resource == nullptr) return;
+  for (const pending_free& free : state.leases.released()) free_now(state, *resource, free);
+}
+
 }  // namespace
 
 void* allocate(std::size_t size, int device, CUstream_st* stream) {
   device_state& state = device_at(device);
   if (size == 0) return nullptr;
+  finish_released_frees(state);
   try {
     void* ptr = allocate_uncounted(size, device, state, stream);
     record(true, device, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
@@ -261,20 +284,10 @@ void deallocate(void* ptr, std::size_t size, int device, CUstream_st* stream) {
   // A pointer that is not the resource's is refused by deallocate (and counted), not recorded.
   if (book().recording.load(std::memory_order_relaxed) && resource->owns(ptr))
     record(false, device, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
-  {
-    gate_pass pass(state);
-    if (pass.open()) {
-      resource->deallocate(vmm::stream_ref(stream), ptr, size);
-      return;
-    }
-  }
-  std::lock_guard lock(state.mutex);
-  if (resource->asleep()) {
-    state.deferred.push_back({ptr, size, vmm::stream_ref(stream)});
-    state.frees_deferred.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  resource->deallocate(vmm::stream_ref(stream), ptr, size);
+  const pending_free free{ptr, size, vmm::stream_ref(stream)};
+  if (state.leases.any() && state.leases.hold(free)) return;
+  free_now(state, *resource, free);
+  finish_released_frees(state);
 }
 
 void configure(const resource_settings& settings) {
@@ -313,6 +326,7 @@ std::uint32_t current_tag() noexcept {
 vmm_torch_statistics statistics_of(int device) {
   device_state& state = device_at(device);
   vmm::memory_resource& resource = resource_of(device, state);
+  finish_released_frees(state);
   const vmm::memory_resource_statistics s = resource.statistics();
   vmm_torch_statistics out{};
   out.reserved_current = s.reserved_current;
@@ -349,6 +363,7 @@ void reset_peak(int device) {
 void trim(int device, std::size_t bytes_to_keep) {
   device_state& state = device_at(device);
   vmm::memory_resource& resource = resource_of(device, state);
+  finish_released_frees(state);
   // As torch.cuda.empty_cache(): what was freed on any stream has passed once the device
   // is idle, and its pages can go.
   resource.synchronize();
@@ -381,7 +396,7 @@ void wake(int device, std::span<const std::uint32_t> tags, bool keep_host_copies
       keep_host_copies ? vmm::after_wake::keep_host_copies : vmm::after_wake::give_back_host_copies);
   if (resource->asleep()) return;  // some tags still sleep
   // Every tag is awake: the frees that arrived meanwhile, in the order they came.
-  for (const deferred_free& free : state.deferred) resource->deallocate(free.stream, free.ptr, free.size);
+  for (const pending_free& free : state.deferred) resource->deallocate(free.stream, free.ptr, free.size);
   state.deferred.clear();
   state.gated.store(false);
 }
@@ -409,6 +424,18 @@ vmm::memory_resource::allocation_pages pages_of(int device, const void* ptr, std
     throw vmm::invalid_argument(
         fmt::format("{} has no vmm resource, so {} is not vmm's", name_of(device), ptr));
   return resource->pages_of(ptr, bytes);
+}
+
+vmm::unique_fd lease_allocation(int device, const void* ptr, std::size_t bytes) {
+  (void)pages_of(device, ptr, bytes);  // refuses what is not a live allocation of `bytes`
+  return device_at(device).leases.lease(ptr);
+}
+
+held_frees held_for_receivers(int device) {
+  device_state& state = device_at(device);
+  finish_released_frees(state);
+  const receiver_leases::held_figures figures = state.leases.held();
+  return {figures.frees, figures.bytes};
 }
 
 bool owns(int device, const void* ptr) noexcept {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "vmm/memory_resource.hpp"
+#include "vmm/unique_fd.hpp"
 #include "vmm_torch.h"
 
 namespace vmm_python {
@@ -107,6 +108,21 @@ void wake(int device, std::span<const std::uint32_t> tags, bool keep_host_copies
 ///         a live allocation of `bytes` bytes of it.
 [[nodiscard]] vmm::memory_resource::allocation_pages pages_of(int device, const void* ptr, std::size_t bytes);
 
+/// A lease on the live allocation of `bytes` bytes at `ptr` for processes it is shared with:
+/// the write end of a pipe they hold while they map the memory. A free of the allocation is
+/// held until every copy of every lease on it is closed (receiver_leases.hpp).
+/// @throws vmm::invalid_argument as pages_of().
+/// @throws vmm::os_error no pipe could be made.
+[[nodiscard]] vmm::unique_fd lease_allocation(int device, const void* ptr, std::size_t bytes);
+/// Frees held for receivers now (count and bytes), after completing those whose receivers
+/// have all let go.
+struct held_frees {
+  std::size_t frees = 0;
+  std::size_t bytes = 0;
+};
+/// @throws vmm::invalid_argument a device out of range.
+/// @throws vmm::driver_error, vmm::os_error completing a free failed.
+[[nodiscard]] held_frees held_for_receivers(int device);
 /// Whether `ptr` lies in an address range of `device`'s resource (false without a resource).
 [[nodiscard]] bool owns(int device, const void* ptr) noexcept;
 

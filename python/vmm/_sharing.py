@@ -11,7 +11,8 @@ The memory travels as the file descriptors of its chunks (vmm::ipc::exporter: me
 OS host memory, POSIX-fd handles of cuMemExportToShareableHandle on a GPU), never copied, and
 no pidfd_getfd: a Unix socket and SCM_RIGHTS are all it takes, unprivileged. The receiver's
 mapping keeps the memory alive while it lives, whatever the sender does with its buffer
-afterwards. What is shared is what the buffer maps when share() is called; growth after it
+afterwards; a shared tensor's or CuPy array's handle also carries a lease, so that the
+sender's resource does not hand that memory out again before every receiver let go. What is shared is what the buffer maps when share() is called; growth after it
 is not seen. ``read_only=True`` maps the receiver's view read-only (a write to it raises in
 numpy; DLPack, which has no read-only flag, is refused).
 """
@@ -34,14 +35,17 @@ class SharedHandle:
     spawn arguments: the descriptors go by SCM_RIGHTS) or send() / receive() on a Unix socket.
     """
 
-    def __init__(self, manifest, fds, dtype="uint8", length=None, read_only=False, offset=0, tensor=None):
+    def __init__(self, manifest, fds, dtype="uint8", length=None, read_only=False, offset=0, tensor=None, lease=False):
         self.manifest = bytes(manifest)
         self.fds = list(fds)
+        self.lease = bool(lease)  # the last fd is the sender's lease (an allocation's free waits for it)
+        if self.lease and not self.fds:
+            raise _vmm.InvalidArgumentError("a handle with a lease carries at least its lease's descriptor")
         self.dtype = dtype
         self.length = length
         self.read_only = bool(read_only)
         self.offset = int(offset)  # where the shared bytes start in the mapping
-        self.tensor = tensor  # a torch tensor's dtype, shape, stride and storage offset, or None
+        self.tensor = tensor  # an array's layout (a torch tensor's or a CuPy array's), or None
 
     def close(self):
         """Closes the descriptors (a receiver that opened the handle keeps its mapping)."""
@@ -62,6 +66,7 @@ class SharedHandle:
             "read_only": self.read_only,
             "offset": self.offset,
             "tensor": self.tensor,
+            "lease": self.lease,
         }
 
     def send(self, sock):
@@ -103,7 +108,7 @@ class SharedHandle:
             for fd in fds:
                 os.close(fd)
             raise
-        meta = {key: header[key] for key in ("dtype", "length", "read_only", "offset", "tensor") if key in header}
+        meta = {key: header[key] for key in ("dtype", "length", "read_only", "offset", "tensor", "lease") if key in header}
         return cls(manifest, fds, **meta)
 
     def __reduce__(self):
@@ -152,9 +157,10 @@ _register()
 
 
 def _share_allocation(ptr, size, device, read_only=False, tensor=None):
-    """A handle to the pages under a live allocation of a device's resource (vmm.torch's)."""
-    manifest, fds, offset = _vmm.share_allocation(ptr, size, device, bool(read_only))
-    return SharedHandle(manifest, fds, "|u1", size, read_only, offset, tensor)
+    """A handle to the pages under a live allocation of a device's resource (vmm.torch's and
+    vmm.cupy's), with a lease: the allocation's free waits until every receiver let go."""
+    manifest, fds, offset, lease = _vmm.share_allocation(ptr, size, device, bool(read_only))
+    return SharedHandle(manifest, fds + [lease], "|u1", size, read_only, offset, tensor, lease=True)
 
 
 def _share_tensor(tensor, read_only):
@@ -168,6 +174,7 @@ def _share_tensor(tensor, read_only):
             f"tensor: its memory ({tensor.device}) is not vmm's: only tensors allocated under vmm.torch.use() are shared"
         )
     layout = {
+        "kind": "torch",
         "dtype": str(tensor.dtype).replace("torch.", ""),
         "shape": list(tensor.shape),
         "stride": list(tensor.stride()),
@@ -176,12 +183,35 @@ def _share_tensor(tensor, read_only):
     return _share_allocation(base, storage.nbytes(), device, False, layout)
 
 
-def share(obj, *, read_only=False):
-    """A handle to the physical memory of a vmm.GrowableBuffer, a vmm.Vector or a torch tensor
-    of vmm's memory (vmm.torch.use()), for another process.
+def _share_cupy(array, read_only):
+    if read_only:
+        raise _vmm.InvalidArgumentError("read_only: a CuPy array has no read-only form; a write would fault the GPU")
+    memory = array.data.mem
+    device = array.device.id
+    if not _vmm.owns(device, memory.ptr):
+        raise _vmm.InvalidArgumentError(
+            f"array: its memory (gpu {device}) is not vmm's: only arrays allocated under vmm.cupy.use() are shared"
+        )
+    layout = {
+        "kind": "cupy",
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "strides": list(array.strides),
+        "offset": array.data.ptr - memory.ptr,
+    }
+    return _share_allocation(memory.ptr, memory.size, device, False, layout)
 
-    A tensor's sender keeps it alive while receivers use it (as for torch's CUDA tensors):
-    its memory goes back to the sender's resource when the sender frees it.
+
+def share(obj, *, read_only=False):
+    """A handle to the physical memory of a vmm.GrowableBuffer, a vmm.Vector, a torch tensor
+    of vmm's memory (vmm.torch.use()) or a CuPy array of it (vmm.cupy.use()), for another
+    process.
+
+    A tensor's or array's memory lives while any receiver maps it: the sender's free of it is
+    held (vmm.torch.memory_stats()'s ``vmm.held_for_receivers``) until every process that
+    received the handle has let go of what it opened (or exited), then done in the sender's
+    stream order. Close a handle once it is sent (multiprocessing does): a handle still open
+    in the sender holds the free too.
 
     Raises:
         vmm.InvalidArgumentError: obj is none of these, a tensor's memory is not vmm's, or its
@@ -189,6 +219,8 @@ def share(obj, *, read_only=False):
     """
     if type(obj).__module__.startswith("torch") and hasattr(obj, "untyped_storage"):
         return _share_tensor(obj, read_only)
+    if type(obj).__module__.startswith("cupy") and hasattr(obj, "__cuda_array_interface__"):
+        return _share_cupy(obj, read_only)
     if isinstance(obj, Vector):
         manifest, fds = _vmm.share_buffer(obj.buffer, bool(read_only))
         return SharedHandle(manifest, fds, obj.dtype.str, len(obj), read_only)
@@ -266,8 +298,9 @@ class SharedArray:
 
 def open(handle, *, read_only=False):  # noqa: A001 (vmm.open, as the issue names it)
     """Maps the memory of a handle from vmm.share() (sent from another process, or this one):
-    a vmm.SharedArray, or for a tensor's handle a torch tensor of the same dtype, shape and
-    strides over the same memory.
+    a vmm.SharedArray, or for a tensor's (a CuPy array's) handle a torch tensor (a CuPy
+    array) of the same dtype, shape and strides over the same memory. What it returns holds
+    the mapping, and the sender's lease, until it and every view of it are gone.
 
     Args:
         read_only: map read-only even where the sender granted writing.
@@ -279,14 +312,47 @@ def open(handle, *, read_only=False):  # noqa: A001 (vmm.open, as the issue name
     """
     if not isinstance(handle, SharedHandle):
         raise _vmm.InvalidArgumentError(f"handle: expected a vmm.SharedHandle, not {type(handle).__name__}")
-    imported = _vmm.ImportedBuffer(handle.manifest, handle.fds, bool(read_only or handle.read_only))
+    fds, lease = (handle.fds[:-1], handle.fds[-1]) if handle.lease else (handle.fds, -1)
+    imported = _vmm.ImportedBuffer(handle.manifest, fds, bool(read_only or handle.read_only), lease)
     shared = SharedArray(imported, handle.dtype, handle.length, handle.offset)
-    if handle.tensor is None:
+    layout = handle.tensor
+    if layout is None:
         return shared
+    _check_layout(layout)
+    if layout.get("kind") == "cupy":
+        return _open_cupy(shared, layout)
     import torch
 
-    layout = handle.tensor
     raw = torch.from_dlpack(shared)  # uint8 over the storage's bytes; holds the mapping
     return raw.view(getattr(torch, layout["dtype"])).as_strided(
         layout["shape"], layout["stride"], layout["storage_offset"]
     )
+
+
+def _check_layout(layout):
+    """Refuses a handle's array layout that is not one share() writes (it came from a socket)."""
+
+    def integers(key):
+        value = layout.get(key)
+        return isinstance(value, list) and all(type(item) is int for item in value)
+
+    kind = layout.get("kind", "torch") if isinstance(layout, dict) else None
+    if kind == "torch":
+        good = isinstance(layout.get("dtype"), str) and integers("shape") and integers("stride")
+        good = good and type(layout.get("storage_offset")) is int and len(layout["shape"]) == len(layout["stride"])
+    elif kind == "cupy":
+        good = isinstance(layout.get("dtype"), str) and integers("shape") and integers("strides")
+        good = good and type(layout.get("offset")) is int and len(layout["shape"]) == len(layout["strides"])
+    else:
+        good = False
+    if not good:
+        raise _vmm.InvalidArgumentError(f"the handle's array layout is malformed: {layout!r:.200}")
+
+
+def _open_cupy(shared, layout):
+    import cupy
+
+    _, device = shared.buffer.__dlpack_device__()
+    memory = cupy.cuda.UnownedMemory(shared.data, len(shared), shared, device)  # holds the mapping
+    pointer = cupy.cuda.MemoryPointer(memory, layout["offset"])
+    return cupy.ndarray(tuple(layout["shape"]), layout["dtype"], pointer, tuple(layout["strides"]))

@@ -143,3 +143,117 @@ def test_an_allocation_of_a_devices_resource_crosses_with_its_offset_into_its_pa
             raise AssertionError("a pointer inside an allocation was shared")
         """
     )
+
+
+# The lease of a shared allocation (vmm.torch's and vmm.cupy's tensors): the sender's free of
+# it waits until every receiver let go. The handle goes over a socket pair inherited by a
+# forked child (handle.send copies the descriptors into the message), so that when the
+# parent closes its own copy, only the child holds the lease.
+LEASE_SCENARIO = """
+import ctypes, os, signal, socket
+from vmm import _vmm, _sharing
+MIB = 1 << 20
+
+def held():
+    return _vmm.held_for_receivers(0)
+
+def used():
+    return _vmm.statistics(0).used_current
+
+ptr = _vmm.allocate(3 * MIB, 0)
+ctypes.memmove(ptr, b"first bytes", 11)
+ours, theirs = socket.socketpair()
+child = os.fork()
+if child == 0:
+    try:
+        ours.close()
+        shared = vmm.open(_sharing.SharedHandle.receive(theirs))  # the handle itself is dropped here
+        while True:
+            command = theirs.recv(16)
+            if command == b"read":
+                theirs.sendall(ctypes.string_at(shared.data, 11))
+            elif command == b"drop":
+                del shared
+                theirs.sendall(b"dropped")
+            else:
+                os._exit(0)
+    except BaseException as error:
+        print("child:", repr(error), flush=True)
+        os._exit(1)
+theirs.close()
+handle = _sharing._share_allocation(ptr, 3 * MIB, 0)
+assert handle.lease
+handle.send(ours)
+handle.close()
+ours.sendall(b"read")
+assert ours.recv(16) == b"first bytes"
+before = used()
+_vmm.deallocate(ptr, 3 * MIB, 0)
+assert held() == (1, 3 * MIB), held()
+assert used() == before, "a free held for a receiver gave its memory back"
+other = _vmm.allocate(3 * MIB, 0)     # must not be the held memory
+ctypes.memmove(other, b"other bytes", 11)
+ours.sendall(b"read")
+assert ours.recv(16) == b"first bytes", "the held memory was handed out again"
+"""
+
+
+def test_a_shared_allocations_free_waits_until_its_receiver_lets_go(scenario):
+    scenario(
+        LEASE_SCENARIO
+        + """
+ours.sendall(b"drop")
+assert ours.recv(16) == b"dropped"
+assert held() == (0, 0), held()      # the free is done now, at this call
+assert used() == before, (used(), before)  # ptr's 3 MiB went, `other`'s came
+ours.sendall(b"exit")
+assert os.waitpid(child, 0)[1] == 0
+_vmm.deallocate(other, 3 * MIB, 0)
+assert used() == before - 3 * MIB
+"""
+    )
+
+
+def test_a_receiver_killed_while_it_maps_a_shared_allocation_ends_its_lease(scenario):
+    scenario(
+        LEASE_SCENARIO
+        + """
+os.kill(child, signal.SIGKILL)
+assert os.waitpid(child, 0)[1] != 0
+assert held() == (0, 0), held()
+_vmm.deallocate(other, 3 * MIB, 0)
+assert used() == before - 3 * MIB
+"""
+    )
+
+
+def test_a_handle_closed_before_anyone_opened_it_holds_no_free(scenario):
+    scenario(
+        """
+        from vmm import _vmm, _sharing
+        ptr = _vmm.allocate(1 << 20, 0)
+        handle = _sharing._share_allocation(ptr, 1 << 20, 0)
+        kept = _sharing._share_allocation(ptr, 1 << 20, 0)   # a second share, a second lease
+        handle.close()
+        _vmm.deallocate(ptr, 1 << 20, 0)
+        assert _vmm.held_for_receivers(0) == (1, 1 << 20)   # `kept` still holds it
+        assert vmm.torch.memory_stats(0)["vmm.held_for_receivers.bytes"] == 1 << 20
+        kept.close()
+        assert _vmm.held_for_receivers(0) == (0, 0)
+        assert vmm.torch.memory_stats(0)["allocated_bytes.all.current"] == 0
+        """
+    )
+
+
+def test_a_forged_array_layout_is_refused_naming_it():
+    import vmm
+
+    buffer = vmm.GrowableBuffer(max_size=1 << 20)
+    buffer.resize(4096)
+    for layout in ({"kind": "nope"}, {"kind": "torch", "dtype": "float32", "shape": [4], "stride": "x"},
+                   {"kind": "cupy", "dtype": "<f4", "shape": [4], "strides": [4, 4], "offset": 0}, ["x"]):
+        handle = vmm.share(buffer)
+        handle.tensor = layout
+        with pytest.raises(vmm.InvalidArgumentError, match="layout is malformed"):
+            vmm.open(handle)
+        handle.close()

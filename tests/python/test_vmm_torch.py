@@ -409,3 +409,95 @@ def test_a_vmm_tensor_crosses_torch_multiprocessing_as_a_mapping_of_the_same_mem
     environment.pop("VMM_CONF", None)
     done = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), (done.stdout, done.stderr)
+
+
+def _run_script(tmp_path, name, code):
+    # A file, not `python -c`: spawn's children import the parent's main module by its path.
+    script = tmp_path / name
+    script.write_text(PRELUDE + textwrap.dedent(code))
+    environment = dict(os.environ)
+    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    environment.pop("VMM_CONF", None)
+    done = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), (done.stdout, done.stderr)
+
+
+def test_a_sent_tensor_outlives_the_senders_free_until_the_receiver_lets_go(tmp_path):
+    _run_script(tmp_path, "lease.py", """
+        import torch.multiprocessing as mp
+        vmm.torch.use()
+
+        def child(queue, answers):
+            tensor = queue.get()
+            answers.put("got")
+            assert queue.get() == "check"
+            # The sender freed its tensor and allocated another of the same size since.
+            answers.put(bool(torch.equal(tensor, torch.arange(1 << 20, device="cuda", dtype=torch.float32))))
+            del tensor
+            gc.collect()
+            answers.put("dropped")
+            assert queue.get() == "exit"
+
+        if __name__ == "__main__":
+            context = mp.get_context("spawn")
+            queue, answers = context.Queue(), context.Queue()
+            process = context.Process(target=child, args=(queue, answers))
+            process.start()
+            tensor = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+            torch.cuda.synchronize()
+            queue.put(tensor)
+            assert answers.get(timeout=300) == "got"
+            del tensor
+            gc.collect()
+            stats = vmm.torch.memory_stats()
+            assert stats["vmm.held_for_receivers.frees"] == 1, stats
+            other = torch.full((1 << 20,), 7.0, device="cuda")
+            torch.cuda.synchronize()
+            queue.put("check")
+            assert answers.get(timeout=300) is True, "the receiver saw its memory reused"
+            assert answers.get(timeout=300) == "dropped"
+            stats = vmm.torch.memory_stats()
+            assert stats["vmm.held_for_receivers.frees"] == 0, stats
+            assert stats["allocated_bytes.all.current"] == other.untyped_storage().nbytes(), stats
+            queue.put("exit")
+            process.join(timeout=300)
+            assert process.exitcode == 0
+            print("ok")
+        """)
+
+
+def test_a_vmm_cupy_array_crosses_to_another_process_as_the_same_memory(tmp_path):
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    _run_script(tmp_path, "share_cupy.py", """
+        import multiprocessing
+        import cupy
+
+        def child(connection):
+            import vmm, vmm.cupy
+            array = vmm.open(connection.recv())
+            assert isinstance(array, cupy.ndarray) and array.shape == (512, 256) and array.dtype == cupy.int32
+            assert int(array[2, 3]) == 2 * 256 + 3 and int(array.sum()) == int(cupy.arange(512 * 256).sum())
+            array[0, 0] = -5  # a kernel writes the sender's memory
+            cupy.cuda.runtime.deviceSynchronize()
+            connection.send("written")
+
+        if __name__ == "__main__":
+            vmm.cupy.use()
+            array = cupy.arange(512 * 256, dtype=cupy.int32).reshape(512, 256)
+            cupy.cuda.runtime.deviceSynchronize()
+            context = multiprocessing.get_context("spawn")
+            parent, theirs = context.Pipe()
+            process = context.Process(target=child, args=(theirs,))
+            process.start()
+            parent.send(vmm.share(array))
+            assert parent.recv() == "written"
+            process.join(timeout=300)
+            assert process.exitcode == 0 and int(array[0, 0]) == -5
+            try:
+                vmm.share(array, read_only=True)
+            except vmm.InvalidArgumentError as error:
+                assert "read_only" in str(error)
+            else:
+                raise AssertionError("a read-only CuPy share was accepted")
+            print("ok")
+        """)

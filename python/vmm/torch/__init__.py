@@ -145,7 +145,7 @@ def use(*, max_size=None, release_threshold=None, headroom=None):
     Must run before CUDA is initialized. A second call does nothing. PyTorch's own
     statistics functions refuse a pluggable allocator: use this module's. From then on a
     tensor of vmm's memory sent through torch.multiprocessing arrives as a mapping of the
-    same memory (vmm.share / vmm.open; the sender keeps it alive while receivers use it).
+    same memory (vmm.share / vmm.open; its free waits until every receiver let go).
 
     Args (each None: $VMM_CONF's value, else vmm's default):
         max_size: the most physical memory each device's resource reserves (default: the GPU's).
@@ -284,9 +284,12 @@ def memory_stats(device=None):
     ``reserved_bytes.all.{current,peak}``: physical memory mapped or kept spare;
     ``active*`` and ``allocation.all.*``: live allocations; ``segment.all.current``: vmm's
     address ranges (arenas); ``num_ooms``; ``inactive_split_bytes.all.current``: reserved but
-    not handed out. vmm's own figures are under ``vmm.``.
+    not handed out. vmm's own figures are under ``vmm.``; ``vmm.held_for_receivers.*``: frees
+    of tensors shared with other processes, held until those let go (vmm.share).
     """
-    s = _vmm.statistics(_device_index(device))
+    index = _device_index(device)
+    s = _vmm.statistics(index)
+    held_frees, held_bytes = _vmm.held_for_receivers(index)
     return {
         "allocated_bytes.all.current": s.used_current,
         "allocated_bytes.all.peak": s.used_high,
@@ -317,6 +320,8 @@ def memory_stats(device=None):
         "vmm.host_copy_bytes": s.host_copy_bytes,
         "vmm.asleep": int(s.asleep),
         "vmm.exportable": int(s.exportable),
+        "vmm.held_for_receivers.frees": held_frees,
+        "vmm.held_for_receivers.bytes": held_bytes,
     }
 
 
