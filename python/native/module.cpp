@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "conf.hpp"
+#include "handle_header.hpp"
 #include "device_resources.hpp"
 #include "last_error.hpp"
 #include "vmm/byte_size.hpp"
@@ -214,6 +216,50 @@ void bind_resources(py::module_& m) {
         "Bytes of 4096, 64M, 64MiB, 1.5G, ... (vmm::parse_byte_size); refuses a bad text naming why.");
   m.def("format_byte_size", &vmm::format_byte_size, py::arg("bytes"),
         "`bytes` in the largest binary unit, as parse_byte_size reads it back.");
+  m.def(
+      "parse_conf",
+      [](std::string_view text) {
+        const vmm_python::conf_settings settings = vmm_python::parse_conf(text);
+        py::dict result;
+        if (settings.max_size) result["max_size"] = *settings.max_size;
+        if (settings.release_threshold)
+          result["release_threshold"] =
+              settings.release_threshold->has_value() ? py::cast(**settings.release_threshold) : py::none();
+        if (settings.headroom) result["headroom"] = *settings.headroom;
+        return result;
+      },
+      py::arg("text"),
+      "The settings of a VMM_CONF text as use()'s keyword arguments (conf.hpp); refuses a bad one naming "
+      "it.");
+  m.def(
+      "parse_handle_header",
+      [](std::string_view text) {
+        const vmm_python::handle_header header = vmm_python::parse_handle_header(text);
+        py::dict result;
+        result["manifest"] = header.manifest_bytes;
+        result["fds"] = header.fds;
+        result["dtype"] = header.dtype;
+        result["length"] = header.length ? py::cast(*header.length) : py::none();
+        result["read_only"] = header.read_only;
+        result["offset"] = header.offset;
+        result["lease"] = header.lease;
+        result["tensor"] = py::none();
+        if (header.tensor) {
+          const vmm_python::array_layout& layout = *header.tensor;
+          const bool torch = layout.kind == vmm_python::array_layout::library::torch;
+          py::dict tensor;
+          tensor["kind"] = torch ? "torch" : "cupy";
+          tensor["dtype"] = layout.dtype;
+          tensor["shape"] = layout.shape;
+          tensor[torch ? "stride" : "strides"] = layout.strides;
+          tensor[torch ? "storage_offset" : "offset"] = layout.offset;
+          result["tensor"] = tensor;
+        }
+        return result;
+      },
+      py::arg("text"),
+      "The checked fields of a vmm.share() handle's header, a JSON text (handle_header.hpp); refuses a bad "
+      "one naming the field.");
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ class SharedHandle:
     spawn arguments: the descriptors go by SCM_RIGHTS) or send() / receive() on a Unix socket.
     """
 
-    def __init__(self, manifest, fds, dtype="uint8", length=None, read_only=False, offset=0, tensor=None, lease=False):
+    def __init__(self, manifest, fds, dtype="|u1", length=None, read_only=False, offset=0, tensor=None, lease=False):
         self.manifest = bytes(manifest)
         self.fds = list(fds)
         self.lease = bool(lease)  # the last fd is the sender's lease (an allocation's free waits for it)
@@ -59,6 +59,12 @@ class SharedHandle:
         except Exception:  # the interpreter is shutting down
             pass
 
+    def _header(self):
+        """The header's JSON text, checked as a receiver checks it (handle_header.hpp)."""
+        text = json.dumps(dict(self._meta(), manifest=len(self.manifest), fds=len(self.fds)))
+        _vmm.parse_handle_header(text)
+        return text
+
     def _meta(self):
         return {
             "dtype": self.dtype,
@@ -72,7 +78,7 @@ class SharedHandle:
     def send(self, sock):
         """Sends the handle over a connected Unix stream socket (socket.socket or a file number)."""
         sock = _as_socket(sock)
-        header = json.dumps(dict(self._meta(), manifest=len(self.manifest), fds=len(self.fds))).encode()
+        header = self._header().encode()
         sock.sendall(len(header).to_bytes(8, "little") + header + self.manifest)
         for start in range(0, len(self.fds), _FDS_PER_MESSAGE):
             socket.send_fds(sock, [b"f"], self.fds[start : start + _FDS_PER_MESSAGE])
@@ -88,13 +94,8 @@ class SharedHandle:
         size = int.from_bytes(_receive_exactly(sock, 8), "little")
         if size > _HEADER_LIMIT:
             raise _vmm.InvalidArgumentError(f"a handle's header of {size} bytes is past {_HEADER_LIMIT}")
-        try:
-            header = json.loads(_receive_exactly(sock, size))
-            manifest_size, fd_count = int(header["manifest"]), int(header["fds"])
-        except (ValueError, KeyError, TypeError) as error:
-            raise _vmm.InvalidArgumentError(f"not a vmm handle's header: {error}") from None
-        if not 0 <= manifest_size <= _HEADER_LIMIT or fd_count < 0:
-            raise _vmm.InvalidArgumentError(f"a handle's header gives {manifest_size} bytes and {fd_count} fds")
+        header = _vmm.parse_handle_header(_receive_exactly(sock, size))  # every field checked
+        manifest_size, fd_count = header["manifest"], header["fds"]
         manifest = _receive_exactly(sock, manifest_size)
         fds = []
         try:
@@ -108,7 +109,7 @@ class SharedHandle:
             for fd in fds:
                 os.close(fd)
             raise
-        meta = {key: header[key] for key in ("dtype", "length", "read_only", "offset", "tensor", "lease") if key in header}
+        meta = {key: header[key] for key in ("dtype", "length", "read_only", "offset", "tensor", "lease")}
         return cls(manifest, fds, **meta)
 
     def __reduce__(self):
@@ -312,13 +313,16 @@ def open(handle, *, read_only=False):  # noqa: A001 (vmm.open, as the issue name
     """
     if not isinstance(handle, SharedHandle):
         raise _vmm.InvalidArgumentError(f"handle: expected a vmm.SharedHandle, not {type(handle).__name__}")
+    try:
+        handle._header()  # the same checks as on the wire (a handle's fields may have been changed)
+    except TypeError as error:  # not JSON at all
+        raise _vmm.InvalidArgumentError(f"handle: {error}") from None
     fds, lease = (handle.fds[:-1], handle.fds[-1]) if handle.lease else (handle.fds, -1)
     imported = _vmm.ImportedBuffer(handle.manifest, fds, bool(read_only or handle.read_only), lease)
     shared = SharedArray(imported, handle.dtype, handle.length, handle.offset)
     layout = handle.tensor
     if layout is None:
         return shared
-    _check_layout(layout)
     if layout.get("kind") == "cupy":
         return _open_cupy(shared, layout)
     import torch
@@ -327,26 +331,6 @@ def open(handle, *, read_only=False):  # noqa: A001 (vmm.open, as the issue name
     return raw.view(getattr(torch, layout["dtype"])).as_strided(
         layout["shape"], layout["stride"], layout["storage_offset"]
     )
-
-
-def _check_layout(layout):
-    """Refuses a handle's array layout that is not one share() writes (it came from a socket)."""
-
-    def integers(key):
-        value = layout.get(key)
-        return isinstance(value, list) and all(type(item) is int for item in value)
-
-    kind = layout.get("kind", "torch") if isinstance(layout, dict) else None
-    if kind == "torch":
-        good = isinstance(layout.get("dtype"), str) and integers("shape") and integers("stride")
-        good = good and type(layout.get("storage_offset")) is int and len(layout["shape"]) == len(layout["stride"])
-    elif kind == "cupy":
-        good = isinstance(layout.get("dtype"), str) and integers("shape") and integers("strides")
-        good = good and type(layout.get("offset")) is int and len(layout["shape"]) == len(layout["strides"])
-    else:
-        good = False
-    if not good:
-        raise _vmm.InvalidArgumentError(f"the handle's array layout is malformed: {layout!r:.200}")
 
 
 def _open_cupy(shared, layout):

@@ -22,7 +22,10 @@ def test_every_option_is_parsed():
 @pytest.mark.parametrize(
     "text, named",
     [
-        ("max_sizes:1G", "unknown key 'max_sizes'"),
+        ("max_sizes:1G", 'unknown key "max_sizes"'),
+        ("max_size:1G\x01", r"max_size:1G\\x01"),  # a control byte is shown escaped
+        ("headroom:0.5x", "headroom:0.5x"),
+        ("headroom:+0.5", "headroom:\\+0.5"),
         ("max_size", "is not key:value"),
         ("max_size:", "is not key:value"),
         ("max_size:1G,,headroom:0.1", "is not key:value"),
@@ -93,3 +96,12 @@ def test_the_launcher_runs_an_unmodified_program_with_vmm_as_torchs_allocator(tm
         env={**__import__("os").environ, "VMM_CONF": "headroom:0.0078"},
     )
     assert done.returncode == 3 and "args ['a', '--b']" in done.stdout, done
+
+
+def test_blanks_around_keys_and_values_and_case_of_none_are_accepted():
+    assert _conf.parse("  ") == {}
+    assert _conf.parse("release_threshold:NONE, headroom : 1 ,max_size:\t4096") == {
+        "release_threshold": None,
+        "headroom": 1.0,
+        "max_size": 4096,
+    }

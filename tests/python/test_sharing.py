@@ -250,10 +250,52 @@ def test_a_forged_array_layout_is_refused_naming_it():
 
     buffer = vmm.GrowableBuffer(max_size=1 << 20)
     buffer.resize(4096)
-    for layout in ({"kind": "nope"}, {"kind": "torch", "dtype": "float32", "shape": [4], "stride": "x"},
-                   {"kind": "cupy", "dtype": "<f4", "shape": [4], "strides": [4, 4], "offset": 0}, ["x"]):
+    refused = [
+        ({"kind": "nope"}, "tensor.kind"),
+        ({"kind": "torch", "dtype": "float32", "shape": [4], "stride": "x", "storage_offset": 0}, "stride"),
+        ({"kind": "torch", "dtype": "float33", "shape": [4], "stride": [1], "storage_offset": 0}, "tensor.dtype"),
+        ({"kind": "cupy", "dtype": "<f4", "shape": [4], "strides": [4, 4], "offset": 0}, "differ in length"),
+        # 1024 float32 from element 1 reach one element past the 4096 bytes shared
+        ({"kind": "torch", "dtype": "float32", "shape": [1024], "stride": [1], "storage_offset": 1}, "reach outside"),
+        ({"kind": "cupy", "dtype": "<f4", "shape": [2], "strides": [-8], "offset": 0}, "reach outside"),
+        ({"kind": "torch", "dtype": "float32", "shape": [4], "stride": [1], "storage_offset": 0, "x": 1}, "unknown field"),
+        (["x"], "expected null or an object"),
+    ]
+    for layout, named in refused:
         handle = vmm.share(buffer)
-        handle.tensor = layout
-        with pytest.raises(vmm.InvalidArgumentError, match="layout is malformed"):
+        handle.tensor, handle.length = layout, 4096
+        with pytest.raises(vmm.InvalidArgumentError, match=f"a vmm handle's header: .*{named}"):
             vmm.open(handle)
         handle.close()
+    handle = vmm.share(buffer)
+    handle.tensor, handle.length = {"kind": "cupy", "dtype": "<f4", "shape": [2], "strides": [-4], "offset": 4}, 4096
+    handle._header()  # a negative stride that stays inside is a layout
+    handle.close()
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        (b"[]", "not a JSON object"),
+        (b"{", "not JSON"),
+        (b'{"manifest": 1}', "fds: missing"),
+        (b'{"manifest": -1, "fds": 0}', "manifest: expected an integer from 0"),
+        (b'{"manifest": 2000000, "fds": 0}', "manifest: 2000000 is past"),
+        (b'{"manifest": 0, "fds": 0, "dtype": "u1", "length": null, "read_only": false, "offset": 0, '
+         b'"lease": false, "tensor": null}', "dtype"),
+        (b'{"manifest": 0, "fds": 0, "dtype": "|u1", "length": null, "read_only": 0, "offset": 0, '
+         b'"lease": false, "tensor": null}', "read_only: expected true or false"),
+        (b'{"manifest": 0, "fds": 0, "dtype": "|u1", "length": null, "read_only": false, "offset": 0, '
+         b'"lease": true, "tensor": null}', "lease"),
+        (b'{"manifest": 0, "fds": 0, "dtype": "|u1", "length": 1.5, "read_only": false, "offset": 0, '
+         b'"lease": false, "tensor": null}', "length"),
+        (b'{"manifest": 0, "fds": 0, "dtype": "|u1", "length": null, "read_only": false, "offset": 0, '
+         b'"lease": false, "tensor": null, "\\u0001": 1}', "unknown field \"\\x01\""),
+    ],
+)
+def test_a_forged_handle_header_is_refused_naming_the_field(text, named):
+    from vmm import _vmm
+
+    with pytest.raises(vmm.InvalidArgumentError) as refusal:
+        _vmm.parse_handle_header(text)
+    assert str(refusal.value).startswith("a vmm handle's header: ") and named in str(refusal.value), refusal.value

@@ -10,18 +10,9 @@
 namespace vmm {
 namespace {
 
-// The text as a message quotes it: at most 64 bytes, bytes outside printable ASCII as \xNN.
+// The text as a message quotes it.
 std::string quoted(std::string_view text) {
-  std::string shown = "\"";
-  for (const char c : text.substr(0, 64)) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f && c != '"' && c != '\\')
-      shown += c;
-    else
-      shown += fmt::format("\\x{:02x}", byte);
-  }
-  if (text.size() > 64) shown += "...";
-  return shown + "\"";
+  return fmt::format("\"{}\"", printable(text, 64));
 }
 
 [[noreturn]] void refuse(std::string_view text, std::string_view why) {

@@ -1,5 +1,7 @@
 #include "trace.hpp"
 
+#include "vmm/error.hpp"
+
 #include <fmt/format.h>
 #include <zlib.h>
 
@@ -13,17 +15,9 @@
 namespace vmm::tools {
 namespace {
 
-// At most 80 bytes of a line for a message, bytes outside printable ASCII as \xNN.
+// At most 80 bytes of a line for a message.
 std::string printable(std::string_view line) {
-  std::string text;
-  for (const char c : line.substr(0, 80)) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f && c != '"' && c != '\\')
-      text += c;
-    else
-      text += fmt::format("\\x{:02x}", byte);
-  }
-  return text;
+  return vmm::printable(line, 80);
 }
 
 // The fields of a line, split at spaces and tabs.

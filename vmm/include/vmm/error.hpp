@@ -23,7 +23,9 @@
 
 #include <new>
 #include <stdexcept>
+#include <cstddef>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace vmm {
@@ -76,5 +78,11 @@ void report_cleanup_failure(const char* what) noexcept;
 /// Returns the previous handler. Tests use it to count failures.
 using cleanup_failure_handler = void (*)(const char* what) noexcept;
 cleanup_failure_handler set_cleanup_failure_handler(cleanup_failure_handler handler) noexcept;
+
+/// Outside input (a file's line, an option, an environment variable) as an error message
+/// shows it: its first `limit` bytes, each byte outside printable ASCII and each `"` and `\`
+/// as \xNN, and "..." after a cut.
+/// @throws std::bad_alloc no memory for the text.
+[[nodiscard]] std::string printable(std::string_view text, std::size_t limit);
 
 }  // namespace vmm
