@@ -11,4 +11,9 @@ namespace vmm_python {
 /// @throws pybind11::error_already_set a binding could not be added.
 void bind_buffers(pybind11::module_& m);
 
+/// Closes the descriptors the module's exporter keeps for pages that are gone (after a
+/// trim gave pages back; vmm::ipc::exporter::purge).
+/// @throws std::system_error a broken mutex.
+void purge_shared_exports();
+
 }  // namespace vmm_python

@@ -250,6 +250,10 @@ python_import import_shared(const py::bytes& manifest_bytes, const std::vector<i
 
 }  // namespace
 
+void purge_shared_exports() {
+  buffer_exporter().purge();
+}
+
 void bind_buffers(py::module_& m) {
   py::class_<python_buffer>(m, "GrowableBuffer", py::buffer_protocol(),
                             R"(Bytes that grow at a stable address.

@@ -188,7 +188,13 @@ void bind_resources(py::module_& m) {
   m.def("current_tag", &vmm_python::current_tag);
   m.def("statistics", &vmm_python::statistics_of, py::arg("device"));
   m.def("reset_peak", &vmm_python::reset_peak, py::arg("device"));
-  m.def("trim", &vmm_python::trim, py::arg("device"), py::arg("keep"));
+  m.def(
+      "trim",
+      [](int device, std::size_t keep) {
+        vmm_python::trim(device, keep);
+        vmm_python::purge_shared_exports();  // the pages given back may have been shared
+      },
+      py::arg("device"), py::arg("keep"));
   m.def(
       "sleep",
       [](int device, const std::vector<std::uint32_t>& offload) { vmm_python::sleep(device, offload); },
