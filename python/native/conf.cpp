@@ -62,7 +62,8 @@ conf_settings parse_conf(std::string_view text) {
     start = comma + 1;
     const std::size_t colon = item.find(':');
     const std::string_view key = trimmed(item.substr(0, colon));
-    const std::string_view value = colon == std::string_view::npos ? std::string_view() : trimmed(item.substr(colon + 1));
+    const std::string_view value =
+        colon == std::string_view::npos ? std::string_view() : trimmed(item.substr(colon + 1));
     if (colon == std::string_view::npos || key.empty() || value.empty())
       throw vmm::invalid_argument(
           fmt::format("VMM_CONF: \"{}\" is not key:value (in \"{}\")", shown(trimmed(item)), shown(text)));

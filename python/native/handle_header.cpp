@@ -24,10 +24,24 @@ constexpr std::size_t max_dimensions = 32;
 
 // torch's dtype names a layout may give, with their item sizes.
 constexpr std::array<std::pair<std::string_view, int>, 18> torch_dtypes{{
-    {"bool", 1},          {"uint8", 1},         {"int8", 1},       {"int16", 2},    {"uint16", 2},
-    {"int32", 4},         {"uint32", 4},        {"int64", 8},      {"uint64", 8},   {"float16", 2},
-    {"bfloat16", 2},      {"float32", 4},       {"float64", 8},    {"complex64", 8}, {"complex128", 16},
-    {"float8_e4m3fn", 1}, {"float8_e5m2", 1},   {"complex32", 4},
+    {"bool", 1},
+    {"uint8", 1},
+    {"int8", 1},
+    {"int16", 2},
+    {"uint16", 2},
+    {"int32", 4},
+    {"uint32", 4},
+    {"int64", 8},
+    {"uint64", 8},
+    {"float16", 2},
+    {"bfloat16", 2},
+    {"float32", 4},
+    {"float64", 8},
+    {"complex64", 8},
+    {"complex128", 16},
+    {"float8_e4m3fn", 1},
+    {"float8_e5m2", 1},
+    {"complex32", 4},
 }};
 
 [[noreturn]] void refuse(std::string_view field, std::string_view why) {
@@ -36,7 +50,8 @@ constexpr std::array<std::pair<std::string_view, int>, 18> torch_dtypes{{
 
 // The item size of a numpy type string such as "<f4" or "|u1", or 0 if it is not one.
 int numpy_item_size(std::string_view type) {
-  if (type.size() < 3 || type.size() > 4 || std::string_view("<>|=").find(type[0]) == std::string_view::npos ||
+  if (type.size() < 3 || type.size() > 4 ||
+      std::string_view("<>|=").find(type[0]) == std::string_view::npos ||
       std::string_view("biufc").find(type[1]) == std::string_view::npos)
     return 0;
   int size = 0;
@@ -86,9 +101,10 @@ std::vector<std::int64_t> integers_field(const json& object, std::string_view na
     refuse(name, fmt::format("expected a list of at most {} integers", max_dimensions));
   std::vector<std::int64_t> result;
   for (const json& item : value) {
-    const bool fits = item.is_number_integer() &&
-                      (!item.is_number_unsigned() ||
-                       item.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+    const bool fits =
+        item.is_number_integer() &&
+        (!item.is_number_unsigned() ||
+         item.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
     if (!fits) refuse(name, "expected integers");
     const auto number = item.get<std::int64_t>();
     if (number < 0 && !negative_allowed) refuse(name, fmt::format("{} is negative", number));
@@ -114,7 +130,8 @@ void exact_fields(const json& object, std::string_view what, std::initializer_li
 std::int64_t multiply_add(std::int64_t a, std::int64_t b, std::int64_t c, std::uint64_t bytes) {
   std::int64_t product = 0;
   std::int64_t sum = 0;
-  if (__builtin_mul_overflow(a, b, &product) || __builtin_add_overflow(product, c, &sum)) refuse_extent(bytes);
+  if (__builtin_mul_overflow(a, b, &product) || __builtin_add_overflow(product, c, &sum))
+    refuse_extent(bytes);
   return sum;
 }
 
@@ -125,11 +142,13 @@ void check_extent(const array_layout& layout, int item_size, std::uint64_t bytes
   std::int64_t high = low;
   for (std::size_t d = 0; d < layout.shape.size(); ++d) {
     if (layout.shape[d] == 0) return;  // no element: nothing is read
-    const std::int64_t reach = multiply_add(multiply_add(layout.shape[d] - 1, layout.strides[d], 0, bytes), scale, 0, bytes);
+    const std::int64_t reach =
+        multiply_add(multiply_add(layout.shape[d] - 1, layout.strides[d], 0, bytes), scale, 0, bytes);
     std::int64_t& end = reach < 0 ? low : high;
     end = multiply_add(1, end, reach, bytes);
   }
-  if (low < 0 || multiply_add(1, high, item_size, bytes) > static_cast<std::int64_t>(bytes)) refuse_extent(bytes);
+  if (low < 0 || multiply_add(1, high, item_size, bytes) > static_cast<std::int64_t>(bytes))
+    refuse_extent(bytes);
 }
 
 array_layout parse_layout(const json& object, std::uint64_t bytes) {
@@ -141,7 +160,8 @@ array_layout parse_layout(const json& object, std::uint64_t bytes) {
     exact_fields(object, "tensor", {"kind", "dtype", "shape", "stride", "storage_offset"});
     layout.dtype = string_field(object, "dtype");
     item_size = torch_item_size(layout.dtype);
-    if (item_size == 0) refuse("tensor.dtype", fmt::format("\"{}\" is not a torch dtype", vmm::printable(layout.dtype, 64)));
+    if (item_size == 0)
+      refuse("tensor.dtype", fmt::format("\"{}\" is not a torch dtype", vmm::printable(layout.dtype, 64)));
     layout.shape = integers_field(object, "shape", false);
     layout.strides = integers_field(object, "stride", false);
     layout.offset = static_cast<std::int64_t>(unsigned_field(object, "storage_offset", max_bytes));
@@ -151,7 +171,8 @@ array_layout parse_layout(const json& object, std::uint64_t bytes) {
     layout.dtype = string_field(object, "dtype");
     item_size = numpy_item_size(layout.dtype);
     if (item_size == 0)
-      refuse("tensor.dtype", fmt::format("\"{}\" is not a numpy type string", vmm::printable(layout.dtype, 64)));
+      refuse("tensor.dtype",
+             fmt::format("\"{}\" is not a numpy type string", vmm::printable(layout.dtype, 64)));
     layout.shape = integers_field(object, "shape", false);
     layout.strides = integers_field(object, "strides", true);
     layout.offset = static_cast<std::int64_t>(unsigned_field(object, "offset", max_bytes));
@@ -171,14 +192,17 @@ handle_header parse_handle_header(std::string_view text) {
   const json object = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (object.is_discarded()) refuse("text", "not JSON");
   if (!object.is_object()) refuse("text", "not a JSON object");
-  exact_fields(object, "text", {"manifest", "fds", "dtype", "length", "read_only", "offset", "lease", "tensor"});
+  exact_fields(object, "text",
+               {"manifest", "fds", "dtype", "length", "read_only", "offset", "lease", "tensor"});
   handle_header header;
   header.manifest_bytes = unsigned_field(object, "manifest", max_manifest_bytes);
   header.fds = unsigned_field(object, "fds", max_fds);
   header.dtype = string_field(object, "dtype");
   const int item_size = numpy_item_size(header.dtype);
-  if (item_size == 0) refuse("dtype", fmt::format("\"{}\" is not a numpy type string", vmm::printable(header.dtype, 64)));
-  if (!field(object, "length").is_null()) header.length = unsigned_field(object, "length", max_bytes / item_size);
+  if (item_size == 0)
+    refuse("dtype", fmt::format("\"{}\" is not a numpy type string", vmm::printable(header.dtype, 64)));
+  if (!field(object, "length").is_null())
+    header.length = unsigned_field(object, "length", max_bytes / item_size);
   header.read_only = bool_field(object, "read_only");
   header.offset = unsigned_field(object, "offset", max_bytes);
   header.lease = bool_field(object, "lease");
@@ -192,9 +216,14 @@ handle_header parse_handle_header(std::string_view text) {
 }
 
 std::string serialize(const handle_header& header) {
-  json object = {{"manifest", header.manifest_bytes}, {"fds", header.fds},     {"dtype", header.dtype},
-                 {"length", nullptr},                 {"read_only", header.read_only},
-                 {"offset", header.offset},           {"lease", header.lease}, {"tensor", nullptr}};
+  json object = {{"manifest", header.manifest_bytes},
+                 {"fds", header.fds},
+                 {"dtype", header.dtype},
+                 {"length", nullptr},
+                 {"read_only", header.read_only},
+                 {"offset", header.offset},
+                 {"lease", header.lease},
+                 {"tensor", nullptr}};
   if (header.length) object["length"] = *header.length;
   if (header.tensor) {
     const array_layout& layout = *header.tensor;

@@ -32,7 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     settings = vmm_python::parse_conf(text);
   } catch (const vmm::invalid_argument& error) {
     const std::string_view message = error.what();
-    if (!message.starts_with("VMM_CONF: ")) finding(fmt::format("a refusal without its variable: {}", message));
+    if (!message.starts_with("VMM_CONF: "))
+      finding(fmt::format("a refusal without its variable: {}", message));
     for (const char c : message) {
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
         finding(fmt::format("a refusal with an unescaped byte 0x{:02x}", static_cast<unsigned char>(c)));
@@ -48,8 +49,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto add = [&again](const std::string& pair) { again += (again.empty() ? "" : ",") + pair; };
   if (settings.max_size) add(fmt::format("max_size:{}", *settings.max_size));
   if (settings.release_threshold)
-    add(settings.release_threshold->has_value() ? fmt::format("release_threshold:{}", **settings.release_threshold)
-                                                : std::string("release_threshold:none"));
+    add(settings.release_threshold->has_value()
+            ? fmt::format("release_threshold:{}", **settings.release_threshold)
+            : std::string("release_threshold:none"));
   if (settings.headroom) add(fmt::format("headroom:{}", *settings.headroom));  // shortest round trip
   vmm_python::conf_settings reread;
   try {
