@@ -5,6 +5,10 @@
 #   bash scripts/fuzz.sh                          # CI: 60 s per target, the corpus untouched
 #   bash scripts/fuzz.sh 300                      # longer, the corpus still untouched
 #   bash scripts/fuzz.sh --long 3600 [target...]  # then minimize each corpus and keep it
+# Options before the seconds: --jobs N fuzzes each target in N processes at once (libFuzzer's
+# fork mode, all sharing one corpus; the executions are their sum), and --no-build uses the
+# targets already in build-fuzz/tests/fuzz/ (built on another machine of the same
+# architecture: a machine without clang can fuzz).
 # The long mode fuzzes each target (all, or those named) for the seconds given, then merges
 # what it found into a minimal corpus (libFuzzer -merge=1 into a fresh directory that starts
 # with the named seeds, so that only inputs adding coverage join them) and writes it back to
@@ -17,24 +21,31 @@ cd "$(dirname "$0")/.."
 source scripts/common.sh
 
 usage() {
-  echo "usage: $0 [seconds per target (default 60)]" >&2
-  echo "       $0 --long <seconds per target> [target...]" >&2
+  echo "usage: $0 [--jobs N] [--no-build] [seconds per target (default 60)]" >&2
+  echo "       $0 [--jobs N] [--no-build] --long <seconds per target> [target...]" >&2
   exit 2
 }
 long=0
-if [[ ${1:-} == --long ]]; then
-  long=1
-  shift
-  (($#)) || usage
-fi
+jobs=1
+build=1
+while (($#)); do
+  case $1 in
+    --jobs) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || usage; jobs=$2; shift 2 ;;
+    --no-build) build=0; shift ;;
+    --long) long=1; shift; (($#)) || usage ;;
+    *) break ;;
+  esac
+done
 seconds=${1:-60}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || usage
 (($#)) && shift
 
-vmm_install_fuzz_tools
-vmm_prepare build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DVMM_FUZZ=ON -DVMM_BUILD_TESTS=OFF \
-  -DVMM_BUILD_SAMPLES=OFF -DVMM_BUILD_BENCHMARKS=OFF -DVMM_CUDA_CODE=OFF >build-fuzz.build.log 2>&1 ||
-  { cat build-fuzz.build.log; exit 1; }
+if ((build)); then
+  vmm_install_fuzz_tools
+  vmm_prepare build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DVMM_FUZZ=ON -DVMM_BUILD_TESTS=OFF \
+    -DVMM_BUILD_SAMPLES=OFF -DVMM_BUILD_BENCHMARKS=OFF -DVMM_CUDA_CODE=OFF >build-fuzz.build.log 2>&1 ||
+    { cat build-fuzz.build.log; exit 1; }
+fi
 
 # The longest input worth trying per target: beyond it an input only repeats what shorter
 # ones do (the targets read at most 16-64 messages or operations).
@@ -112,8 +123,15 @@ for target in "${targets[@]}"; do
   log="$logs/$target.log"
   echo "fuzzing $target for ${seconds}s"
   status=0
-  "$binary" "${options[@]}" -max_total_time="$seconds" "$scratch/$target/corpus" >"$log" 2>&1 || status=$?
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  if ((jobs > 1)); then
+    # Fork mode: the parent's status lines ("#RUNS: cov: ...") count every child's executions.
+    "$binary" "${options[@]}" -fork="$jobs" -max_total_time="$seconds" "$scratch/$target/corpus" >"$log" 2>&1 ||
+      status=$?
+    runs=$(sed -n 's/^#\([0-9][0-9]*\): cov:.*/\1/p' "$log" | tail -n 1)
+  else
+    "$binary" "${options[@]}" -max_total_time="$seconds" "$scratch/$target/corpus" >"$log" 2>&1 || status=$?
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  fi
   report+=("$(printf '%-11s %12s executions' "$target" "${runs:-?}")")
   if ((status != 0)) || [ -z "$runs" ]; then
     echo "$target: the fuzzer stopped with status $status (log: $log):"

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""A CUDA tensor sent to another process through torch.multiprocessing: vmm's path against
+torch's own CUDA IPC (cudaIpcGetMemHandle / cudaIpcOpenMemHandle), in the same run.
+
+    python3 bench/torch_sharing.py                    # 1 GiB, 20 timed rounds, 1,000 for leaks
+    python3 bench/torch_sharing.py --bytes 256M --rounds 50 --leak-rounds 200 --json out.json
+
+Each allocator runs in a process of its own (this script runs itself with --child):
+  native  torch's caching allocator; a tensor travels as a legacy CUDA IPC handle
+  vmm     vmm.torch.use(); a tensor travels as the file descriptors of its pages and a lease
+          (vmm.share: the pages under the allocation, mapped again by the receiver)
+A round: the sender puts the tensor into a Queue; the receiver (a spawned process, started
+once) gets it, reads it with a kernel (the sum of its first and last bytes), answers, and
+drops it. Timed from the put to the answer: median and minimum milliseconds of the timed
+rounds after two warm-up rounds. Leaks: --leak-rounds more rounds of a 64 MiB tensor; the
+descriptors open in both processes, the GPU memory in use (cudaMemGetInfo) and, for vmm,
+the frees still held for receivers, before and after. Prints one JSON object (and writes
+it to --json).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def receiver(queue, answers):
+    import torch
+
+    while True:
+        tensor = queue.get()
+        if tensor is None:
+            answers.put(len(os.listdir("/proc/self/fd")))
+            return
+        value = int(tensor[0]) + int(tensor[-1])  # kernels on the mapped memory
+        del tensor
+        answers.put(value)
+
+
+def rounds(torch, context, tensor, count):
+    queue, answers = context.Queue(), context.Queue()
+    process = context.Process(target=receiver, args=(queue, answers))
+    process.start()
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        queue.put(tensor)
+        value = answers.get(timeout=600)
+        times.append((time.perf_counter() - start) * 1e3)
+        assert value == int(tensor[0]) + int(tensor[-1]), value
+    queue.put(None)
+    receiver_fds = answers.get(timeout=600)
+    process.join(timeout=600)
+    return times, receiver_fds
+
+
+def child(allocator, size, timed, leak_rounds):
+    import multiprocessing
+
+    import torch
+
+    if allocator == "vmm":
+        import vmm.torch
+
+        vmm.torch.use()
+    import torch.multiprocessing  # noqa: F401 (torch's reductions, then vmm's for its tensors)
+
+    context = multiprocessing.get_context("spawn")
+    tensor = torch.zeros(size, dtype=torch.uint8, device="cuda")
+    tensor[0], tensor[-1] = 3, 4
+    torch.cuda.synchronize()
+    times, _ = rounds(torch, context, tensor, timed + 2)
+    times = times[2:]
+    del tensor
+
+    small = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    rounds(torch, context, small, 2)  # warm: what the first rounds make once stays
+    fds_before = len(os.listdir("/proc/self/fd"))
+    free_before = torch.cuda.mem_get_info()[0]
+    _, receiver_fds_first = rounds(torch, context, small, 1)
+    _, receiver_fds = rounds(torch, context, small, leak_rounds)
+    del small
+    torch.cuda.synchronize()
+    result = {
+        "allocator": allocator,
+        "bytes": size,
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "rounds": len(times),
+        "leak_rounds": leak_rounds,
+        "sender_fds_before": fds_before,
+        "sender_fds_after": len(os.listdir("/proc/self/fd")),
+        "receiver_fds_after_1_round": receiver_fds_first,
+        "receiver_fds_after_leak_rounds": receiver_fds,
+        "gpu_free_change_bytes": torch.cuda.mem_get_info()[0] - free_before - (64 << 20),
+    }
+    if allocator == "vmm":
+        stats = vmm.torch.memory_stats()
+        result["held_for_receivers_frees"] = stats["vmm.held_for_receivers.frees"]
+        result["allocated_bytes_after"] = stats["allocated_bytes.all.current"]
+    else:
+        result["allocated_bytes_after"] = torch.cuda.memory_allocated()
+    print(json.dumps(result))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bytes", default="1G", help="the tensor's size (4096, 256M, 1G; default 1G)")
+    parser.add_argument("--rounds", type=int, default=20, help="timed rounds (default 20)")
+    parser.add_argument("--leak-rounds", type=int, default=1000, help="rounds of the leak check (default 1000)")
+    parser.add_argument("--allocators", default="native,vmm", help="comma-separated: native, vmm")
+    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    from vmm import _vmm
+
+    size = _vmm.parse_byte_size(arguments.bytes)
+    if arguments.rounds < 1 or arguments.leak_rounds < 1:
+        parser.error("--rounds and --leak-rounds must be at least 1")
+    if arguments.child:
+        child(arguments.child, size, arguments.rounds, arguments.leak_rounds)
+        return
+    allocators = arguments.allocators.split(",")
+    unknown = set(allocators) - {"native", "vmm"}
+    if unknown:
+        parser.error(f"--allocators: unknown {', '.join(sorted(unknown))} (native, vmm)")
+    environment = dict(os.environ)
+    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    results = {}
+    for allocator in allocators:
+        command = [sys.executable, __file__, "--child", allocator, "--bytes", str(size), "--rounds",
+                   str(arguments.rounds), "--leak-rounds", str(arguments.leak_rounds)]
+        done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            sys.exit(f"torch_sharing.py: the {allocator} process failed:\n{done.stderr[-4000:]}")
+        results[allocator] = json.loads(done.stdout.strip().splitlines()[-1])
+    if "native" in results and "vmm" in results:
+        results["vmm_over_native_median"] = results["vmm"]["median_ms"] / results["native"]["median_ms"]
+    text = json.dumps(results, indent=2)
+    print(text)
+    if arguments.json:
+        with open(arguments.json, "w") as out:
+            out.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
