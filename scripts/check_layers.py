@@ -74,7 +74,7 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     # the library's version (its header is generated into the build tree from cmake/).
     ("base", 0,
      concept("error", "location", "stream_ref", "byte_size", "version")
-     + ["vmm/src/cleanup.hpp", "vmm/src/enum_names.hpp"]),
+     + ["vmm/include/vmm/detail/cleanup.hpp", "vmm/include/vmm/detail/enum_names.hpp"]),
     # libcuda, loaded at run time: one X-macro table of entry points.
     ("driver", 1, ["vmm/src/driver/"]),
     # Every system call, and the fault injection that both the OS calls and the driver
@@ -89,7 +89,7 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     # provider_owned), and the process's retirement list.
     ("primitives", 3,
      concept("address_range", "physical_allocation", "mapping", "provider_owned", "retirement")
-     + ["vmm/src/retirement.hpp"]),
+     + ["vmm/include/vmm/detail/retirement.hpp"]),
     # Physical chunks recycled per location, and the run of chunks mapped in a range that
     # every buffer and view is made of.
     ("pool", 4, concept("chunk_pool", "shared_chunk", "mapped_range")),
@@ -143,15 +143,11 @@ TARGETS: list[tuple[str, list[str], list[str]]] = [
 PRIVATE_CROSSINGS: set[tuple[str, str]] = {
     ("ipc/src/exporter.cpp", "vmm/src/os/system.hpp"),
     ("ipc/src/fd_channel.cpp", "vmm/src/os/system.hpp"),
-    ("ipc/src/handoff.cpp", "vmm/src/enum_names.hpp"),
-    ("ipc/src/resource_sharing.cpp", "vmm/src/cleanup.hpp"),
-    ("ipc/src/resource_sharing.cpp", "vmm/src/retirement.hpp"),
     ("ipc/src/fabric.cpp", "vmm/src/driver/device.hpp"),
     ("ipc/src/fabric.cpp", "vmm/src/driver/driver_api.hpp"),
     ("ipc/src/interprocess_event.cpp", "vmm/src/driver/device.hpp"),
     ("ipc/src/interprocess_event.cpp", "vmm/src/driver/driver_api.hpp"),
     ("ipc/src/store/protocol.cpp", "ipc/src/little_endian.hpp"),
-    ("ipc/src/store/protocol.cpp", "vmm/src/enum_names.hpp"),
     ("ipc/src/store/server.cpp", "ipc/src/continuation.hpp"),
     ("ipc/src/store/server.cpp", "ipc/src/deadline.hpp"),
     ("ipc/src/store/server.cpp", "vmm/src/os/system.hpp"),

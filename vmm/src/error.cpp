@@ -27,7 +27,7 @@ cleanup_failure_handler set_cleanup_failure_handler(cleanup_failure_handler next
 #include <exception>
 #include <string>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 
 namespace vmm::detail {
 

@@ -7,9 +7,9 @@
 
 #include <algorithm>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 #include "resource/timed_into.hpp"
-#include "retirement.hpp"
+#include "vmm/detail/retirement.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm {

@@ -8,8 +8,8 @@
 #include <system_error>
 #include <thread>
 
-#include "cleanup.hpp"
-#include "retirement.hpp"
+#include "vmm/detail/cleanup.hpp"
+#include "vmm/detail/retirement.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm::detail {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 #include "resource/timed_into.hpp"
 
 namespace vmm::detail {
