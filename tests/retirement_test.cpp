@@ -10,7 +10,7 @@
 #include <set>
 #include <vector>
 
-#include "retirement.hpp"
+#include "vmm/detail/retirement.hpp"
 #include "vmm/retirement.hpp"
 #include "vmm/stream_executor.hpp"
 

@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "enum_names.hpp"
+#include "vmm/detail/enum_names.hpp"
 #include "little_endian.hpp"
 
 namespace vmm::ipc {

@@ -47,10 +47,10 @@
 #include <thread>
 #include <utility>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 #include "deadline.hpp"
 #include "little_endian.hpp"
-#include "retirement.hpp"
+#include "vmm/detail/retirement.hpp"
 
 namespace vmm::ipc {
 namespace {

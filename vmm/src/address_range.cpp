@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm {

@@ -6,7 +6,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 #include "vmm/error.hpp"
 #include "vmm/retirement.hpp"
 

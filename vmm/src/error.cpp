@@ -42,7 +42,7 @@ std::string printable(std::string_view text, std::size_t limit) {
 #include <exception>
 #include <string>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 
 namespace vmm::detail {
 

@@ -6,7 +6,7 @@
 #include <bit>
 #include <limits>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 #include "growth_worker.hpp"
 #include "vmm/error.hpp"
 

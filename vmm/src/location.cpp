@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "enum_names.hpp"
+#include "vmm/detail/enum_names.hpp"
 
 namespace vmm {
 

@@ -4,8 +4,8 @@
 #include <new>
 #include <utility>
 
-#include "cleanup.hpp"
-#include "retirement.hpp"
+#include "vmm/detail/cleanup.hpp"
+#include "vmm/detail/retirement.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm {

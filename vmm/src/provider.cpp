@@ -7,7 +7,7 @@
 #include <mutex>
 #include <vector>
 
-#include "enum_names.hpp"
+#include "vmm/detail/enum_names.hpp"
 #include "providers/driver_provider.hpp"
 #include "providers/os_host_provider.hpp"
 #include "vmm/error.hpp"

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "broadcast_plan.hpp"
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 #include "vmm/capabilities.hpp"
 #include "vmm/device_vector.hpp"
 #include "vmm/error.hpp"

@@ -1,9 +1,9 @@
-#include "retirement.hpp"
+#include "vmm/detail/retirement.hpp"
 
 #include <algorithm>
 #include <mutex>
 
-#include "cleanup.hpp"
+#include "vmm/detail/cleanup.hpp"
 
 namespace vmm {
 namespace {

@@ -2,7 +2,7 @@
 // One arena of a memory resource: an address range carved into blocks, with physical pages
 // mapped only under the bytes blocks hold. See vmm/memory_resource.hpp for the design; this
 // is the bookkeeping. An arena is used under its own mutex; mapping and unmapping pages is
-// the resource's business (resource.cpp), done with every arena locked.
+// the page supply's business (page_supply.hpp), done with every arena locked.
 
 #include <array>
 #include <atomic>

@@ -1,5 +1,8 @@
 #pragma once
 // The retirement list behind vmm/retirement.hpp.
+//
+// Internal (vmm/detail/): installed for vmm::ipc and vmm::store, which build on it, and
+// not part of vmm's interface: it may change in any release without notice.
 
 #include <memory>
 #include <vector>

@@ -1,5 +1,8 @@
 #pragma once
 // Cleanup paths (destructors, reset()) never throw: they run the call and report a failure.
+//
+// Internal (vmm/detail/): installed for vmm::ipc and vmm::store, which build on it, and
+// not part of vmm's interface: it may change in any release without notice.
 
 #include <utility>
 

@@ -1,6 +1,9 @@
 #pragma once
 // The name of an enumerator, looked up in a table of (value, name) rows: every to_string
 // over a small enum is its table and this one loop.
+//
+// Internal (vmm/detail/): installed for vmm::ipc and vmm::store, which build on it, and
+// not part of vmm's interface: it may change in any release without notice.
 
 #include <cstddef>
 

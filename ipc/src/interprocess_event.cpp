@@ -1,8 +1,7 @@
-// Interprocess events and fabric handles: the parts of sharing that call the driver
-// directly. Memory whose executor is synchronous (host memory) has no driver to ask: its
-// events are always done and named by a fixed token, and it has no fabric handles.
+// Interprocess events (vmm/ipc/interprocess_event.hpp): a part of sharing that calls the
+// driver directly. Memory whose executor is synchronous (host memory) has no driver to ask:
+// its events are always done and named by a fixed token.
 
-#include <vmm/ipc/fabric.hpp>
 #include <vmm/ipc/interprocess_event.hpp>
 
 #include <fmt/format.h>
@@ -12,23 +11,10 @@
 
 #include "driver/device.hpp"
 #include "driver/driver_api.hpp"
+#include "gpu_context.hpp"
 
 namespace vmm::ipc {
 namespace {
-
-const std::shared_ptr<memory_provider>& require_provider(const std::shared_ptr<memory_provider>& provider,
-                                                         const char* who) {
-  if (provider == nullptr) throw invalid_argument(fmt::format("{}: the provider is null", who));
-  return provider;
-}
-
-// The GPU whose context the memory's events and handles belong to.
-int context_device(const memory_provider& provider) {
-  for (const accessor& who : provider.capabilities().default_accessors)
-    if (who.kind == accessor::kind_type::device) return who.device_ordinal;
-  throw invalid_argument(
-      fmt::format("{} memory is accessed by no GPU", to_string(provider.capabilities().where)));
-}
 
 // What a host-memory event handle holds: no process can mistake it for a GPU event's
 // handle, nor open a GPU event's handle as it.
@@ -40,8 +26,6 @@ interprocess_event_handle host_event_token() noexcept {
 }
 
 }  // namespace
-
-// ---- interprocess_event -------------------------------------------------------------------
 
 interprocess_event::interprocess_event(const std::shared_ptr<memory_provider>& provider) {
   require_provider(provider, "interprocess_event");
@@ -153,62 +137,6 @@ bool interprocess_event::done() const {
 void interprocess_event::synchronize() const {
   require();
   executor_->synchronize_event(event_);
-}
-
-// ---- fabric handles -----------------------------------------------------------------------
-
-fabric_handle export_fabric(const physical_allocation& memory) {
-  if (!memory) throw invalid_argument("export_fabric: the allocation is empty");
-  const memory_provider& provider = *memory.provider();
-  if (provider.capabilities().export_kind != handle_kind::fabric)
-    throw invalid_argument(fmt::format("export_fabric: {} memory has no fabric handles: {}",
-                                       to_string(provider.capabilities().where),
-                                       provider.capabilities().fabric_unavailable_reason));
-  const int device = context_device(provider);
-  driver::primary_context context(device);
-  driver::scoped_context current(context.get());
-  CUmemFabricHandle exported{};
-  VMM_DRIVER_CHECK(
-      cuMemExportToShareableHandle,
-      [&] {
-        return fmt::format("cuMemExportToShareableHandle(size={}, fabric) on gpu {}", memory.size(), device);
-      },
-      static_cast<void*>(&exported), CUmemGenericAllocationHandle{memory.get()}, CU_MEM_HANDLE_TYPE_FABRIC,
-      0ULL);
-  fabric_handle result;
-  static_assert(sizeof exported == sizeof result.bytes);
-  std::memcpy(result.bytes.data(), &exported, sizeof exported);
-  return result;
-}
-
-physical_allocation import_fabric(const std::shared_ptr<memory_provider>& provider,
-                                  const fabric_handle& handle, std::size_t size) {
-  require_provider(provider, "import_fabric");
-  if (size == 0 || size % provider->capabilities().granularity != 0)
-    throw invalid_argument(
-        fmt::format("import_fabric: size {} is not a non-zero multiple of the "
-                    "granularity {}",
-                    size, provider->capabilities().granularity));
-  if (provider->capabilities().export_kind != handle_kind::fabric)
-    throw invalid_argument(fmt::format("import_fabric: {} memory cannot take fabric handles here: {}",
-                                       to_string(provider->capabilities().where),
-                                       provider->capabilities().fabric_unavailable_reason));
-  const int device = context_device(*provider);
-  CUmemFabricHandle imported_from{};
-  std::memcpy(&imported_from, handle.bytes.data(), sizeof imported_from);
-  driver::primary_context context(device);
-  driver::scoped_context current(context.get());
-  CUmemGenericAllocationHandle imported = 0;
-  VMM_DRIVER_CHECK(
-      cuMemImportFromShareableHandle,
-      [&] { return fmt::format("cuMemImportFromShareableHandle(fabric, size={}) on gpu {}", size, device); },
-      &imported, static_cast<void*>(&imported_from), CU_MEM_HANDLE_TYPE_FABRIC);
-  try {
-    return physical_allocation::adopt(provider, imported, size);
-  } catch (...) {
-    (void)driver::try_call(driver::api().cuMemRelease, imported);
-    throw;
-  }
 }
 
 }  // namespace vmm::ipc
