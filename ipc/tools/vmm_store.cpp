@@ -146,9 +146,16 @@ CLI::App* add_client_command(CLI::App& app, const std::string& name, const std::
 }
 
 json as_json(const vmm::store::buffer_info& info) {
-  return {{"name", info.name},       {"entry", info.entry},       {"location", vmm::to_string(info.where)},
-          {"size", info.size},       {"capacity", info.capacity}, {"max_size", info.max_size},
-          {"holders", info.holders}, {"sealed", info.sealed}};
+  return {{"name", info.name},
+          {"entry", info.entry},
+          {"location", vmm::to_string(info.where)},
+          {"size", info.size},
+          {"capacity", info.capacity},
+          {"max_size", info.max_size},
+          {"holders", info.holders},
+          {"sealed", info.sealed},
+          {"tensors", info.tensors},
+          {"named_bytes", info.named_bytes}};
 }
 
 command add_ls(CLI::App& app) {
@@ -167,12 +174,13 @@ command add_ls(CLI::App& app) {
               print_json({{"buffers", std::move(buffers)}});
               return vmm::tools::exit_done;
             }
-            fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION",
-                       "HOLDERS", "STATE");
+            fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION",
+                       "TENSORS", "HOLDERS", "STATE");
             for (const auto& info : infos)
-              fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", info.name,
+              fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", info.name,
                          vmm::format_byte_size(info.size), vmm::format_byte_size(info.capacity),
-                         vmm::to_string(info.where), info.holders, info.sealed ? "sealed" : "open");
+                         vmm::to_string(info.where), info.tensors == 0 ? "-" : std::to_string(info.tensors),
+                         info.holders, info.sealed ? "sealed" : "open");
             fmt::print("{} buffer{}\n", infos.size(), infos.size() == 1 ? "" : "s");
             return vmm::tools::exit_done;
           }};
@@ -198,10 +206,10 @@ command add_stat(CLI::App& app) {
         }
         fmt::print(
             "name      {}\nentry     {}\nlocation  {}\nsize      {} ({} bytes)\ncapacity  {}\nmax size  {}\n"
-            "holders   {}\nstate     {}\n",
+            "holders   {}\nstate     {}\ntensors   {} ({} named)\n",
             info.name, info.entry, vmm::to_string(info.where), vmm::format_byte_size(info.size), info.size,
             vmm::format_byte_size(info.capacity), vmm::format_byte_size(info.max_size), info.holders,
-            info.sealed ? "sealed" : "open");
+            info.sealed ? "sealed" : "open", info.tensors, vmm::format_byte_size(info.named_bytes));
         return vmm::tools::exit_done;
       }};
 }

@@ -351,6 +351,22 @@ void client::seal(std::string_view name) {
   state_->cache.erase({std::string(name), access_mode::read_write});
 }
 
+void client::seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes) {
+  std::lock_guard lock(state_->mutex);
+  (void)state_->exchange(request{.op = operation::seal_set,
+                                 .name = std::string(name),
+                                 .table_offset = table_offset,
+                                 .table_bytes = table_bytes});
+  state_->cache.erase({std::string(name), access_mode::read_write});
+}
+
+std::vector<tensor_info> client::tensors(const buffer& held) {
+  if (held.data() == nullptr) throw invalid_argument("vmm::store::client::tensors of an empty handle");
+  std::lock_guard lock(state_->mutex);
+  return decode_tensor_table(state_->exchange(request{.op = operation::tensors, .entry = held.entry()}),
+                             held.size());
+}
+
 void client::grant(std::string_view name, pid_t pid) {
   std::lock_guard lock(state_->mutex);
   (void)state_->exchange(

@@ -46,6 +46,7 @@
 #include <vmm/ipc/importer.hpp>
 #include <vmm/location.hpp>
 #include <vmm/store/protocol.hpp>
+#include <vmm/store/tensors.hpp>
 
 #include <sys/types.h>
 
@@ -192,6 +193,19 @@ class client {
   ///         daemon_gone.
   /// @throws vmm::ipc::protocol_error the reply is malformed.
   buffer_info grow(std::string_view name, std::size_t size);
+  /// seal() of a tensor set: the daemon copies the table (tensors.hpp) this process wrote at
+  /// [table_offset, table_offset + table_bytes) of `name`, checks it against the bytes
+  /// before table_offset, keeps it and seals. vmm::store::tensor_set_builder calls this.
+  /// @throws vmm::invalid_argument a bad name; nothing was sent.
+  /// @throws store_error not_found, sealed, denied, invalid (the table breaks a rule: the
+  ///         message names it; nothing changed); daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply is malformed.
+  void seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes);
+  /// The table of the tensor set that `held` maps, checked against its size.
+  /// @throws vmm::invalid_argument `held` is empty.
+  /// @throws store_error invalid (a plain buffer), not_found; daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply or the table is malformed.
+  [[nodiscard]] std::vector<tensor_info> tensors(const buffer& held);
   /// Lets process `pid` get `name` writable while it is unsealed (creator only).
   /// @throws vmm::invalid_argument a bad name; nothing was sent.
   /// @throws store_error not_found, sealed, denied; daemon_gone.
