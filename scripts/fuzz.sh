@@ -39,8 +39,8 @@ vmm_prepare build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DVMM_FUZZ=ON -DVMM_BUILD_TE
 # The longest input worth trying per target: beyond it an input only repeats what shorter
 # ones do (the targets read at most 16-64 messages or operations).
 declare -A max_len=([manifest]=8192 [fd_channel]=8192 [handoff]=4096 [import]=8192 [stateful]=512 [store_message]=4096
-                   [trace]=4096 [byte_size]=64)
-targets=(manifest fd_channel handoff import stateful store_message trace byte_size)
+                   [trace]=4096 [byte_size]=64 [safetensors]=4096 [tensor_table]=4096)
+targets=(manifest fd_channel handoff import stateful store_message trace byte_size safetensors tensor_table)
 if ((long && $#)); then
   for target in "$@"; do
     [[ -v max_len[$target] ]] || { echo "$0: no fuzz target '$target' (${targets[*]})" >&2; exit 2; }

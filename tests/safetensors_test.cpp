@@ -89,6 +89,10 @@ TEST(safetensors_header, refuses_hostile_headers_naming_the_problem) {
       {R"({"x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, )"
        R"("x": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
        "appears twice"},
+      {R"({"a": {"dtype": "U8", "shape": [10], "data_offsets": [0, 10]}, )"
+       R"("e": {"dtype": "U8", "shape": [0], "data_offsets": [5, 5]}, )"
+       R"("b": {"dtype": "U8", "shape": [6], "data_offsets": [6, 12]}})",
+       "tensors \"a\" and \"b\" overlap"},
       {R"({"__metadata__": {"n": 3}})", "not a string"},
       {R"({"__metadata__": [1]})", "__metadata__ is a JSON array"},
   };

@@ -212,13 +212,15 @@ safetensors_header parse_safetensors_header(std::span<const std::byte> bytes, st
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first < b.first : a.second.bytes < b.second.bytes;
   });
-  for (std::size_t i = 1; i < found.size(); ++i) {
-    const tensor_info& before = found[i - 1].second;
-    const tensor_info& after = found[i].second;
-    if (before.bytes != 0 && after.bytes != 0 && before.offset + before.bytes > after.offset)
-      refuse(fmt::format("tensors \"{}\" and \"{}\" overlap (data bytes [{}, {}) and [{}, {}))", before.name,
-                         after.name, before.offset, before.offset + before.bytes, after.offset,
+  // Each non-empty tensor against the non-empty one before it that ends last.
+  const tensor_info* before = nullptr;
+  for (const auto& [begin, after] : found) {
+    if (after.bytes == 0) continue;
+    if (before != nullptr && before->offset + before->bytes > after.offset)
+      refuse(fmt::format("tensors \"{}\" and \"{}\" overlap (data bytes [{}, {}) and [{}, {}))", before->name,
+                         after.name, before->offset, before->offset + before->bytes, after.offset,
                          after.offset + after.bytes));
+    if (before == nullptr || after.offset + after.bytes > before->offset + before->bytes) before = &after;
   }
   for (auto& [begin, t] : found) header.tensors.push_back(std::move(t));
   return header;
