@@ -245,5 +245,26 @@ TYPED_TEST(tensor_set_test, a_put_past_the_cap_is_refused_naming_it) {
   EXPECT_EQ(store.statistics().entries, 0u);
 }
 
+TYPED_TEST(tensor_set_test, a_killed_daemon_leaves_sets_mapped_and_a_restart_is_empty) {
+  const auto sources = this->sources(11);
+  store::tensor_set held;
+  {
+    store::client store = this->connect();
+    held = store::tensor_set::put(store, "model", sources, TypeParam::where());
+  }
+  const void* address = held.at("norm.weight").data;
+  ::kill(this->daemon_->process().pid(), SIGKILL);
+  (void)this->daemon_->process().wait();
+  // The mapping and the table live in this process: both stay, at the same address.
+  EXPECT_EQ(held.at("norm.weight").data, address);
+  EXPECT_EQ(read_bytes(*held.memory().provider(), reinterpret_cast<std::uintptr_t>(address), 20),
+            this->bytes_[1]);
+  this->start_daemon({});
+  store::client store = this->connect();
+  EXPECT_TRUE(store.list().empty());
+  EXPECT_THROW((void)store::tensor_set::get(store, "model"), store::store_error);
+  held = store::tensor_set();  // its release goes to the dead daemon's connection: nothing to do
+}
+
 }  // namespace
 }  // namespace vmm::testing
