@@ -150,6 +150,7 @@ TYPED_TEST(tensor_set_test, put_then_get_in_other_processes_read_only) {
         read_bytes(*put.memory().provider(), reinterpret_cast<std::uintptr_t>(view.data), view.info->bytes),
         this->bytes_[i]);
   }
+  EXPECT_EQ(put.memory().chunk_count(), 1u);  // one physical handle: a first get imports one
   const store::buffer_info info = store.stat("model");
   EXPECT_TRUE(info.sealed);
   EXPECT_EQ(info.tensors, 3u);

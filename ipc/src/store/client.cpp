@@ -237,6 +237,9 @@ location buffer::where() const noexcept {
 std::uint64_t buffer::entry() const noexcept {
   return import_ ? import_->entry : 0;
 }
+std::size_t buffer::chunk_count() const noexcept {
+  return import_ ? import_->mapped.chunk_count() : 0;
+}
 const std::shared_ptr<memory_provider>& buffer::provider() const noexcept {
   static const std::shared_ptr<memory_provider> none;
   return import_ ? import_->mapped.provider() : none;
@@ -291,7 +294,8 @@ buffer client::create(std::string_view name, std::size_t size, location where, c
                 .name = std::string(name),
                 .where = where,
                 .size = size,
-                .max_size = options.max_size};
+                .max_size = options.max_size,
+                .one_chunk = options.one_chunk};
   const hold_reply got = decode_hold_reply(state_->exchange(asked));
   if (got.sent != delivery::whole) {
     state_->socket.reset();

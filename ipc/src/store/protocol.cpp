@@ -124,9 +124,15 @@ void put_location(writer& out, const location& where) {
   out.put<std::int32_t>(where.id);
 }
 
-location get_location(reader& in, const char* what) {
+// A location; `flags` takes the byte after the kind (create's), which is otherwise 0.
+location get_location(reader& in, const char* what, bool* flag = nullptr) {
   const std::uint8_t kind = in.get<std::uint8_t>();
-  in.zeros(3);
+  if (flag != nullptr) {
+    *flag = in.get_flag("one chunk");
+    in.zeros(2);
+  } else {
+    in.zeros(3);
+  }
   const std::int32_t id = in.get<std::int32_t>();
   if (kind > static_cast<std::uint8_t>(memory_kind::os_host))
     throw protocol_error(fmt::format("vmm-store {}: unknown location kind {}", what, kind));
@@ -208,7 +214,10 @@ std::vector<std::byte> encode(const request& message) {
   switch (message.op) {
     case operation::create:
       if (message.where.id < 0) throw invalid_argument("vmm-store: a negative location id");
-      put_location(out, message.where);
+      out.put<std::uint8_t>(static_cast<std::uint8_t>(message.where.kind))
+          .put<std::uint8_t>(message.one_chunk ? 1 : 0)
+          .put<std::uint16_t>(0)
+          .put<std::int32_t>(message.where.id);
       out.put<std::uint64_t>(message.size).put<std::uint64_t>(message.max_size);
       break;
     case operation::get:
@@ -265,7 +274,7 @@ request decode_request(std::span<const std::byte> bytes) {
   message.op = static_cast<operation>(op);
   switch (message.op) {
     case operation::create:
-      message.where = get_location(in, "create");
+      message.where = get_location(in, "create", &message.one_chunk);
       message.size = in.get<std::uint64_t>();
       message.max_size = in.get<std::uint64_t>();
       break;

@@ -122,6 +122,7 @@ struct server::entry {
   std::uint32_t holders = 0;
   std::uint32_t slot = no_version_slot;  // its word in the version table
   std::size_t charged = 0;               // capacity counted in bytes_ (and the charged connection's)
+  std::size_t fixed_chunk = 0;           // one-chunk creations: the size of every chunk; else 0
   growable_buffer buffer;
   // The last whole export per grant, valid for the capacity it was made at.
   std::map<access_mode, std::shared_ptr<const ipc::exported_manifest>> whole;
@@ -550,9 +551,13 @@ class server::dispatch {
                                 r.max_size, g, largest)};
     if (r.size > max)
       throw refusal{status::invalid, fmt::format("vmm-store: size {} is past the max size {}", r.size, max)};
-    const std::size_t capacity = predicted_capacity(0, r.size, g, max);
+    // One chunk: chunks of the size itself, so the size is one physical handle to import.
+    const std::size_t one = std::max<std::size_t>(round_up(r.size, g), g);
+    const std::size_t capacity = r.one_chunk ? std::min(one, max) : predicted_capacity(0, r.size, g, max);
     check_caps(r.name, 0, capacity, true);
-    growable_buffer buffer(pool, {.max_size = max});
+    growable_buffer buffer(
+        pool,
+        {.max_size = max, .policy = r.one_chunk ? chunk_policy::fixed(one) : chunk_policy::geometric()});
     buffer.resize(r.size);
     auto made = std::make_unique<entry>(std::move(buffer));
     entry& e = *made;
@@ -561,6 +566,7 @@ class server::dispatch {
     e.creator = c_.id;
     e.creator_pid = c_.pid;
     e.charged_to = c_.id;
+    e.fixed_chunk = r.one_chunk ? one : 0;
     std::shared_ptr<const ipc::exported_manifest> sent = whole(e, access_mode::read_write);
     d_.entries_.emplace(e.id, std::move(made));
     d_.names_.emplace(e.name, e.id);
@@ -666,7 +672,11 @@ class server::dispatch {
       throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" grows to {} bytes at most, not {}",
                                                  e.name, e.buffer.max_size(), r.size)};
     const std::size_t g = e.buffer.provider()->capabilities().granularity;
-    const std::size_t capacity = predicted_capacity(e.buffer.capacity(), r.size, g, e.buffer.max_size());
+    const std::size_t mapped = e.buffer.capacity();
+    const std::size_t capacity =
+        e.fixed_chunk == 0 || r.size <= mapped
+            ? predicted_capacity(mapped, r.size, g, e.buffer.max_size())
+            : std::min(e.buffer.max_size(), mapped + round_up(r.size - mapped, e.fixed_chunk));
     check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
     e.buffer.resize(r.size);
     d_.versions_->bump(e.slot);

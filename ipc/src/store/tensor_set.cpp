@@ -64,7 +64,7 @@ tensor_set_builder::tensor_set_builder(client& store, std::string_view name, std
     throw invalid_argument(fmt::format("vmm-store: tensor set \"{}\": {}", name_, *problem));
   table_offset_ = (extent + 7) / 8 * 8;
   const std::vector<std::byte> encoded = encode(table_);
-  memory_ = store.create(name_, table_offset_ + encoded.size(), where);
+  memory_ = store.create(name_, table_offset_ + encoded.size(), where, {.one_chunk = true});
   try {
     stream_executor& executor = memory_.provider()->executor();
     executor.copy(static_cast<std::byte*>(memory_.data()) + table_offset_, encoded.data(), encoded.size(),

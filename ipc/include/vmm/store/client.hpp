@@ -98,6 +98,9 @@ struct create_options {
   /// the granularity; 0: half the location's physical memory size, or the daemon's cap or
   /// per-client cap where lower (and at least the size).
   std::size_t max_size = 0;
+  /// Map the size as one physical chunk, so that a first get imports one handle (for a
+  /// buffer that never grows: a later grow adds chunks as usual).
+  bool one_chunk = false;
 };
 
 namespace detail {
@@ -128,6 +131,8 @@ class buffer {
   [[nodiscard]] location where() const noexcept;
   /// The daemon's id of the buffer (a new one per create).
   [[nodiscard]] std::uint64_t entry() const noexcept;
+  /// The physical chunks mapped here (0 for an empty handle): what a first get imported.
+  [[nodiscard]] std::size_t chunk_count() const noexcept;
   /// The provider the memory is mapped through (for copies: provider()->executor()).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
   /// Maps what the buffer grew by since this client last looked; the address stays.
