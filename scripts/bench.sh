@@ -168,6 +168,9 @@ for program in "$build"/bench/vmm_bench_*; do
   fi
   case "$name" in
     vmm_bench_grow | vmm_bench_driver | vmm_bench_growth_ahead) args+=(--benchmark_repetitions=5) ;;
+    # A 7B model's 291 tensors, 12.6 GiB in BF16, for up to 8 processes (up to 9 copies on
+    # the GPU at once: the set and a copy per process); --quick divides every dimension by 4.
+    vmm_bench_tensor_set) [ "$quick" = 1 ] && args+=(--scale=4) ;;
   esac
   echo "bench.sh: $name (${args[*]:2})"
   run_timed "$program_cap" "$work/programs/$name" "$program" "${args[@]}"

@@ -50,8 +50,10 @@ fi
 # The longest input worth trying per target: beyond it an input only repeats what shorter
 # ones do (the targets read at most 16-64 messages or operations).
 declare -A max_len=([manifest]=8192 [fd_channel]=8192 [handoff]=4096 [import]=8192 [stateful]=512 [store_message]=4096
-                   [trace]=4096 [byte_size]=64 [conf]=512 [handle_header]=2048)
-targets=(manifest fd_channel handoff import stateful store_message trace byte_size conf handle_header)
+                   [trace]=4096 [byte_size]=64 [conf]=512 [handle_header]=2048 [safetensors]=4096
+                   [tensor_table]=4096)
+targets=(manifest fd_channel handoff import stateful store_message trace byte_size conf handle_header safetensors
+         tensor_table)
 if ((long && $#)); then
   for target in "$@"; do
     [[ -v max_len[$target] ]] || { echo "$0: no fuzz target '$target' (${targets[*]})" >&2; exit 2; }

@@ -34,7 +34,9 @@
 #include "vmm/store/client.hpp"
 #include "vmm/store/host_mirror.hpp"
 #include "vmm/store/protocol.hpp"
+#include "vmm/store/safetensors.hpp"
 #include "vmm/store/server.hpp"
+#include "vmm/store/tensors.hpp"
 
 namespace vmm::testing {
 namespace {
@@ -234,6 +236,16 @@ TEST(contracts_without_memory, store_messages) {
                                       [&] { (void)store::decode_reply(garbage); });
   expect_exactly<ipc::protocol_error>("store::decode_buffer_info(garbage)",
                                       [&] { (void)store::decode_buffer_info(garbage); });
+  expect_exactly<ipc::protocol_error>("store::decode_tensor_table(garbage)",
+                                      [&] { (void)store::decode_tensor_table(garbage, 1024); });
+  expect_exactly<invalid_argument>("store::lay_out(an unknown dtype)", [] {
+    std::vector<store::tensor_info> table = {{.name = "t", .type = static_cast<store::dtype>(0)}};
+    (void)store::lay_out(table);
+  });
+  expect_exactly<invalid_argument>("store::parse_safetensors_header(garbage)",
+                                   [&] { (void)store::parse_safetensors_header(garbage, 0); });
+  expect_exactly<os_error>("store::read_safetensors_header(a missing file)",
+                           [] { (void)store::read_safetensors_header("/nonexistent/model.safetensors"); });
   expect_exactly<invalid_argument>("store::server(socket path of 200 bytes)", [] {
     const store::server daemon({.socket_path = "/tmp/" + std::string(200, 'x')});
   });

@@ -1,9 +1,10 @@
 // vmm-store: the daemon that keeps named buffers for many processes, and its command-line
 // client (docs/store.md; docs/tools.md lists every command, option, exit status and JSON
-// field). One subcommand per job: `serve` runs the daemon; ls, stat, rm and stats ask a
-// running one. A new command is one more add_* function below and a line in main().
+// field). One subcommand per job: `serve` runs the daemon; ls, stat, rm, stats and load
+// ask a running one. A new command is one more add_* function below and a line in main().
 
 #include <vmm/store/client.hpp>
+#include <vmm/store/safetensors.hpp>
 #include <vmm/store/server.hpp>
 
 #include <signal.h>
@@ -146,9 +147,16 @@ CLI::App* add_client_command(CLI::App& app, const std::string& name, const std::
 }
 
 json as_json(const vmm::store::buffer_info& info) {
-  return {{"name", info.name},       {"entry", info.entry},       {"location", vmm::to_string(info.where)},
-          {"size", info.size},       {"capacity", info.capacity}, {"max_size", info.max_size},
-          {"holders", info.holders}, {"sealed", info.sealed}};
+  return {{"name", info.name},
+          {"entry", info.entry},
+          {"location", vmm::to_string(info.where)},
+          {"size", info.size},
+          {"capacity", info.capacity},
+          {"max_size", info.max_size},
+          {"holders", info.holders},
+          {"sealed", info.sealed},
+          {"tensors", info.tensors},
+          {"named_bytes", info.named_bytes}};
 }
 
 command add_ls(CLI::App& app) {
@@ -167,12 +175,13 @@ command add_ls(CLI::App& app) {
               print_json({{"buffers", std::move(buffers)}});
               return vmm::tools::exit_done;
             }
-            fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION",
-                       "HOLDERS", "STATE");
+            fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION",
+                       "TENSORS", "HOLDERS", "STATE");
             for (const auto& info : infos)
-              fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {}\n", info.name,
+              fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", info.name,
                          vmm::format_byte_size(info.size), vmm::format_byte_size(info.capacity),
-                         vmm::to_string(info.where), info.holders, info.sealed ? "sealed" : "open");
+                         vmm::to_string(info.where), info.tensors == 0 ? "-" : std::to_string(info.tensors),
+                         info.holders, info.sealed ? "sealed" : "open");
             fmt::print("{} buffer{}\n", infos.size(), infos.size() == 1 ? "" : "s");
             return vmm::tools::exit_done;
           }};
@@ -198,10 +207,10 @@ command add_stat(CLI::App& app) {
         }
         fmt::print(
             "name      {}\nentry     {}\nlocation  {}\nsize      {} ({} bytes)\ncapacity  {}\nmax size  {}\n"
-            "holders   {}\nstate     {}\n",
+            "holders   {}\nstate     {}\ntensors   {} ({} named)\n",
             info.name, info.entry, vmm::to_string(info.where), vmm::format_byte_size(info.size), info.size,
             vmm::format_byte_size(info.capacity), vmm::format_byte_size(info.max_size), info.holders,
-            info.sealed ? "sealed" : "open");
+            info.sealed ? "sealed" : "open", info.tensors, vmm::format_byte_size(info.named_bytes));
         return vmm::tools::exit_done;
       }};
 }
@@ -254,6 +263,51 @@ command add_stats(CLI::App& app) {
           }};
 }
 
+// A bar on stderr that one line redraws: "[#####     ]  50%  1.2 GiB of 2.4 GiB".
+void draw_progress(std::uint64_t done, std::uint64_t total) {
+  constexpr int width = 40;
+  const double share = total == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total);
+  const int filled = static_cast<int>(share * width);
+  fmt::print(stderr, "\r[{:#<{}}{: <{}}] {:3.0f}%  {} of {}", "", filled, "", width - filled, share * 100,
+             vmm::format_byte_size(done), vmm::format_byte_size(total));
+  if (done == total) fmt::print(stderr, "\n");
+}
+
+command add_load(CLI::App& app) {
+  struct settings {
+    vmm::store::client_options options;
+    std::string file;
+    std::string name;
+    std::string where = "host";
+    std::uint64_t chunk = vmm::store::load_options{}.chunk_bytes;
+  };
+  auto s = std::make_shared<settings>();
+  CLI::App* sub = add_client_command(
+      app, "load", "Load a safetensors file as a sealed tensor set (its header checked strictly)", s->options,
+      nullptr);
+  sub->add_option("FILE", s->file, "Required: the .safetensors file")->default_str("none");
+  sub->add_option("--name", s->name, "Required: the set's name in the store")->default_str("none");
+  sub->add_option("--location", s->where, "Where the set lives: host (os_host) or gpu<N>")
+      ->type_name("WHERE")
+      ->check(vmm::tools::location_check());
+  vmm::tools::add_byte_size(*sub, "--chunk", s->chunk, "The most bytes read at once (two such buffers)", 1,
+                            UINT64_MAX, "");
+  return {sub, [s, sub] {
+            if (sub->count("FILE") == 0) return vmm::tools::usage_error(*sub, "load: FILE is required");
+            if (sub->count("--name") == 0) return vmm::tools::usage_error(*sub, "load: --name is required");
+            vmm::store::client store(s->options);
+            vmm::store::load_options options{.where = vmm::tools::parse_location(s->where),
+                                             .chunk_bytes = static_cast<std::size_t>(s->chunk)};
+            if (::isatty(STDERR_FILENO) == 1) options.progress = draw_progress;
+            const vmm::store::tensor_set set = vmm::store::load_safetensors(store, s->file, s->name, options);
+            const vmm::store::buffer_info info = store.stat(s->name);
+            fmt::print("loaded {}: {} tensors, {} named, {} stored at {}\n", s->name, info.tensors,
+                       vmm::format_byte_size(info.named_bytes), vmm::format_byte_size(info.capacity),
+                       vmm::to_string(info.where));
+            return vmm::tools::exit_done;
+          }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -266,8 +320,8 @@ int main(int argc, char** argv) try {
   // At most one command; none is refused below rather than by CLI11, whose "a subcommand is
   // required" would come before (and hide) the name of an unknown option.
   app.require_subcommand(0, 1);
-  const std::vector<command> commands = {add_serve(app), add_ls(app), add_stat(app), add_rm(app),
-                                         add_stats(app)};
+  const std::vector<command> commands = {add_serve(app), add_ls(app),    add_stat(app),
+                                         add_rm(app),    add_stats(app), add_load(app)};
   if (const auto status = vmm::tools::parse(app, argc, argv)) return *status;
   for (const command& c : commands)
     if (c.app->parsed()) return c.run();

@@ -41,7 +41,6 @@
 namespace py = pybind11;
 
 namespace vmm_python {
-namespace {
 
 // "os_host", "pinned_host" or "pinned_host:NODE", "cuda" or "cuda:ORDINAL".
 vmm::location parse_location(std::string_view text) {
@@ -73,6 +72,8 @@ std::string name_of(const vmm::location& where) {
   }
   return fmt::format("cuda:{}", where.id);
 }
+
+namespace {
 
 bool host_readable(const vmm::location& where) {
   return where.kind != vmm::memory_kind::device;
@@ -116,6 +117,8 @@ struct python_buffer {
   vmm::growable_buffer buffer;
 };
 
+}  // namespace
+
 // (DLDeviceType, device id) of memory at `where`.
 std::pair<int, int> dlpack_device_of(const vmm::location& where) {
   switch (where.kind) {
@@ -128,6 +131,8 @@ std::pair<int, int> dlpack_device_of(const vmm::location& where) {
   }
   return {dlpack::cuda, where.id};
 }
+
+namespace {
 
 // What a capsule's DLManagedTensor points to: the shape, and the Python owner of the memory.
 struct dlpack_context {
@@ -151,6 +156,8 @@ void delete_unused_capsule(PyObject* capsule) noexcept {
   auto* managed = static_cast<dlpack::managed_tensor*>(PyCapsule_GetPointer(capsule, unused_capsule));
   managed->deleter(managed);
 }
+
+}  // namespace
 
 // A capsule over [data, data + product(shape) * bits / 8) of `owner`'s memory.
 py::capsule dlpack_capsule(py::object owner, std::uintptr_t data, const std::vector<std::int64_t>& shape,
@@ -177,6 +184,8 @@ py::capsule dlpack_capsule(py::object owner, std::uintptr_t data, const std::vec
   context.release();  // the capsule's, or its consumer's, from now on
   return py::reinterpret_steal<py::capsule>(capsule);
 }
+
+namespace {
 
 // The exporter of every buffer this process shares: each chunk is exported once, and its fd
 // cached while the chunk lives (vmm/ipc/exporter.hpp). Never destroyed: a handle may be

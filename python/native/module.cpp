@@ -24,6 +24,7 @@
 #include "vmm/byte_size.hpp"
 #include "vmm/error.hpp"
 #include "vmm/ipc/protocol_error.hpp"
+#include "vmm/store/client.hpp"
 #include "vmm_torch.h"
 
 namespace py = pybind11;
@@ -79,6 +80,8 @@ void register_exceptions(py::module_& m) {
       PyErr_SetString(types().error, error.what());
     } catch (const vmm::ipc::protocol_error& error) {  // bytes from another process: bad input
       PyErr_SetString(types().invalid_argument, error.what());
+    } catch (const vmm::store::store_error& error) {  // the daemon refused, or is gone
+      PyErr_SetString(types().error, error.what());
     }
   });
 }
@@ -277,4 +280,5 @@ PYBIND11_MODULE(_vmm, m) {
   bind_resources(m);
   bind_history(m);
   vmm_python::bind_buffers(m);
+  vmm_python::bind_store(m);
 }

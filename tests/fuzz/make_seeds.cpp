@@ -16,6 +16,8 @@
 #include <vmm/ipc/handoff.hpp>
 #include <vmm/ipc/manifest.hpp>
 #include <vmm/provider.hpp>
+#include <vmm/store/protocol.hpp>
+#include <vmm/store/tensors.hpp>
 #include <vmm/stream_ref.hpp>
 
 #include <fcntl.h>
@@ -427,6 +429,52 @@ void stateful_seeds() {
              operations(0).op(resize).u16(60000).op(whole).op(reserve).u16(65000).op(growth).get());
 }
 
+// tensor_table: a u32 extent, then a table encoded by the library (tensor_table_fuzz.cpp).
+// store_message: requests that make, seal and read a tensor set (store_message_fuzz.cpp).
+void tensor_set_seeds() {
+  namespace store = vmm::store;
+  std::vector<store::tensor_info> table = {
+      {.name = "model.embed_tokens.weight", .type = store::dtype::bf16, .shape = {320, 40}},
+      {.name = "model.layers.0.input_layernorm.weight", .type = store::dtype::f32, .shape = {40}},
+      {.name = "lm_head.scale", .type = store::dtype::f8_e4m3, .shape = {}},
+      {.name = "empty", .type = store::dtype::i64, .shape = {0, 7}}};
+  const std::uint64_t extent = store::lay_out(table);
+  const auto with_extent = [](std::uint64_t set_bytes, const bytes& body) {
+    bytes out;
+    put_u16(out, static_cast<std::uint16_t>(set_bytes));
+    put_u16(out, static_cast<std::uint16_t>(set_bytes >> 16));
+    vmm::fuzz::put_bytes(out, body);
+    return out;
+  };
+  write_seed("tensor_table", "four-tensors", with_extent(extent, store::encode(table)));
+  write_seed("tensor_table", "one-scalar", with_extent(8, store::encode(std::span(table).subspan(2, 1))));
+  // One request frame (kind 0) per request.
+  const auto script = [](const std::vector<store::request>& requests) {
+    bytes out;
+    for (const store::request& r : requests) {
+      const bytes payload = store::encode(r);
+      put_u8(out, 0);
+      put_u16(out, static_cast<std::uint16_t>(payload.size()));
+      vmm::fuzz::put_bytes(out, payload);
+    }
+    return out;
+  };
+  const std::uint64_t table_at = (extent + 7) / 8 * 8;
+  const std::uint64_t table_bytes = store::encode(table).size();
+  write_seed("store_message", "create-seal_set-get-tensors",
+             script({{.op = store::operation::hello},
+                     {.op = store::operation::create,
+                      .name = "set",
+                      .where = vmm::location::os_host(),
+                      .size = table_at + table_bytes},
+                     {.op = store::operation::seal_set,
+                      .name = "set",
+                      .table_offset = table_at,
+                      .table_bytes = table_bytes},
+                     {.op = store::operation::tensors, .entry = 1},
+                     {.op = store::operation::list}}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -442,6 +490,7 @@ int main(int argc, char** argv) {
     handoff_seeds();
     import_seeds();
     stateful_seeds();
+    tensor_set_seeds();
   } catch (const std::exception& error) {
     std::fprintf(stderr, "make_seeds: %s\n", error.what());
     return 1;

@@ -13,6 +13,9 @@
 //   create <name> <bytes> <seed>
 //                            create, fill with pattern(seed), report; then wait (an
 //                            uncommitted creation) until the test closes the socket or kills it
+//   tensor <name> <tensor>  get the tensor set, report the checksum, bytes (size) and
+//                            address of that tensor and whether a write to it faults; then
+//                            hold the set until the test closes the socket
 //   soak <peer> <cycles> <seed> <dies at cycle | -1> <how>
 //                            tests/store_soak_test.cpp: `cycles` create / get / grow / release
 //                            / remove cycles, each checking the bytes it reads (also those of
@@ -36,6 +39,7 @@
 #include "store_peer_protocol.hpp"
 #include "vmm/store/client.hpp"
 #include "vmm/store/protocol.hpp"
+#include "vmm/store/tensor_set.hpp"
 
 namespace {
 
@@ -207,6 +211,25 @@ int run(int argc, char** argv) {
       report.error = error.code();
     }
     send_store_report(socket, report);
+    return 0;
+  }
+  if (mode == "tensor") {
+    const vmm::store::tensor_set set = vmm::store::tensor_set::get(store, arg(4));
+    const vmm::store::tensor_view tensor = set.at(arg(5));
+    const auto address = reinterpret_cast<std::uintptr_t>(tensor.data);
+    const auto bytes = vmm::testing::read_bytes(*set.memory().provider(), address, tensor.info->bytes);
+    store_report report;
+    report.checksum = vmm::testing::checksum(bytes.data(), bytes.size());
+    report.size = tensor.info->bytes;
+    report.address = address;
+    report.write_faulted =
+        vmm::testing::write_faults(*set.memory().provider(), const_cast<void*>(tensor.data),
+                                   tensor.info->bytes, "store_peer")
+            ? 1
+            : 0;
+    send_store_report(socket, report);
+    if (report.write_faulted != 0 && where.kind != vmm::memory_kind::os_host) std::_Exit(0);
+    wait_word(socket);
     return 0;
   }
   if (mode == "soak") return soak(store, arg(1), where, argc, argv, arg);

@@ -34,7 +34,7 @@ def main():
             failures.append(what)
 
     commands = [[info], [replay], [store], [store, "serve"], [store, "ls"], [store, "stat"], [store, "rm"],
-                [store, "stats"]]
+                [store, "stats"], [store, "load"]]
     for command in commands:
         name = " ".join(os.path.basename(c) for c in command)
         result = run(*command, "--help")

@@ -16,6 +16,7 @@
 
 #include "vmm/byte_size.hpp"
 #include "vmm/error.hpp"
+#include "vmm/location.hpp"
 #include "vmm/version.hpp"
 
 namespace vmm::tools {
@@ -117,6 +118,33 @@ inline CLI::Validator number_from(double low, double high) {
         return "";
       },
       fmt::format("in [{}, {}]", low, high), "number range");
+}
+
+/// A location as the tools write it: "os_host" (or "host") or "gpu<N>".
+/// @throws vmm::invalid_argument anything else, naming the text.
+inline location parse_location(const std::string& text) {
+  if (text == "os_host" || text == "host") return location::os_host();
+  if (text.rfind("gpu", 0) == 0) {
+    const std::string number = text.substr(3);
+    if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos && number.size() < 4)
+      return location::device(std::stoi(number));
+  }
+  throw invalid_argument(fmt::format("--location {}: expected os_host, host or gpu<N>", text));
+}
+
+/// A check that an option is a location parse_location takes.
+/// @throws std::bad_alloc only
+inline CLI::Validator location_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          (void)parse_location(text);
+          return "";
+        } catch (const invalid_argument&) {
+          return fmt::format("{}: expected os_host, host or gpu<N>", text);
+        }
+      },
+      "", "location");
 }
 
 }  // namespace vmm::tools

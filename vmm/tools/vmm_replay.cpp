@@ -178,17 +178,6 @@ std::size_t page_descriptors() {
   return limit.rlim_cur > spare ? static_cast<std::size_t>(limit.rlim_cur) - spare : 0;
 }
 
-// "os_host" or "gpu<N>".
-vmm::location parse_location(const std::string& text) {
-  if (text == "os_host") return vmm::location::os_host();
-  if (text.rfind("gpu", 0) == 0) {
-    const std::string number = text.substr(3);
-    if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos && number.size() < 4)
-      return vmm::location::device(std::stoi(number));
-  }
-  throw vmm::invalid_argument(fmt::format("--location {}: expected os_host or gpu<N>", text));
-}
-
 // The command line, checked.
 struct options {
   std::string trace_path;
@@ -219,16 +208,7 @@ std::variant<options, int> parse_options(int argc, char** argv) {
   app.add_option("--location", location, "Where the memory lives: os_host or gpu<N>")
       ->type_name("WHERE")
       ->default_str("gpu0 when a GPU is there, else os_host")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              (void)parse_location(text);
-              return "";
-            } catch (const vmm::invalid_argument&) {
-              return fmt::format("{}: expected os_host or gpu<N>", text);
-            }
-          },
-          "", "location"));
+      ->check(vmm::tools::location_check());
   vmm::tools::add_byte_size(
       app, "--simulate", o.simulate_bytes,
       "os_host only: a commit budget of SIZE (from 1 byte to 256TiB), pages at first touch, "
@@ -267,7 +247,7 @@ std::variant<options, int> parse_options(int argc, char** argv) {
       ->check(vmm::tools::number_from(0, 1));
   if (const auto status = vmm::tools::parse(app, argc, argv)) return *status;
   if (o.trace_path.empty()) return vmm::tools::usage_error(app, "TRACE is required");
-  if (!location.empty()) o.where = parse_location(location);
+  if (!location.empty()) o.where = vmm::tools::parse_location(location);
   if (app.count("--lag") != 0) o.lag = lag;
   return o;
 }

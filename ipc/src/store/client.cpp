@@ -237,6 +237,9 @@ location buffer::where() const noexcept {
 std::uint64_t buffer::entry() const noexcept {
   return import_ ? import_->entry : 0;
 }
+std::size_t buffer::chunk_count() const noexcept {
+  return import_ ? import_->mapped.chunk_count() : 0;
+}
 const std::shared_ptr<memory_provider>& buffer::provider() const noexcept {
   static const std::shared_ptr<memory_provider> none;
   return import_ ? import_->mapped.provider() : none;
@@ -291,7 +294,8 @@ buffer client::create(std::string_view name, std::size_t size, location where, c
                 .name = std::string(name),
                 .where = where,
                 .size = size,
-                .max_size = options.max_size};
+                .max_size = options.max_size,
+                .one_chunk = options.one_chunk};
   const hold_reply got = decode_hold_reply(state_->exchange(asked));
   if (got.sent != delivery::whole) {
     state_->socket.reset();
@@ -349,6 +353,22 @@ void client::seal(std::string_view name) {
   std::lock_guard lock(state_->mutex);
   (void)state_->exchange(request{.op = operation::seal, .name = std::string(name)});
   state_->cache.erase({std::string(name), access_mode::read_write});
+}
+
+void client::seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes) {
+  std::lock_guard lock(state_->mutex);
+  (void)state_->exchange(request{.op = operation::seal_set,
+                                 .name = std::string(name),
+                                 .table_offset = table_offset,
+                                 .table_bytes = table_bytes});
+  state_->cache.erase({std::string(name), access_mode::read_write});
+}
+
+std::vector<tensor_info> client::tensors(const buffer& held) {
+  if (held.data() == nullptr) throw invalid_argument("vmm::store::client::tensors of an empty handle");
+  std::lock_guard lock(state_->mutex);
+  return decode_tensor_table(state_->exchange(request{.op = operation::tensors, .entry = held.entry()}),
+                             held.size());
 }
 
 void client::grant(std::string_view name, pid_t pid) {

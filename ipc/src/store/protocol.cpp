@@ -1,4 +1,5 @@
 #include <vmm/store/protocol.hpp>
+#include <vmm/store/tensors.hpp>
 
 #include <vmm/error.hpp>
 
@@ -99,6 +100,7 @@ bool takes_name(operation op) {
     case operation::grant:
     case operation::stat:
     case operation::remove:
+    case operation::seal_set:
       return true;
     default:
       return false;
@@ -122,9 +124,15 @@ void put_location(writer& out, const location& where) {
   out.put<std::int32_t>(where.id);
 }
 
-location get_location(reader& in, const char* what) {
+// A location; `flags` takes the byte after the kind (create's), which is otherwise 0.
+location get_location(reader& in, const char* what, bool* flag = nullptr) {
   const std::uint8_t kind = in.get<std::uint8_t>();
-  in.zeros(3);
+  if (flag != nullptr) {
+    *flag = in.get_flag("one chunk");
+    in.zeros(2);
+  } else {
+    in.zeros(3);
+  }
   const std::int32_t id = in.get<std::int32_t>();
   if (kind > static_cast<std::uint8_t>(memory_kind::os_host))
     throw protocol_error(fmt::format("vmm-store {}: unknown location kind {}", what, kind));
@@ -206,7 +214,10 @@ std::vector<std::byte> encode(const request& message) {
   switch (message.op) {
     case operation::create:
       if (message.where.id < 0) throw invalid_argument("vmm-store: a negative location id");
-      put_location(out, message.where);
+      out.put<std::uint8_t>(static_cast<std::uint8_t>(message.where.kind))
+          .put<std::uint8_t>(message.one_chunk ? 1 : 0)
+          .put<std::uint16_t>(0)
+          .put<std::int32_t>(message.where.id);
       out.put<std::uint64_t>(message.size).put<std::uint64_t>(message.max_size);
       break;
     case operation::get:
@@ -231,6 +242,12 @@ std::vector<std::byte> encode(const request& message) {
     case operation::grant:
       out.put<std::uint32_t>(message.pid);
       break;
+    case operation::seal_set:
+      out.put<std::uint64_t>(message.table_offset).put<std::uint64_t>(message.table_bytes);
+      break;
+    case operation::tensors:
+      out.put<std::uint64_t>(message.entry);
+      break;
     default:
       break;
   }
@@ -251,12 +268,13 @@ request decode_request(std::span<const std::byte> bytes) {
         "vmm-store request: protocol version {}; this daemon speaks {}", version, protocol_version));
   request message;
   const auto op = in.get<std::uint16_t>();
-  if (op < static_cast<std::uint16_t>(operation::hello) || op > static_cast<std::uint16_t>(operation::hold))
+  if (op < static_cast<std::uint16_t>(operation::hello) ||
+      op > static_cast<std::uint16_t>(operation::tensors))
     throw protocol_error(fmt::format("vmm-store request: unknown operation {}", op));
   message.op = static_cast<operation>(op);
   switch (message.op) {
     case operation::create:
-      message.where = get_location(in, "create");
+      message.where = get_location(in, "create", &message.one_chunk);
       message.size = in.get<std::uint64_t>();
       message.max_size = in.get<std::uint64_t>();
       break;
@@ -285,6 +303,16 @@ request decode_request(std::span<const std::byte> bytes) {
       break;
     case operation::grant:
       message.pid = in.get<std::uint32_t>();
+      break;
+    case operation::seal_set:
+      message.table_offset = in.get<std::uint64_t>();
+      message.table_bytes = in.get<std::uint64_t>();
+      if (message.table_bytes > max_table_bytes)
+        throw protocol_error(fmt::format("vmm-store seal_set: a table of {} bytes (at most {})",
+                                         message.table_bytes, max_table_bytes));
+      break;
+    case operation::tensors:
+      message.entry = in.get<std::uint64_t>();
       break;
     default:
       break;
@@ -317,6 +345,7 @@ std::vector<std::byte> encode(const buffer_info& info) {
   put_location(out, info.where);
   out.put<std::uint64_t>(info.size).put<std::uint64_t>(info.capacity).put<std::uint64_t>(info.max_size);
   out.put<std::uint32_t>(info.holders).put<std::uint8_t>(info.sealed ? 1 : 0);
+  out.put<std::uint32_t>(info.tensors).put<std::uint64_t>(info.named_bytes);
   return out.take();
 }
 
@@ -387,6 +416,8 @@ buffer_info read_info(reader& in) {
   info.max_size = in.get<std::uint64_t>();
   info.holders = in.get<std::uint32_t>();
   info.sealed = in.get_flag("sealed");
+  info.tensors = in.get<std::uint32_t>();
+  info.named_bytes = in.get<std::uint64_t>();
   return info;
 }
 }  // namespace
@@ -401,8 +432,8 @@ buffer_info decode_buffer_info(std::span<const std::byte> body) {
 std::vector<buffer_info> decode_buffer_infos(std::span<const std::byte> body) {
   reader in(body, "list reply");
   const std::uint32_t count = in.get<std::uint32_t>();
-  // Each entry takes at least 48 bytes: a count past what the body can hold is a lie.
-  if (count > body.size() / 48)
+  // Each entry takes at least 60 bytes: a count past what the body can hold is a lie.
+  if (count > body.size() / 60)
     throw protocol_error(fmt::format("vmm-store list reply: {} entries in {} bytes", count, body.size()));
   std::vector<buffer_info> infos;
   infos.reserve(count);
@@ -436,6 +467,52 @@ hold_reply decode_hold_reply(std::span<const std::byte> body) {
   reply.version = in.get<std::uint64_t>();
   in.finish();
   return reply;
+}
+
+std::vector<std::byte> encode(std::span<const tensor_info> table) {
+  writer out;
+  out.put<std::uint32_t>(static_cast<std::uint32_t>(table.size()));
+  for (const tensor_info& t : table) {
+    out.put_string(t.name).put<std::uint8_t>(static_cast<std::uint8_t>(t.type));
+    out.put<std::uint8_t>(static_cast<std::uint8_t>(t.shape.size()));
+    for (int i = 0; i < 6; ++i) out.put<std::uint8_t>(0);
+    out.put<std::uint64_t>(t.offset).put<std::uint64_t>(t.bytes);
+    for (const std::uint64_t extent : t.shape) out.put<std::uint64_t>(extent);
+  }
+  return out.take();
+}
+
+std::vector<tensor_info> decode_tensor_table(std::span<const std::byte> bytes, std::uint64_t extent) {
+  if (bytes.size() > max_table_bytes)
+    throw protocol_error(
+        fmt::format("vmm-store tensor table: {} bytes (at most {})", bytes.size(), max_table_bytes));
+  reader in(bytes, "tensor table");
+  const std::uint32_t count = in.get<std::uint32_t>();
+  // Each tensor takes at least 27 bytes: a count past what the bytes can hold is a lie.
+  if (count > max_tensors || count > bytes.size() / 27)
+    throw protocol_error(fmt::format("vmm-store tensor table: {} tensors in {} bytes", count, bytes.size()));
+  std::vector<tensor_info> table(count);
+  for (tensor_info& t : table) {
+    t.name = in.get_string(max_name_bytes);
+    const auto type = in.get<std::uint8_t>();
+    if (element_bytes(static_cast<dtype>(type)) == 0)
+      throw protocol_error(
+          fmt::format("vmm-store tensor table: tensor \"{}\" has unknown dtype {}", t.name, type));
+    t.type = static_cast<dtype>(type);
+    const auto rank = in.get<std::uint8_t>();
+    if (rank > max_rank)
+      throw protocol_error(fmt::format("vmm-store tensor table: tensor \"{}\" has {} dimensions (at most {})",
+                                       t.name, rank, max_rank));
+    in.zeros(6);
+    t.offset = in.get<std::uint64_t>();
+    t.bytes = in.get<std::uint64_t>();
+    t.shape.resize(rank);
+    for (std::uint64_t& dimension : t.shape) dimension = in.get<std::uint64_t>();
+  }
+  in.finish();
+  if (const auto problem = tensor_table_problem(table, extent))
+    throw protocol_error(fmt::format("vmm-store tensor table: {}", *problem));
+  return table;
 }
 
 daemon_statistics decode_daemon_statistics(std::span<const std::byte> body) {

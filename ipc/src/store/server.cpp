@@ -3,6 +3,8 @@
 #include <vmm/error.hpp>
 #include <vmm/ipc/fd_channel.hpp>
 #include <vmm/provider.hpp>
+#include <vmm/stream_executor.hpp>
+#include <vmm/store/tensors.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -120,11 +122,16 @@ struct server::entry {
   std::uint32_t holders = 0;
   std::uint32_t slot = no_version_slot;  // its word in the version table
   std::size_t charged = 0;               // capacity counted in bytes_ (and the charged connection's)
+  std::size_t fixed_chunk = 0;           // one-chunk creations: the size of every chunk; else 0
   growable_buffer buffer;
   // The last whole export per grant, valid for the capacity it was made at.
   std::map<access_mode, std::shared_ptr<const ipc::exported_manifest>> whole;
   // Every generation (manifest buffer_id) exported for this entry, with its grant.
   std::map<std::uint64_t, access_mode> generations;
+  // A tensor set's checked table (tensors.hpp), encoded; empty for a plain buffer.
+  std::vector<std::byte> table;
+  std::uint32_t tensors = 0;
+  std::uint64_t named_bytes = 0;
 
   explicit entry(growable_buffer b) : buffer(std::move(b)) {}
   [[nodiscard]] bool may_write(pid_t pid) const { return pid == creator_pid || writers.contains(pid); }
@@ -136,7 +143,9 @@ struct server::entry {
             buffer.capacity(),
             buffer.max_size(),
             holders,
-            sealed};
+            sealed,
+            tensors,
+            named_bytes};
   }
 };
 
@@ -401,6 +410,10 @@ class server::dispatch {
       }
       case operation::statistics:
         return encode(d_.statistics());
+      case operation::seal_set:
+        return seal_set(r);
+      case operation::tensors:
+        return tensors(r);
       case operation::release:
       case operation::hold:
         break;
@@ -538,9 +551,13 @@ class server::dispatch {
                                 r.max_size, g, largest)};
     if (r.size > max)
       throw refusal{status::invalid, fmt::format("vmm-store: size {} is past the max size {}", r.size, max)};
-    const std::size_t capacity = predicted_capacity(0, r.size, g, max);
+    // One chunk: chunks of the size itself, so the size is one physical handle to import.
+    const std::size_t one = std::max<std::size_t>(round_up(r.size, g), g);
+    const std::size_t capacity = r.one_chunk ? std::min(one, max) : predicted_capacity(0, r.size, g, max);
     check_caps(r.name, 0, capacity, true);
-    growable_buffer buffer(pool, {.max_size = max});
+    growable_buffer buffer(
+        pool,
+        {.max_size = max, .policy = r.one_chunk ? chunk_policy::fixed(one) : chunk_policy::geometric()});
     buffer.resize(r.size);
     auto made = std::make_unique<entry>(std::move(buffer));
     entry& e = *made;
@@ -549,6 +566,7 @@ class server::dispatch {
     e.creator = c_.id;
     e.creator_pid = c_.pid;
     e.charged_to = c_.id;
+    e.fixed_chunk = r.one_chunk ? one : 0;
     std::shared_ptr<const ipc::exported_manifest> sent = whole(e, access_mode::read_write);
     d_.entries_.emplace(e.id, std::move(made));
     d_.names_.emplace(e.name, e.id);
@@ -566,6 +584,49 @@ class server::dispatch {
     d_.versions_->bump(e.slot);
     e.whole.erase(access_mode::read_write);
     return {};
+  }
+
+  // Seals a tensor set: its table is copied out of the buffer (the creator may still write
+  // there; the daemon keeps its own checked copy) and checked against the bytes before it.
+  std::vector<std::byte> seal_set(const request& r) {
+    entry& e = named(r.name);
+    check_writer(e, "seal");
+    const std::uint64_t size = e.buffer.size();
+    if (r.table_offset > size || r.table_bytes > size - r.table_offset)
+      throw refusal{status::invalid,
+                    fmt::format("vmm-store: the table of \"{}\" ([{}, +{})) is past its {} bytes", e.name,
+                                r.table_offset, r.table_bytes, size)};
+    std::vector<std::byte> bytes(r.table_bytes);
+    if (!bytes.empty()) {
+      stream_executor& executor = e.buffer.provider()->executor();
+      executor.copy(bytes.data(), static_cast<const std::byte*>(e.buffer.data()) + r.table_offset,
+                    bytes.size(), {});
+      executor.synchronize({});
+    }
+    std::vector<tensor_info> table;
+    try {
+      table = decode_tensor_table(bytes, r.table_offset);
+    } catch (const ipc::protocol_error& error) {
+      throw refusal{status::invalid,
+                    fmt::format("vmm-store: \"{}\" is no valid tensor set: {}", e.name, error.what())};
+    }
+    std::uint64_t named_bytes = 0;
+    for (const tensor_info& t : table) named_bytes += t.bytes;
+    e.table = std::move(bytes);
+    e.tensors = static_cast<std::uint32_t>(table.size());
+    e.named_bytes = named_bytes;
+    return seal(r);
+  }
+
+  std::vector<std::byte> tensors(const request& r) {
+    if (!c_.holds.contains(r.entry))
+      throw refusal{status::not_found,
+                    fmt::format("vmm-store: tensors of entry {}, which this client does not hold", r.entry)};
+    const entry& e = *d_.entries_.at(r.entry);
+    if (e.table.empty())
+      throw refusal{status::invalid,
+                    fmt::format("vmm-store: \"{}\" is a plain buffer, no tensor set", e.name)};
+    return e.table;
   }
 
   std::vector<std::byte> grant(const request& r) {
@@ -611,7 +672,11 @@ class server::dispatch {
       throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" grows to {} bytes at most, not {}",
                                                  e.name, e.buffer.max_size(), r.size)};
     const std::size_t g = e.buffer.provider()->capabilities().granularity;
-    const std::size_t capacity = predicted_capacity(e.buffer.capacity(), r.size, g, e.buffer.max_size());
+    const std::size_t mapped = e.buffer.capacity();
+    const std::size_t capacity =
+        e.fixed_chunk == 0 || r.size <= mapped
+            ? predicted_capacity(mapped, r.size, g, e.buffer.max_size())
+            : std::min(e.buffer.max_size(), mapped + round_up(r.size - mapped, e.fixed_chunk));
     check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
     e.buffer.resize(r.size);
     d_.versions_->bump(e.slot);

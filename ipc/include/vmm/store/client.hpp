@@ -46,6 +46,7 @@
 #include <vmm/ipc/importer.hpp>
 #include <vmm/location.hpp>
 #include <vmm/store/protocol.hpp>
+#include <vmm/store/tensors.hpp>
 
 #include <sys/types.h>
 
@@ -97,6 +98,9 @@ struct create_options {
   /// the granularity; 0: half the location's physical memory size, or the daemon's cap or
   /// per-client cap where lower (and at least the size).
   std::size_t max_size = 0;
+  /// Map the size as one physical chunk, so that a first get imports one handle (for a
+  /// buffer that never grows: a later grow adds chunks as usual).
+  bool one_chunk = false;
 };
 
 namespace detail {
@@ -127,6 +131,8 @@ class buffer {
   [[nodiscard]] location where() const noexcept;
   /// The daemon's id of the buffer (a new one per create).
   [[nodiscard]] std::uint64_t entry() const noexcept;
+  /// The physical chunks mapped here (0 for an empty handle): what a first get imported.
+  [[nodiscard]] std::size_t chunk_count() const noexcept;
   /// The provider the memory is mapped through (for copies: provider()->executor()).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
   /// Maps what the buffer grew by since this client last looked; the address stays.
@@ -192,6 +198,19 @@ class client {
   ///         daemon_gone.
   /// @throws vmm::ipc::protocol_error the reply is malformed.
   buffer_info grow(std::string_view name, std::size_t size);
+  /// seal() of a tensor set: the daemon copies the table (tensors.hpp) this process wrote at
+  /// [table_offset, table_offset + table_bytes) of `name`, checks it against the bytes
+  /// before table_offset, keeps it and seals. vmm::store::tensor_set_builder calls this.
+  /// @throws vmm::invalid_argument a bad name; nothing was sent.
+  /// @throws store_error not_found, sealed, denied, invalid (the table breaks a rule: the
+  ///         message names it; nothing changed); daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply is malformed.
+  void seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes);
+  /// The table of the tensor set that `held` maps, checked against its size.
+  /// @throws vmm::invalid_argument `held` is empty.
+  /// @throws store_error invalid (a plain buffer), not_found; daemon_gone.
+  /// @throws vmm::ipc::protocol_error the reply or the table is malformed.
+  [[nodiscard]] std::vector<tensor_info> tensors(const buffer& held);
   /// Lets process `pid` get `name` writable while it is unsealed (creator only).
   /// @throws vmm::invalid_argument a bad name; nothing was sent.
   /// @throws store_error not_found, sealed, denied; daemon_gone.

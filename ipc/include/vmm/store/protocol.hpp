@@ -24,16 +24,19 @@
 /// the word's value. A client that maps an entry already and reads that value still knows
 /// the entry unchanged: it takes a hold with a hold request (no reply) instead of a get.
 ///
-/// Wire format, version 2. Little-endian, no padding.
+/// Wire format, version 3. Little-endian, no padding.
 ///
 ///   request
 ///     0  4 magic    "VMMS" (0x534d4d56 read as a little-endian u32)
-///     4  2 version  2
+///     4  2 version  3
 ///     6  2 op       operation
 ///     8  .. body    by op, exactly (trailing bytes are refused):
 ///        hello       nothing
-///        create      location kind u8 (0 device, 2 os host), 3 bytes 0, location id i32,
-///                    size u64, max size u64 (0: the daemon's default), name
+///        create      location kind u8 (0 device, 2 os host), flags u8 (bit 0: one chunk,
+///                    below; the others 0), 2 bytes 0, location id i32, size u64, max size
+///                    u64 (0: the daemon's default), name. One chunk: the buffer's first
+///                    size is mapped as one physical chunk (for what never grows, such as a
+///                    tensor set: one handle to import)
 ///        seal        name
 ///        get         access u8 (1 read-only, 2 read-write), 7 bytes 0, cached entry u64,
 ///                    cached generation u64, cached end u64 (all 0: nothing cached), name
@@ -44,12 +47,16 @@
 ///        grant       pid u32, name
 ///        list, statistics   nothing
 ///        stat, remove       name
+///        seal_set    table offset u64, table bytes u64, name: seal a tensor set whose
+///                    table (tensors.hpp) the creator wrote at [offset, offset + bytes) of
+///                    the buffer, every tensor inside [0, offset)
+///        tensors     entry u64 (one this client holds): the table of its tensor set
 ///     a name is u16 length, then that many bytes: 1 to max_name_bytes of valid UTF-8 with
 ///     no control character (below 0x20, or 0x7f)
 ///
 ///   reply
 ///     0  4 magic    "VMMR" (0x524d4d56)
-///     4  2 version  2
+///     4  2 version  3
 ///     6  2 status   0 ok, else an error (status below)
 ///     8  .. body:   error: u16 length + message (UTF-8, at most 4096 bytes);
 ///                   ok: by the request's op (reply structs below, encoded field by field)
@@ -74,7 +81,7 @@ namespace vmm::store {
 inline constexpr std::uint32_t request_magic = 0x534d4d56;
 inline constexpr std::uint32_t reply_magic = 0x524d4d56;
 /// The version this library writes and the only one it reads.
-inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t protocol_version = 3;
 /// The longest name, in bytes.
 inline constexpr std::size_t max_name_bytes = 255;
 /// The largest request payload: every request fits in far less. Larger frames are refused
@@ -98,6 +105,8 @@ enum class operation : std::uint16_t {
   remove = 11,
   statistics = 12,
   hold = 13,
+  seal_set = 14,
+  tensors = 15,
 };
 
 /// The outcome of a request, as the daemon reports it.
@@ -130,11 +139,14 @@ struct request {
   location where;                               ///< create
   std::uint64_t size = 0;                       ///< create, grow
   std::uint64_t max_size = 0;                   ///< create
+  bool one_chunk = false;                       ///< create: its size as one chunk
   access_mode access = access_mode::read_only;  ///< get
   std::uint64_t entry = 0;                      ///< get (cached), refresh, release, hold
   std::uint64_t generation = 0;                 ///< get (cached), refresh
   std::uint64_t end = 0;                        ///< get (cached), refresh
   std::uint32_t pid = 0;                        ///< grant
+  std::uint64_t table_offset = 0;               ///< seal_set
+  std::uint64_t table_bytes = 0;                ///< seal_set
   friend bool operator==(const request&, const request&) = default;
 };
 
@@ -163,6 +175,8 @@ struct buffer_info {
   std::uint64_t max_size = 0;  ///< the most it may grow to
   std::uint32_t holders = 0;   ///< holds taken by every client together
   bool sealed = false;
+  std::uint32_t tensors = 0;      ///< tensors of its set (0: a plain buffer)
+  std::uint64_t named_bytes = 0;  ///< bytes its tensors name together
   friend bool operator==(const buffer_info&, const buffer_info&) = default;
 };
 

@@ -1,0 +1,133 @@
+#pragma once
+/// @file
+/// Tensor sets: a model's weights kept once by a vmm-store daemon, mapped read-only by every
+/// process that gets them.
+///
+///     vmm::store::client store;
+///     std::vector<vmm::store::tensor_source> weights = {
+///         {.name = "embed.weight", .type = vmm::store::dtype::bf16, .shape = {32000, 4096},
+///          .data = embed_on_gpu}};                           // host or device memory
+///     vmm::store::tensor_set::put(store, "llama-7b", weights, vmm::location::device(0));
+///     // in another process:
+///     vmm::store::tensor_set set = vmm::store::tensor_set::get(store, "llama-7b");
+///     vmm::store::tensor_view embed = set.at("embed.weight");  // const data, dtype, shape
+///
+/// A set is one store buffer (client.hpp) and a table of its tensors (tensors.hpp). The
+/// buffer holds the tensors, each at a multiple of tensor_alignment in the table's order,
+/// then the encoded table; seal_set hands the daemon the table's place, and the daemon
+/// checks and keeps a copy before sealing. A get is a read-only get of the buffer (so a
+/// repeated get is local, as for every buffer) and one request for the table of the entry
+/// it holds, so the table always describes the memory mapped.
+///
+/// Writing. tensor_set_builder creates the buffer and lays the tensors out; the caller fills
+/// each tensor's range, and commit() writes the table and seals. A builder not committed
+/// (an exception, a refusal of the table) removes the name again: a failed put leaves
+/// nothing in the store. put() is a builder filled from pointers.
+
+#include <vmm/location.hpp>
+#include <vmm/store/client.hpp>
+#include <vmm/store/tensors.hpp>
+#include <vmm/stream_ref.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vmm::store {
+
+/// One tensor to put: its description and where its bytes are now.
+struct tensor_source {
+  std::string name;
+  dtype type = dtype::u8;
+  std::vector<std::uint64_t> shape;
+  /// element_bytes(type) x product(shape) bytes in host memory or in memory of the set's
+  /// location (any pointer the location's copy engine reads).
+  const void* data = nullptr;
+};
+
+/// A tensor of a set as this process maps it: read-only.
+struct tensor_view {
+  const void* data = nullptr;
+  const tensor_info* info = nullptr;  ///< name, dtype, shape, offset, bytes
+};
+
+/// A read-only tensor set held by this process. Move-only (the buffer handle is); holding
+/// it keeps the set alive in the daemon.
+class tensor_set {
+ public:
+  tensor_set() = default;
+
+  /// Puts a set: creates `name` at `where`, copies every source's bytes in on `stream` (and
+  /// waits), seals; returns the set read-only.
+  /// @throws vmm::invalid_argument a source has no data, a bad dtype or name, or two
+  ///         sources share a name; nothing was created.
+  /// @throws store_error, vmm::ipc::protocol_error, vmm::out_of_memory, vmm::driver_error
+  ///         as client::create and client::seal_set; the name is removed again.
+  static tensor_set put(client& store, std::string_view name, std::span<const tensor_source> tensors,
+                        location where, stream_ref stream = {});
+  /// Gets `name` read-only with its table.
+  /// @throws store_error not_found, invalid (a plain buffer); daemon_gone.
+  /// @throws vmm::ipc::protocol_error, vmm::out_of_memory, vmm::invalid_argument,
+  ///         vmm::driver_error as client::get.
+  static tensor_set get(client& store, std::string_view name);
+
+  /// The buffer handle (its name, location, size, entry).
+  [[nodiscard]] const buffer& memory() const noexcept { return memory_; }
+  /// The tensors, in the set's order.
+  [[nodiscard]] std::span<const tensor_info> tensors() const noexcept { return table_; }
+  [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
+  /// Whether a tensor of that name is in the set.
+  [[nodiscard]] bool contains(std::string_view name) const { return index_.contains(name); }
+  /// The i-th tensor. @throws vmm::invalid_argument i is past size().
+  [[nodiscard]] tensor_view operator[](std::size_t i) const;
+  /// The tensor of that name. @throws vmm::invalid_argument no tensor has it.
+  [[nodiscard]] tensor_view at(std::string_view name) const;
+
+ private:
+  friend class tensor_set_builder;
+  tensor_set(buffer memory, std::vector<tensor_info> table);
+  buffer memory_;
+  std::vector<tensor_info> table_;
+  std::map<std::string, std::size_t, std::less<>> index_;
+};
+
+/// A tensor set being written: see the file comment. Move-only.
+class tensor_set_builder {
+ public:
+  /// Lays `tensors` out (their offsets and bytes are set here) and creates `name` at
+  /// `where`, large enough for them and their table.
+  /// @throws vmm::invalid_argument the table breaks a rule (tensors.hpp); nothing was sent.
+  /// @throws store_error, vmm::ipc::protocol_error, vmm::out_of_memory, vmm::driver_error
+  ///         as client::create.
+  tensor_set_builder(client& store, std::string_view name, std::vector<tensor_info> tensors, location where);
+  tensor_set_builder(tensor_set_builder&&) noexcept = default;
+  tensor_set_builder& operator=(tensor_set_builder&&) = delete;
+  /// Removes the name when not committed. Never throws.
+  ~tensor_set_builder();
+
+  [[nodiscard]] std::span<const tensor_info> tensors() const noexcept { return table_; }
+  /// The writable buffer (its provider copies into it).
+  [[nodiscard]] const buffer& memory() const noexcept { return memory_; }
+  /// Where tensor i's bytes go in this process (writable memory of the set's location).
+  /// @throws vmm::invalid_argument i is past tensors().size(), or the builder is committed.
+  [[nodiscard]] void* data(std::size_t i) const;
+  /// Writes the table, seals the set and gets it read-only; the builder is empty after.
+  /// @throws store_error, vmm::ipc::protocol_error, vmm::driver_error as client::seal_set
+  ///         and client::get; the name is removed again.
+  /// @throws vmm::invalid_argument the builder is committed already.
+  tensor_set commit();
+
+ private:
+  client* store_;
+  std::string name_;
+  std::vector<tensor_info> table_;
+  std::uint64_t table_offset_ = 0;
+  buffer memory_;
+  bool committed_ = false;
+};
+
+}  // namespace vmm::store

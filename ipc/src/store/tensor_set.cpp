@@ -1,0 +1,113 @@
+#include <vmm/store/tensor_set.hpp>
+
+#include <vmm/error.hpp>
+#include <vmm/provider.hpp>
+#include <vmm/stream_executor.hpp>
+
+#include <fmt/format.h>
+
+#include <utility>
+
+namespace vmm::store {
+
+// ---- tensor_set ------------------------------------------------------------------------------
+
+tensor_set::tensor_set(buffer memory, std::vector<tensor_info> table)
+    : memory_(std::move(memory)), table_(std::move(table)) {
+  for (std::size_t i = 0; i < table_.size(); ++i) index_.emplace(table_[i].name, i);
+}
+
+tensor_set tensor_set::get(client& store, std::string_view name) {
+  buffer held = store.get(name, access_mode::read_only);
+  std::vector<tensor_info> table = store.tensors(held);
+  return tensor_set(std::move(held), std::move(table));
+}
+
+tensor_set tensor_set::put(client& store, std::string_view name, std::span<const tensor_source> tensors,
+                           location where, stream_ref stream) {
+  std::vector<tensor_info> table;
+  table.reserve(tensors.size());
+  for (const tensor_source& source : tensors) {
+    if (source.data == nullptr)
+      throw invalid_argument(fmt::format("vmm-store: tensor \"{}\" has no data", source.name));
+    table.push_back({.name = source.name, .type = source.type, .shape = source.shape});
+  }
+  tensor_set_builder builder(store, name, std::move(table), where);
+  stream_executor& executor = builder.memory().provider()->executor();
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    if (builder.tensors()[i].bytes != 0)
+      executor.copy(builder.data(i), tensors[i].data, builder.tensors()[i].bytes, stream);
+  executor.synchronize(stream);
+  return builder.commit();
+}
+
+tensor_view tensor_set::operator[](std::size_t i) const {
+  if (i >= table_.size())
+    throw invalid_argument(fmt::format("vmm-store: tensor {} of a set of {}", i, table_.size()));
+  return {static_cast<const std::byte*>(memory_.data()) + table_[i].offset, &table_[i]};
+}
+
+tensor_view tensor_set::at(std::string_view name) const {
+  const auto found = index_.find(name);
+  if (found == index_.end())
+    throw invalid_argument(fmt::format("vmm-store: \"{}\" holds no tensor \"{}\"", memory_.name(), name));
+  return (*this)[found->second];
+}
+
+// ---- tensor_set_builder ----------------------------------------------------------------------
+
+tensor_set_builder::tensor_set_builder(client& store, std::string_view name, std::vector<tensor_info> tensors,
+                                       location where)
+    : store_(&store), name_(name), table_(std::move(tensors)) {
+  const std::uint64_t extent = lay_out(table_);
+  if (const auto problem = tensor_table_problem(table_, extent))
+    throw invalid_argument(fmt::format("vmm-store: tensor set \"{}\": {}", name_, *problem));
+  table_offset_ = (extent + 7) / 8 * 8;
+  const std::vector<std::byte> encoded = encode(table_);
+  memory_ = store.create(name_, table_offset_ + encoded.size(), where, {.one_chunk = true});
+  try {
+    stream_executor& executor = memory_.provider()->executor();
+    executor.copy(static_cast<std::byte*>(memory_.data()) + table_offset_, encoded.data(), encoded.size(),
+                  {});
+    executor.synchronize({});
+  } catch (...) {
+    memory_.release();
+    try {
+      store.remove(name_);
+    } catch (const std::exception&) {
+      // The daemon drops an uncommitted creation with its creator's connection anyway.
+    }
+    throw;
+  }
+}
+
+tensor_set_builder::~tensor_set_builder() {
+  if (committed_ || memory_.data() == nullptr) return;
+  memory_.release();
+  try {
+    store_->remove(name_);
+  } catch (const std::exception&) {
+    // Gone already, or the daemon is: it drops an uncommitted creation with its creator.
+  }
+}
+
+void* tensor_set_builder::data(std::size_t i) const {
+  if (committed_ || memory_.data() == nullptr)
+    throw invalid_argument(fmt::format("vmm-store: tensor set \"{}\" is committed already", name_));
+  if (i >= table_.size())
+    throw invalid_argument(fmt::format("vmm-store: tensor {} of a set of {}", i, table_.size()));
+  return static_cast<std::byte*>(memory_.data()) + table_[i].offset;
+}
+
+tensor_set tensor_set_builder::commit() {
+  if (committed_ || memory_.data() == nullptr)
+    throw invalid_argument(fmt::format("vmm-store: tensor set \"{}\" is committed already", name_));
+  const std::uint64_t table_bytes = memory_.size() - table_offset_;
+  store_->seal_set(name_, table_offset_, table_bytes);
+  // Sealed: the name stays whatever happens from here.
+  committed_ = true;
+  memory_.release();
+  return tensor_set::get(*store_, name_);
+}
+
+}  // namespace vmm::store

@@ -1,0 +1,126 @@
+"""vmm.store on OS host memory: tensor sets put by one process and got zero-copy by others,
+through a vmm-store daemon on a thread of the test's process (vmm.store.Daemon)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy
+import pytest
+
+import vmm
+import vmm.store
+
+torch = pytest.importorskip("torch")
+
+# A child that gets the set and prints each tensor's sum, then holds it until stdin closes.
+CHILD = textwrap.dedent(
+    """
+    import sys, vmm.store
+    weights = vmm.store.Client(sys.argv[1]).get(sys.argv[2])
+    print(" ".join(f"{name}={float(t.double().sum())}" for name, t in weights.items()), flush=True)
+    sys.stdin.read()
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    with vmm.store.Daemon(str(tmp_path / "socket")) as running:
+        yield running
+
+
+def state_dict():
+    return {
+        "embed.weight": torch.arange(24, dtype=torch.bfloat16).reshape(6, 4),
+        "norm.weight": torch.linspace(0, 1, 7),
+        "steps": torch.tensor([3, 1, 4], dtype=torch.int64),
+    }
+
+
+def start_child(daemon, name):
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, daemon.path, name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def holders(client, name):
+    return next(row["holders"] for row in client.list() if row["name"] == name)
+
+
+def test_put_then_get_in_other_processes_zero_copy(daemon):
+    client = vmm.store.Client(daemon.path)
+    source = state_dict()
+    put = client.put("model", source)
+    assert list(put) == list(source)
+    for name, tensor in source.items():
+        assert put[name].dtype == tensor.dtype and torch.equal(put[name], tensor)
+    row = client.list()[0]
+    assert (row["tensors"], row["named_bytes"], row["sealed"]) == (3, 48 + 28 + 24, True)
+
+    # Zero-copy: a second get maps nothing new, the tensors lie in the set's one mapping.
+    again = client.get("model")
+    assert again["norm.weight"].data_ptr() == put["norm.weight"].data_ptr()
+    assert again["embed.weight"].data_ptr() % 256 == 0
+
+    children = [start_child(daemon, "model") for _ in range(2)]
+    expected = " ".join(f"{name}={float(t.double().sum())}" for name, t in source.items())
+    for child in children:
+        assert child.stdout.readline().strip() == expected, child.stderr.read()
+    assert holders(client, "model") == 4  # put's and get's here, one per child
+
+    # A child killed while it holds the set drops its hold; the other still reads it.
+    children[0].send_signal(signal.SIGKILL)
+    children[0].wait()
+    children[0].stdout.close()
+    children[0].stdin.close()
+    children[0].stderr.close()
+    out, err = children[1].communicate("")
+    assert out.strip() == "done", err
+    assert holders(client, "model") == 2
+
+
+def test_numpy_views_are_read_only_and_outlive_the_client(daemon):
+    client = vmm.store.Client(daemon.path)
+    client.put("arrays", {"a": numpy.arange(10, dtype="float32"), "b": numpy.ones((2, 3), dtype="int16")})
+    arrays = vmm.store.Client(daemon.path).get("arrays", as_="numpy")
+    del client
+    assert arrays["b"].shape == (2, 3) and arrays["b"].dtype == numpy.int16
+    numpy.testing.assert_array_equal(arrays["a"], numpy.arange(10, dtype="float32"))
+    assert not arrays["a"].flags.writeable
+    with pytest.raises(ValueError):
+        arrays["a"][0] = 1
+
+
+def test_refused_puts_leave_nothing(daemon):
+    client = vmm.store.Client(daemon.path)
+    with pytest.raises(vmm.InvalidArgumentError, match="not contiguous"):
+        client.put("model", {"t": torch.ones(4, 4).t()})
+    with pytest.raises(vmm.InvalidArgumentError, match="invalid"):
+        client.put("model", {"bad\x01name": torch.ones(2)})
+    with pytest.raises(vmm.InvalidArgumentError, match="no safetensors name"):
+        client.put("model", {"t": numpy.ones(2, dtype="float128")})
+    assert client.list() == []
+    client.put("model", state_dict())
+    with pytest.raises(vmm.Error, match="taken"):
+        client.put("model", state_dict())
+    with pytest.raises(vmm.Error, match="no buffer named"):
+        client.get("absent")
+    client.remove("model")
+    assert client.list() == []
+
+
+def test_a_daemon_that_stops_leaves_mappings_readable(tmp_path):
+    daemon = vmm.store.Daemon(str(tmp_path / "socket"))
+    weights = vmm.store.Client(daemon.path).put("model", state_dict())
+    daemon.stop()
+    assert torch.equal(weights["steps"], torch.tensor([3, 1, 4]))
+    with pytest.raises(vmm.Error):
+        vmm.store.Client(daemon.path)
