@@ -75,8 +75,7 @@ void initialize() {
   // location on a GPU) is not taken for a leak. Without a GPU this throws, and nothing opens.
   try {
     (void)provider_for(location::device(0));
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
 }
 
 void finding(const std::string& what) {

@@ -18,7 +18,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "os/system.hpp"
 
 namespace vmm::store {
 namespace {
@@ -137,8 +136,7 @@ open_file open_for_reading(const std::string& path) {
   open_file file{unique_fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), 0};
   if (!file.fd) throw os_error(errno, fmt::format("safetensors {}: open", path));
   struct stat status {};
-  if (os::fstat(file.fd.get(), &status) != 0)
-    throw os_error(errno, fmt::format("safetensors {}: fstat", path));
+  if (::fstat(file.fd.get(), &status) != 0) throw os_error(errno, fmt::format("safetensors {}: fstat", path));
   if (!S_ISREG(status.st_mode))
     throw invalid_argument(fmt::format("safetensors {}: not a regular file", path));
   file.size = static_cast<std::uint64_t>(status.st_size);
