@@ -18,7 +18,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-
 namespace vmm::store {
 namespace {
 
