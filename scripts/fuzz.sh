@@ -2,7 +2,7 @@
 # Fuzzing (tests/fuzz/): builds the libFuzzer targets with clang, ASan and UBSan in build-fuzz/,
 # replays each target's regression inputs (tests/fuzz/regressions/<target>/), then fuzzes it
 # from a scratch copy of its committed corpus (tests/fuzz/corpus/<target>/) for a bounded time.
-#   bash scripts/fuzz.sh                          # CI: 60 s per target, the corpus untouched
+#   bash scripts/fuzz.sh 45                       # CI: 45 s per target (default 60), the corpus untouched
 #   bash scripts/fuzz.sh 300                      # longer, the corpus still untouched
 #   bash scripts/fuzz.sh --long 3600 [target...]  # then minimize each corpus and keep it
 # Options before the seconds: --jobs N fuzzes each target in N processes at once (libFuzzer's
