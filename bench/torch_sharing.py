@@ -83,8 +83,9 @@ def child(allocator, size, timed, leak_rounds):
     free_before = torch.cuda.mem_get_info()[0]
     _, receiver_fds_first = rounds(torch, context, small, 1)
     _, receiver_fds = rounds(torch, context, small, leak_rounds)
-    del small
     torch.cuda.synchronize()
+    free_after = torch.cuda.mem_get_info()[0]
+    del small
     result = {
         "allocator": allocator,
         "bytes": size,
@@ -96,7 +97,7 @@ def child(allocator, size, timed, leak_rounds):
         "sender_fds_after": len(os.listdir("/proc/self/fd")),
         "receiver_fds_after_1_round": receiver_fds_first,
         "receiver_fds_after_leak_rounds": receiver_fds,
-        "gpu_free_change_bytes": torch.cuda.mem_get_info()[0] - free_before - (64 << 20),
+        "gpu_free_change_bytes": free_after - free_before,
     }
     if allocator == "vmm":
         stats = vmm.torch.memory_stats()
