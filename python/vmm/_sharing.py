@@ -138,14 +138,34 @@ def _as_socket(sock):
     raise _vmm.InvalidArgumentError(f"sock must be a socket.socket or a file number, not {type(sock).__name__}")
 
 
+# multiprocessing moves each descriptor by a connection of its own to the sender's resource
+# sharer (multiprocessing.reduction.DupFd): a handle of many pages would pay one connection a
+# page. Up to this many descriptors travel instead inside one socket pair: the handle is sent
+# into it (send(): SCM_RIGHTS), and only the pair's other end goes by DupFd. Its messages sit
+# in the socket's buffer until the receiver reads them, so the whole handle must fit there.
+_BUNDLED_FDS = 200
+
+
 def _reduce_for_multiprocessing(handle):
+    from multiprocessing import context
     from multiprocessing.reduction import DupFd
 
-    return _rebuild, (handle.manifest, [DupFd(fd) for fd in handle.fds], handle._meta())
+    # Spawn arguments: the descriptors go to the child at its start, no connection each.
+    if len(handle.fds) > _BUNDLED_FDS or context.get_spawning_popen() is not None:
+        return _rebuild, (handle.manifest, [DupFd(fd) for fd in handle.fds], handle._meta())
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        handle.send(ours)
+        return _rebuild_from_bundle, (DupFd(theirs.fileno()),)
 
 
 def _rebuild(manifest, duplicates, meta):
     return SharedHandle(manifest, [duplicate.detach() for duplicate in duplicates], **meta)
+
+
+def _rebuild_from_bundle(duplicate):
+    with socket.socket(fileno=duplicate.detach()) as bundle:
+        return SharedHandle.receive(bundle)
 
 
 def _register():

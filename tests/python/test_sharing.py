@@ -34,6 +34,31 @@ def _child(connection):
     connection.recv()  # wait until the parent has looked
 
 
+def _child_of_spawn_arguments(handle, connection):
+    import numpy
+
+    import vmm
+
+    connection.send(float(numpy.asarray(vmm.open(handle))[:10].sum()))
+
+
+def test_a_handle_crosses_as_a_spawn_argument_and_many_times_over_one_pipe():
+    # Spawn arguments carry the descriptors themselves; later sends bundle them into one
+    # socket pair each (vmm._sharing._BUNDLED_FDS), many in a row.
+    context = multiprocessing.get_context("spawn")
+    vector = vmm.Vector("float64", max_size=64 * MIB)
+    vector.extend(numpy.arange(1000, dtype=numpy.float64))
+    parent, child = context.Pipe()
+    process = context.Process(target=_child_of_spawn_arguments, args=(vmm.share(vector), child))
+    process.start()
+    assert parent.recv() == 45.0
+    process.join(timeout=120)
+    assert process.exitcode == 0
+    for _ in range(50):
+        parent.send(vmm.share(vector))
+        assert float(numpy.asarray(vmm.open(child.recv()))[:10].sum()) == 45.0
+
+
 @pytest.mark.parametrize("read_only", [False, True])
 def test_a_vector_crosses_to_another_process_without_a_copy(read_only):
     context = multiprocessing.get_context("spawn")
