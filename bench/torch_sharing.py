@@ -16,6 +16,14 @@ rounds after two warm-up rounds. Leaks: --leak-rounds more rounds of a 64 MiB te
 descriptors open in both processes, the GPU memory in use (cudaMemGetInfo) and, for vmm,
 the frees still held for receivers, before and after. Prints one JSON object (and writes
 it to --json).
+
+    python3 bench/torch_sharing.py --host           # no GPU: how the descriptors travel
+
+--host measures the transport alone on OS host memory, in this process and a spawned
+receiver: a --bytes allocation of vmm's resource shared (one descriptor a page, and the
+lease) through a multiprocessing Pipe, opened, read and dropped, each round once with every
+descriptor passed by multiprocessing's own DupFd (a connection to the sender a descriptor)
+and once bundled in one socket pair (vmm's path for up to 200 descriptors), interleaved.
 """
 
 import argparse
@@ -55,6 +63,58 @@ def rounds(torch, context, tensor, count):
     receiver_fds = answers.get(timeout=600)
     process.join(timeout=600)
     return times, receiver_fds
+
+
+def host_receiver(connection):
+    import ctypes
+
+    import vmm
+
+    while True:
+        handle = connection.recv()
+        if handle is None:
+            return
+        shared = vmm.open(handle)
+        del handle
+        connection.send(ctypes.string_at(shared.data, 1))
+        del shared
+
+
+def host_transport(size, timed):
+    import ctypes
+    import multiprocessing
+
+    import vmm
+    from vmm import _sharing, _vmm
+
+    _vmm.use_host_memory()
+    ptr = _vmm.allocate(size, 0)
+    ctypes.memset(ptr, 7, size)
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=host_receiver, args=(child,))
+    process.start()
+    times = {"per_descriptor": [], "bundled": []}
+    descriptors = 0
+    for index in range(2 * (timed + 2)):
+        mode = "per_descriptor" if index % 2 == 0 else "bundled"
+        _sharing._BUNDLED_FDS = 0 if mode == "per_descriptor" else 200
+        handle = _sharing._share_allocation(ptr, size, 0)
+        descriptors = len(handle.fds)
+        start = time.perf_counter()
+        parent.send(handle)
+        handle.close()
+        assert parent.recv() == bytes([7])
+        if index >= 4:
+            times[mode].append((time.perf_counter() - start) * 1e3)
+    parent.send(None)
+    process.join(timeout=600)
+    _vmm.deallocate(ptr, size, 0)
+    result = {"bytes": size, "descriptors": descriptors, "rounds": timed}
+    for mode, values in times.items():
+        result[f"{mode}_median_ms"] = statistics.median(values)
+    result["bundled_over_per_descriptor"] = result["bundled_median_ms"] / result["per_descriptor_median_ms"]
+    return result
 
 
 def child(allocator, size, timed, leak_rounds):
@@ -115,6 +175,7 @@ def main():
     parser.add_argument("--leak-rounds", type=int, default=1000, help="rounds of the leak check (default 1000)")
     parser.add_argument("--allocators", default="native,vmm", help="comma-separated: native, vmm")
     parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--host", action="store_true", help="the transport alone, on OS host memory (no GPU)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     from vmm import _vmm
@@ -124,6 +185,13 @@ def main():
         parser.error("--rounds and --leak-rounds must be at least 1")
     if arguments.child:
         child(arguments.child, size, arguments.rounds, arguments.leak_rounds)
+        return
+    if arguments.host:
+        text = json.dumps(host_transport(size, arguments.rounds), indent=2)
+        print(text)
+        if arguments.json:
+            with open(arguments.json, "w") as out:
+                out.write(text + "\n")
         return
     allocators = arguments.allocators.split(",")
     unknown = set(allocators) - {"native", "vmm"}
