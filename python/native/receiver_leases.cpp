@@ -21,7 +21,10 @@ vmm::unique_fd receiver_leases::lease(const void* ptr) {
   vmm::unique_fd read_end(ends[0]);
   vmm::unique_fd write_end(ends[1]);
   std::lock_guard lock(mutex_);
-  leases_[ptr].push_back(std::move(read_end));
+  std::vector<vmm::unique_fd>& reads = leases_[ptr];
+  // An allocation shared again and again while it lives keeps only the leases still held.
+  std::erase_if(reads, [](const vmm::unique_fd& lease) { return ended(lease); });
+  reads.push_back(std::move(read_end));
   recount();
   return write_end;
 }

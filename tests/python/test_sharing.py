@@ -265,6 +265,16 @@ def test_a_handle_closed_before_anyone_opened_it_holds_no_free(scenario):
         assert vmm.torch.memory_stats(0)["vmm.held_for_receivers.bytes"] == 1 << 20
         kept.close()
         assert _vmm.held_for_receivers(0) == (0, 0)
+        # An allocation shared many times while it lives holds no descriptor of an ended lease.
+        import os
+        ptr = _vmm.allocate(1 << 20, 0)
+        _sharing._share_allocation(ptr, 1 << 20, 0).close()
+        descriptors = len(os.listdir("/proc/self/fd"))
+        for _ in range(200):
+            _sharing._share_allocation(ptr, 1 << 20, 0).close()
+        assert len(os.listdir("/proc/self/fd")) == descriptors, (len(os.listdir("/proc/self/fd")), descriptors)
+        _vmm.deallocate(ptr, 1 << 20, 0)
+        assert _vmm.held_for_receivers(0) == (0, 0)
         assert vmm.torch.memory_stats(0)["allocated_bytes.all.current"] == 0
         """
     )
