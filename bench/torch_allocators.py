@@ -12,6 +12,9 @@ Allocators, each in a process of its own (this script runs itself with --child):
   cudaMallocAsync  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
   vmm              vmm.torch.use(): the installed package vmm (pip install --no-build-isolation .,
                    python/README.md), imported by this interpreter's processes
+  vmm_run          vmm as an unmodified program gets it: the child runs under
+                   python -m vmm.torch.run (so $VMM_CONF applies) and never calls vmm itself
+                   but to read its statistics; not in the default list
   pluggable_floor  torch.empty + del only: CUDAPluggableAllocator over a C allocator that
                    does nothing (built here with cc; it hands out one address that nothing
                    touches), so the cost of torch's pluggable interface by itself
@@ -103,7 +106,9 @@ import time
 import traceback
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "vmm", "pluggable_floor")
+ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "vmm", "pluggable_floor", "vmm_run")
+DEFAULT_ALLOCATORS = ALLOCATORS[:-1]
+VMM_ALLOCATORS = ("vmm", "vmm_run")
 # vmm.torch.memory_stats() keys that count over the process's life: reported per workload.
 VMM_COUNTS = (
     "num_ooms",
@@ -220,10 +225,14 @@ class Child:
             torch.cuda.memory.change_current_allocator(
                 torch.cuda.memory.CUDAPluggableAllocator(library, "floor_alloc", "floor_free"))
             return  # no memory is ever touched: nothing may run a kernel here
-        if allocator in ("vmm", "vmm_pool"):
+        if allocator in ("vmm", "vmm_pool", "vmm_run"):
             import vmm.torch
         if allocator == "vmm":
             vmm.torch.use(headroom=vmm_headroom)
+            self.vmm = vmm.torch
+        if allocator == "vmm_run":
+            if not vmm.torch.is_used():
+                raise RuntimeError("vmm_run: this child must run under python -m vmm.torch.run")
             self.vmm = vmm.torch
         import torch
 
@@ -789,6 +798,8 @@ def run_child(arguments):
         try:
             if arguments.record:
                 result = recorded(child, name, lambda: functions[name](child, s[name]), arguments.record)
+            elif arguments.history and child.vmm is not None:
+                result = with_history(child, name, lambda: functions[name](child, s[name]), arguments.history)
             else:
                 result = functions[name](child, s[name])
             result.update(child.peaks())
@@ -809,6 +820,29 @@ def run_child(arguments):
             out["sleep_wake"] = {"error": f"{type(error).__name__}: {error}"[:2000], "traceback": traceback.format_exc()[-4000:]}
     with open(arguments.child_out, "w") as file:
         json.dump(out, file)
+
+
+def with_history(child, name, run, folder):
+    """Runs one workload under vmm's memory history; writes folder/NAME-ALLOCATOR.html (torch's
+    memory_viz trace_plot of vmm.torch.memory_snapshot(), no stacks, so that the page stays
+    small) and folder/NAME-ALLOCATOR.trace.gz (vmm.torch.dump_trace(), for vmm-replay)."""
+    import torch.cuda._memory_viz as memory_viz
+
+    base = os.path.join(folder, f"{name}-{child.allocator}")
+    os.makedirs(folder, exist_ok=True)
+    child.vmm.record_memory_history(stacks=None)
+    try:
+        result = run()
+        child.torch.cuda.synchronize()
+    finally:
+        child.vmm.record_memory_history(None)
+    snapshot = child.vmm.memory_snapshot()
+    with open(base + ".html", "w") as file:
+        file.write(memory_viz.trace_plot(snapshot))
+    child.vmm.dump_trace(base + ".trace.gz")
+    result["history"] = {"events": len(snapshot["device_traces"][0]) if snapshot["device_traces"] else 0,
+                         "html": base + ".html", "trace": base + ".trace.gz"}
+    return result
 
 
 def recorded(child, name, run, folder):
@@ -893,7 +927,8 @@ def cpu_ranges(cpus):
 def child_command(allocator, extra, arguments, cpus=None):
     """This script as one allocator's child, with the options every child takes from the
     parent's; cpus (a CPU list such as "3") replaces --cpus."""
-    command = [sys.executable, os.path.abspath(__file__), "--allocator", allocator] + extra
+    runner = ["-m", "vmm.torch.run"] if allocator == "vmm_run" else []
+    command = [sys.executable] + runner + [os.path.abspath(__file__), "--allocator", allocator] + extra
     if allocator == "vmm" and arguments.vmm_headroom is not None:
         command += ["--vmm-headroom", repr(arguments.vmm_headroom)]
     cpus = cpus if cpus is not None else arguments.cpus
@@ -920,6 +955,8 @@ def measure(allocator, arguments, folder):
         extra.append("--no-sleep-wake")
     if arguments.record and allocator == "native":
         extra += ["--record", os.path.abspath(arguments.record)]
+    if arguments.history and allocator in VMM_ALLOCATORS:
+        extra += ["--history", os.path.abspath(arguments.history)]
     started = time.time()
     done = spawn(allocator, extra, arguments.timeout, arguments)
     sys.stderr.write(done.stderr[-6000:] if done.returncode else "".join(l + "\n" for l in done.stderr.splitlines() if l.startswith("[")))
@@ -1091,16 +1128,17 @@ def check_targets(results, arguments, side=None):
             for a in TORCH_ALLOCATORS
             if a in results and "step_ms_median" in results[a].get("workloads", {}).get(name, {})
         ]
-        w = vmm.get("workloads", {}).get(name, {})
-        if torch_times and "step_ms_median" in w:
-            r = w["step_ms_median"] / min(torch_times)
-            slow = f" (vmm's slow path: median {w['vmm_slow_path_ms_median']:.1f} ms a step)" if "vmm_slow_path_ms_median" in w else ""
-            lines.append(f"{'PASS' if r <= 1.02 else 'FAIL'} {name}: vmm step time {r:.3f}x the fastest of torch's allocators (target <= 1.02){slow}")
-        if w.get("reserved_over_allocated") is not None:
-            r = w["reserved_over_allocated"]
-            lines.append(f"{'PASS' if r <= 1.02 else 'FAIL'} {name}: vmm reserved/allocated {r:.3f} (target <= 1.02)")
-        elif "error" in w:
-            lines.append(f"FAIL {name}: vmm {w['error'][:200]}")
+        for label in (a for a in VMM_ALLOCATORS if a in results):
+            w = results[label].get("workloads", {}).get(name, {})
+            if torch_times and "step_ms_median" in w:
+                r = w["step_ms_median"] / min(torch_times)
+                slow = f" (vmm's slow path: median {w['vmm_slow_path_ms_median']:.1f} ms a step)" if "vmm_slow_path_ms_median" in w else ""
+                lines.append(f"{'PASS' if r <= 1.02 else 'FAIL'} {name}: {label} step time {r:.3f}x the fastest of torch's allocators (target <= 1.02){slow}")
+            if w.get("reserved_over_allocated") is not None:
+                r = w["reserved_over_allocated"]
+                lines.append(f"{'PASS' if r <= 1.02 else 'FAIL'} {name}: {label} reserved/allocated {r:.3f} (target <= 1.02)")
+            elif "error" in w:
+                lines.append(f"FAIL {name}: {label} {w['error'][:200]}")
     native = results.get("native", {}).get("empty_del_us", {})
     ours = vmm.get("empty_del_us", {})
     floor = results.get("pluggable_floor", {}).get("empty_del_us", {})
@@ -1133,7 +1171,7 @@ def check_targets(results, arguments, side=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="about 2 minutes: fewer steps, smaller sizes, no largest-batch search")
-    parser.add_argument("--allocators", default=",".join(ALLOCATORS))
+    parser.add_argument("--allocators", default=",".join(DEFAULT_ALLOCATORS), help=f"comma-separated, of {', '.join(ALLOCATORS)}")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--json", default=os.path.join(REPOSITORY, "bench-torch-allocators.json"))
     parser.add_argument("--max-batch", choices=("on", "off", "auto"), default="auto", help="the largest-batch search (auto: off with --quick)")
@@ -1141,6 +1179,7 @@ def main():
     parser.add_argument("--sequence", type=int, default=2048, help="sequence length of the largest-batch search")
     parser.add_argument("--no-sleep-wake", action="store_true")
     parser.add_argument("--record", metavar="DIR", help="native allocator only: also write each workload's allocation trace (from before its model is built) to DIR/NAME.trace.gz, for vmm-replay")
+    parser.add_argument("--history", metavar="DIR", help="vmm and vmm_run only: record vmm's memory history over each workload and write DIR/WORKLOAD-ALLOCATOR.html (memory_viz) and .trace.gz (vmm-replay)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one allocator's process")
     parser.add_argument("--vmm-headroom", type=float, help="vmm only: vmm.torch.use(headroom=X), the idle share of its peak a resource may keep mapped (default: vmm's, 1/128)")
     parser.add_argument("--rounds", type=int, default=1, help="every allocator's process this many times, in alternating order")
@@ -1213,7 +1252,11 @@ def main():
             parser.error("--empty-del-only compares allocators side by side: name two or more (--side-by-side, --allocators)")
         allocators = []
     # The children import vmm as this interpreter finds it (they run with sys.executable).
-    if {"vmm", "vmm_pool"} & set(allocators + side) and importlib.util.find_spec("vmm") is None:
+    if arguments.history and arguments.rounds != 1:
+        parser.error("--history writes one history per workload and allocator: use it with --rounds 1")
+    if arguments.history and not set(VMM_ALLOCATORS) & set(allocators):
+        parser.error("--history records vmm's history: add vmm or vmm_run to --allocators")
+    if {"vmm", "vmm_pool", "vmm_run"} & set(allocators + side) and importlib.util.find_spec("vmm") is None:
         sys.exit(f"torch_allocators.py: the package vmm is not installed for {sys.executable}: "
                  f"pip install --no-build-isolation {REPOSITORY} (python/README.md), or leave vmm out of --allocators")
     started = time.time()
