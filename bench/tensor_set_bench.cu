@@ -18,7 +18,10 @@
 //   legacy_buffer/<N>  cudaIpcOpenMemHandle of one handle of one cudaMalloc of every tensor
 //   load/safetensors   load_safetensors of the file into a set on GPU 0: bytes per second
 //   load/pinned_h2d    cudaMemcpy of the same bytes from cudaMallocHost memory, in 16 MiB
-//                      chunks: the bound of the load
+//                      chunks: the bound of the load's copies
+//   read_file/<R>      pread of the file's bytes in 16 MiB pieces by R threads at once into
+//                      host memory of their own (pinned with a GPU), no copy: the bound of
+//                      the load's reads (R = 1 and the load's default readers)
 // Counters: first_usable_us and all_usable_us (the slowest process's), gpu_bytes (the model's
 // memory on the GPU with every process holding it: the sharer's allocation plus what the N
 // processes added, measured with cudaMemGetInfo once each process has its CUDA context, so
@@ -35,7 +38,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <new>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -383,6 +389,47 @@ void BM_load_pinned_h2d(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
 }
 
+void BM_read_file(benchmark::State& state) {
+  const std::size_t readers = static_cast<std::size_t>(state.range(0));
+  const std::size_t piece = std::size_t{16} << 20;
+  const std::uint64_t bytes = model_bytes();
+  const int fd = ::open(model_path().c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw vmm::os_error(errno, "open " + model_path());
+  std::vector<void*> buffers(readers, nullptr);
+  for (void*& b : buffers) {
+    if (have_gpu())
+      check(cudaMallocHost(&b, piece), "cudaMallocHost");
+    else if ((b = std::malloc(piece)) == nullptr)
+      throw std::bad_alloc();
+  }
+  for (auto _ : state) {
+    std::atomic<std::uint64_t> next{0};
+    std::atomic<bool> short_read{false};
+    auto read_pieces = [&](void* into) {
+      for (std::uint64_t at = next.fetch_add(piece); at < bytes; at = next.fetch_add(piece)) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece, bytes - at));
+        if (::pread(fd, into, n, static_cast<off_t>(at)) != static_cast<ssize_t>(n)) short_read = true;
+      }
+    };
+    std::vector<std::thread> threads;
+    for (std::size_t r = 1; r < readers; ++r) threads.emplace_back(read_pieces, buffers[r]);
+    read_pieces(buffers[0]);
+    for (std::thread& t : threads) t.join();
+    if (short_read) {
+      state.SkipWithError("a short read of the model file");
+      break;
+    }
+  }
+  for (void* b : buffers) {
+    if (have_gpu())
+      check(cudaFreeHost(b), "cudaFreeHost");
+    else
+      std::free(b);
+  }
+  ::close(fd);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+
 BENCHMARK(BM_store)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseManualTime()->Iterations(1)->Unit(
     benchmark::kMillisecond);
 BENCHMARK(BM_legacy_buffer)
@@ -411,6 +458,14 @@ BENCHMARK(BM_own_copy)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_load_safetensors)->Iterations(2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_load_pinned_h2d)->Iterations(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_read_file)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      b->Arg(1);
+      const auto readers = static_cast<std::int64_t>(vmm::store::default_safetensors_readers());
+      if (readers > 1) b->Arg(readers);
+    })
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -3,8 +3,10 @@
 // exactly the set, or nothing, in the store. Typed over the kinds of memory that can be
 // exported (the OS provider always; a GPU kind skips without a GPU).
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -146,6 +148,46 @@ TYPED_TEST(safetensors_load_test, loads_every_tensor_in_small_chunks) {
   EXPECT_EQ(progress.back(), 34u);
   EXPECT_EQ(progress.size(), 6u);  // 24 bytes in chunks of 7 (4), 10 bytes (2)
   EXPECT_EQ(store.stat("m").tensors, 2u);
+}
+
+TYPED_TEST(safetensors_load_test, several_readers_load_every_byte_and_report_each_piece_once) {
+  // Six tensors of 1000 bytes in pieces of 64: 16 pieces each, read by five threads at once.
+  std::string header = "{";
+  for (int i = 0; i < 6; ++i)
+    header += fmt::format(R"({}"t{}": {{"dtype": "U8", "shape": [1000], "data_offsets": [{}, {}]}})",
+                          i == 0 ? "" : ", ", i, 1000 * i, 1000 * (i + 1));
+  header += "}";
+  const std::vector<std::uint8_t> data = pattern(6000, 21);
+  const std::string path = write_safetensors(this->file("six.safetensors"), header, data);
+  store::client store = this->connect();
+  std::vector<std::uint64_t> progress;
+  const store::tensor_set set =
+      store::load_safetensors(store, path, "six",
+                              {.where = TypeParam::where(),
+                               .chunk_bytes = 64,
+                               .readers = 5,
+                               .progress = [&](std::uint64_t done, std::uint64_t total) {
+                                 EXPECT_EQ(total, 6000u);
+                                 progress.push_back(done);
+                               }});
+  ASSERT_EQ(set.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    const store::tensor_view t = set.at(fmt::format("t{}", i));
+    EXPECT_EQ(read_bytes(*set.memory().provider(), reinterpret_cast<std::uintptr_t>(t.data), 1000),
+              std::vector<std::uint8_t>(data.begin() + 1000 * i, data.begin() + 1000 * (i + 1)))
+        << "t" << i;
+  }
+  ASSERT_EQ(progress.size(), 6u * 16u);  // 15 pieces of 64 bytes and one of 40, per tensor
+  EXPECT_TRUE(std::is_sorted(progress.begin(), progress.end()));
+  EXPECT_EQ(progress.back(), 6000u);
+
+  try {
+    (void)store::load_safetensors(store, path, "many", {.where = TypeParam::where(), .readers = 65});
+    ADD_FAILURE() << "65 readers were taken";
+  } catch (const invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("65 readers"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(store.list().size(), 1u);  // "six" alone
 }
 
 TYPED_TEST(safetensors_load_test, hostile_files_are_refused_and_leave_nothing) {

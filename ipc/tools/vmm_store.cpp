@@ -280,6 +280,7 @@ command add_load(CLI::App& app) {
     std::string name;
     std::string where = "host";
     std::uint64_t chunk = vmm::store::load_options{}.chunk_bytes;
+    std::size_t readers = 0;
   };
   auto s = std::make_shared<settings>();
   CLI::App* sub = add_client_command(
@@ -290,14 +291,18 @@ command add_load(CLI::App& app) {
   sub->add_option("--location", s->where, "Where the set lives: host (os_host) or gpu<N>")
       ->type_name("WHERE")
       ->check(vmm::tools::location_check());
-  vmm::tools::add_byte_size(*sub, "--chunk", s->chunk, "The most bytes read at once (two such buffers)", 1,
+  vmm::tools::add_byte_size(*sub, "--chunk", s->chunk,
+                            "The most bytes one read moves (two such staging buffers per reader)", 1,
                             UINT64_MAX, "");
+  sub->add_option("--readers", s->readers, "Threads reading the file at once (0: half the cores, 1 to 8)")
+      ->check(CLI::Range(std::size_t{0}, vmm::store::max_safetensors_readers));
   return {sub, [s, sub] {
             if (sub->count("FILE") == 0) return vmm::tools::usage_error(*sub, "load: FILE is required");
             if (sub->count("--name") == 0) return vmm::tools::usage_error(*sub, "load: --name is required");
             vmm::store::client store(s->options);
             vmm::store::load_options options{.where = vmm::tools::parse_location(s->where),
-                                             .chunk_bytes = static_cast<std::size_t>(s->chunk)};
+                                             .chunk_bytes = static_cast<std::size_t>(s->chunk),
+                                             .readers = s->readers};
             if (::isatty(STDERR_FILENO) == 1) options.progress = draw_progress;
             const vmm::store::tensor_set set = vmm::store::load_safetensors(store, s->file, s->name, options);
             const vmm::store::buffer_info info = store.stat(s->name);

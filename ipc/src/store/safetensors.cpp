@@ -15,6 +15,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -164,18 +169,69 @@ safetensors_header read_header(const open_file& file, const std::string& path) {
   }
 }
 
-// An event of an executor, destroyed with it.
-class owned_event {
+// `n` bytes of tensor `tensor`, from its byte `at`: what one read moves.
+struct piece {
+  std::size_t tensor = 0;
+  std::uint64_t at = 0;
+  std::size_t n = 0;
+};
+
+std::vector<piece> pieces_of(const safetensors_header& header, std::size_t chunk) {
+  std::vector<piece> pieces;
+  for (std::size_t i = 0; i < header.tensors.size(); ++i)
+    for (std::uint64_t at = 0; at < header.tensors[i].bytes; at += chunk)
+      pieces.push_back(
+          {i, at, static_cast<std::size_t>(std::min<std::uint64_t>(chunk, header.tensors[i].bytes - at))});
+  return pieces;
+}
+
+// What one reading thread of a load owns: for a set off the host, its stream and two pinned
+// staging buffers, each reused once the copy out of it is done.
+class reader_lane {
  public:
-  explicit owned_event(stream_executor& executor) : executor_(&executor), event_(executor.create_event()) {}
-  owned_event(const owned_event&) = delete;
-  owned_event& operator=(const owned_event&) = delete;
-  ~owned_event() { executor_->destroy_event(event_); }
-  [[nodiscard]] event_handle get() const noexcept { return event_; }
+  reader_lane(stream_executor& executor, std::size_t staging_bytes)
+      : executor_(&executor), staged_(staging_bytes != 0) {
+    if (!staged_) return;
+    stream_ = owned_stream(executor);
+    for (std::size_t k = 0; k < copied_.size(); ++k) {
+      staging_.emplace_back(location::pinned_host(0), growable_buffer_options{.max_size = staging_bytes});
+      staging_.back().resize(staging_bytes);
+      copied_[k] = stream_event(executor, stream_.get());
+    }
+  }
+  reader_lane(const reader_lane&) = delete;
+  reader_lane& operator=(const reader_lane&) = delete;
+  ~reader_lane() { drain(); }
+
+  // Reads `n` bytes at `offset` into the next staging buffer and queues their copy.
+  void read_and_copy(int fd, std::byte* destination, std::size_t n, std::uint64_t offset,
+                     const std::string& path) {
+    copied_[turn_].synchronize();
+    read_exactly(fd, staging_[turn_].data(), n, offset, path);
+    executor_->copy(destination, staging_[turn_].data(), n, stream_.get());
+    copied_[turn_].record_again(stream_.get());
+    turn_ ^= 1;
+  }
+  // Waits for the copies queued. @throws vmm::driver_error a copy failed.
+  void finish() {
+    if (staged_) executor_->synchronize(stream_.get());
+  }
+  // finish(), for the paths that fail anyway. Never throws.
+  void drain() noexcept {
+    try {
+      finish();
+    } catch (const std::exception&) {
+      // The copies failed as well: nothing is in flight.
+    }
+  }
 
  private:
   stream_executor* executor_;
-  event_handle event_;
+  bool staged_;
+  owned_stream stream_;
+  std::vector<growable_buffer> staging_;  // two, or none for a set in host memory
+  std::array<stream_event, 2> copied_;
+  std::size_t turn_ = 0;
 };
 
 }  // namespace
@@ -223,6 +279,12 @@ safetensors_header parse_safetensors_header(std::span<const std::byte> bytes, st
   return header;
 }
 
+// One read of the page cache moves a few GB/s, a fraction of a host-to-device copy's
+// bandwidth: readers in parallel make up the difference, up to the cores there are.
+std::size_t default_safetensors_readers() noexcept {
+  return std::clamp<std::size_t>(std::thread::hardware_concurrency() / 2, 1, 8);
+}
+
 safetensors_header read_safetensors_header(const std::string& path) {
   return read_header(open_for_reading(path), path);
 }
@@ -230,6 +292,9 @@ safetensors_header read_safetensors_header(const std::string& path) {
 tensor_set load_safetensors(client& store, const std::string& path, std::string_view name,
                             const load_options& options) {
   if (options.chunk_bytes == 0) throw invalid_argument("safetensors: a chunk of 0 bytes");
+  if (options.readers > max_safetensors_readers)
+    throw invalid_argument(
+        fmt::format("safetensors: {} readers (at most {})", options.readers, max_safetensors_readers));
   const open_file file = open_for_reading(path);
   const safetensors_header header = read_header(file, path);
   if (header.tensors.empty())
@@ -241,43 +306,60 @@ tensor_set load_safetensors(client& store, const std::string& path, std::string_
     total += t.bytes;
   }
   tensor_set_builder builder(store, name, std::move(table), options.where);
-  stream_executor& executor = builder.memory().provider()->executor();
-  const location staging_at =
-      options.where.kind == memory_kind::os_host ? location::os_host() : location::pinned_host(0);
   const std::size_t chunk = static_cast<std::size_t>(
       std::min<std::uint64_t>(options.chunk_bytes, std::max<std::uint64_t>(total, 1)));
-  std::array<growable_buffer, 2> staging{growable_buffer(staging_at, {.max_size = chunk}),
-                                         growable_buffer(staging_at, {.max_size = chunk})};
-  for (growable_buffer& b : staging) b.resize(chunk);
-  // copied[k]: the copy out of staging[k] is done once its event is.
-  const owned_event first(executor), second(executor);
-  const std::array<const owned_event*, 2> copied{&first, &second};
+  const std::vector<piece> pieces = pieces_of(header, chunk);
+  const std::size_t readers =
+      std::min(pieces.size(), options.readers != 0 ? options.readers : default_safetensors_readers());
+  stream_executor& executor = builder.memory().provider()->executor();
+  // Host memory is read straight into the set; a GPU set through each reader's staging.
+  const bool staged = options.where.kind != memory_kind::os_host;
+  std::vector<std::unique_ptr<reader_lane>> lanes;
+  for (std::size_t r = 0; r < readers; ++r)
+    lanes.push_back(std::make_unique<reader_lane>(executor, staged ? chunk : 0));
+
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex progress_lock;
   std::uint64_t done = 0;
-  std::size_t turn = 0;
-  try {
-    for (std::size_t i = 0; i < header.tensors.size(); ++i) {
-      const tensor_info& source = header.tensors[i];
-      auto* destination = static_cast<std::byte*>(builder.data(i));
-      for (std::uint64_t at = 0; at < source.bytes; turn ^= 1) {
-        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, source.bytes - at));
-        executor.synchronize_event(copied[turn]->get());
-        read_exactly(file.fd.get(), staging[turn].data(), n, header.data_start + source.offset + at, path);
-        executor.copy(destination + at, staging[turn].data(), n, {});
-        executor.record(copied[turn]->get(), {});
-        at += n;
-        done += n;
-        if (options.progress) options.progress(done, total);
-      }
-    }
-    executor.synchronize({});
-  } catch (...) {
-    // No copy may still read the staging buffers or write the set once they go.
+  std::exception_ptr failure;
+  auto read_some = [&](reader_lane& lane) {
     try {
-      executor.synchronize({});
-    } catch (const std::exception&) {
-      // The copies failed as well: nothing is in flight.
+      for (std::size_t k = next.fetch_add(1); k < pieces.size() && !stop; k = next.fetch_add(1)) {
+        const piece& p = pieces[k];
+        auto* destination = static_cast<std::byte*>(builder.data(p.tensor)) + p.at;
+        const std::uint64_t offset = header.data_start + header.tensors[p.tensor].offset + p.at;
+        if (staged)
+          lane.read_and_copy(file.fd.get(), destination, p.n, offset, path);
+        else
+          read_exactly(file.fd.get(), destination, p.n, offset, path);
+        if (options.progress) {
+          const std::lock_guard guard(progress_lock);
+          done += p.n;
+          options.progress(done, total);
+        }
+      }
+      lane.finish();
+    } catch (...) {
+      stop = true;
+      const std::lock_guard guard(progress_lock);
+      if (!failure) failure = std::current_exception();
     }
-    throw;
+  };
+  {
+    std::vector<std::jthread> threads;
+    threads.reserve(readers - 1);
+    try {
+      for (std::size_t r = 1; r < readers; ++r) threads.emplace_back(read_some, std::ref(*lanes[r]));
+    } catch (...) {
+      // No thread could be started: the ones that run finish the pieces between them.
+    }
+    read_some(*lanes[0]);
+  }
+  if (failure) {
+    // No copy may still read the staging buffers or write the set once they go.
+    for (const auto& lane : lanes) lane->drain();
+    std::rethrow_exception(failure);
   }
   return builder.commit();
 }

@@ -45,6 +45,8 @@ namespace vmm::store {
 
 /// The longest header read (the limit of the safetensors reference reader).
 inline constexpr std::uint64_t max_safetensors_header_bytes = std::uint64_t{100} << 20;
+/// The most threads one load reads with (load_options::readers).
+inline constexpr std::size_t max_safetensors_readers = 64;
 
 /// A parsed safetensors header.
 struct safetensors_header {
@@ -73,15 +75,23 @@ struct safetensors_header {
 struct load_options {
   /// Where the set lives.
   location where = location::os_host();
-  /// The most bytes of one staging buffer (two are used).
+  /// The most bytes one read moves (and, for a set off the host, of one staging buffer: two
+  /// per reader, in pinned host memory).
   std::size_t chunk_bytes = std::size_t{16} << 20;
-  /// Called after each chunk with the bytes copied and the bytes to copy (may be empty).
+  /// Threads that read the file at once, each its own pieces of chunk_bytes (0: half the
+  /// cores, from 1 to 8; at most max_safetensors_readers).
+  std::size_t readers = 0;
+  /// Called after each chunk with the bytes read and the bytes to read (may be empty), from
+  /// the reading threads, one call at a time.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;
 };
 
+/// The readers of a load whose load_options::readers is 0: half the cores, from 1 to 8.
+[[nodiscard]] std::size_t default_safetensors_readers() noexcept;
+
 /// Loads the safetensors file at `path` as the tensor set `name`; returns it read-only.
-/// @throws vmm::invalid_argument as read_safetensors_header, a file without tensors, or
-///         chunk_bytes 0; nothing was created.
+/// @throws vmm::invalid_argument as read_safetensors_header, a file without tensors,
+///         chunk_bytes 0 or readers past max_safetensors_readers; nothing was created.
 /// @throws vmm::os_error reading failed, or the file is shorter than its header says.
 /// @throws store_error, vmm::ipc::protocol_error, vmm::out_of_memory, vmm::driver_error as
 ///         tensor_set_builder and its commit(). Nothing is left in the store after any.
