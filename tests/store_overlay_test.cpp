@@ -289,6 +289,8 @@ TYPED_TEST(overlay_test, every_failure_leaves_the_set_shared_and_read_only) {
     store::tensor_set set = store::tensor_set::get(store, "model");
     const std::vector<mapped_at> shared = this->mappings(set);
     const std::uint64_t stored = store.statistics().bytes;
+    collect_retired(true);
+    address_space_usage before = this->provider_->address_space().usage();
     const std::vector<std::string> names{"b", "d"};
     std::size_t failures = 0;
     std::size_t cleanups = 0;
@@ -329,10 +331,13 @@ TYPED_TEST(overlay_test, every_failure_leaves_the_set_shared_and_read_only) {
           EXPECT_EQ(this->read(set, 3), this->bytes_[3]);
           set = store::tensor_set::get(store, "model");
           collect_retired(true);
+          before = this->provider_->address_space().usage();
           continue;
         }
         ASSERT_TRUE(threw) << "no documented error";
         ++failures;
+        collect_retired(true);
+        EXPECT_EQ(this->provider_->address_space().usage(), before);  // the fresh memory is gone
         EXPECT_EQ(set.memory().private_bytes(), 0u);
         this->expect_shared_as_put(set, shared);
         EXPECT_TRUE(this->write_faults_on(set, 1));
