@@ -104,19 +104,22 @@ class overlay_test : public provider_test<Kind> {
     for (std::size_t i = 0; i < table_.size(); ++i) {
       table_[i].bytes = store::element_bytes(table_[i].type) * table_[i].shape[0];
       bytes_.push_back(pattern(table_[i].bytes, 40 + static_cast<std::uint32_t>(i)));
-      write_bytes(*made.provider(), reinterpret_cast<std::uintptr_t>(made.data()) + table_[i].offset, bytes_[i]);
+      write_bytes(*made.provider(), reinterpret_cast<std::uintptr_t>(made.data()) + table_[i].offset,
+                  bytes_[i]);
     }
     const std::vector<std::byte> encoded = store::encode(table_);
     const std::uint64_t at = ends[1] + 1024;
-    write_bytes(*made.provider(), reinterpret_cast<std::uintptr_t>(made.data()) + at,
-                std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(encoded.data()),
-                                          reinterpret_cast<const std::uint8_t*>(encoded.data()) + encoded.size()));
+    write_bytes(
+        *made.provider(), reinterpret_cast<std::uintptr_t>(made.data()) + at,
+        std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(encoded.data()),
+                                  reinterpret_cast<const std::uint8_t*>(encoded.data()) + encoded.size()));
     store.seal_set("model", at, encoded.size());
     chunk_bytes_ = {ends[0], ends[1] - ends[0], ends[2] - ends[1]};
   }
 
   std::vector<std::uint8_t> read(const store::tensor_set& set, std::size_t i) const {
-    return read_bytes(*set.memory().provider(), reinterpret_cast<std::uintptr_t>(set[i].data), set[i].info->bytes);
+    return read_bytes(*set.memory().provider(), reinterpret_cast<std::uintptr_t>(set[i].data),
+                      set[i].info->bytes);
   }
   // Whether a write to tensor i faults (it is read-only here).
   bool write_faults_on(const store::tensor_set& set, std::size_t i) const {
@@ -295,8 +298,8 @@ TYPED_TEST(overlay_test, every_failure_leaves_the_set_shared_and_read_only) {
     std::size_t failures = 0;
     std::size_t cleanups = 0;
     std::uint64_t total = 0;
-    for (const std::uint32_t site : {fault::memfd_create, fault::fallocate, fault::mmap, fault::mprotect,
-                                     fault::fcntl, fault::fstat}) {
+    for (const std::uint32_t site :
+         {fault::memfd_create, fault::fallocate, fault::mmap, fault::mprotect, fault::fcntl, fault::fstat}) {
       std::uint64_t calls = 0;
       {
         store::tensor_set probe = store::tensor_set::get(store, "model", {});  // a mapping of its own

@@ -17,8 +17,8 @@ namespace vmm::ipc {
 template <class Fn>
 void imported_buffer::for_chunks_touching(std::size_t offset, std::size_t length, Fn&& fn) const {
   if (offset > capacity() || length > capacity() - offset)
-    throw invalid_argument(fmt::format("imported_buffer: the range [{}, +{}) passes the {} bytes mapped", offset,
-                                       length, capacity()));
+    throw invalid_argument(fmt::format("imported_buffer: the range [{}, +{}) passes the {} bytes mapped",
+                                       offset, length, capacity()));
   if (length == 0) return;
   std::size_t position = 0;
   for (std::size_t i = 0; i < run_.chunks().size() && position < offset + length; ++i) {
@@ -54,8 +54,9 @@ std::size_t imported_buffer::make_private(std::span<const byte_span> spans, stre
   for (const byte_span& span : spans)
     for_chunks_touching(span.offset, span.length, [&](std::size_t index, std::size_t at) {
       if (index < private_chunks_.size() && private_chunks_[index]) return;
-      const auto place = std::lower_bound(plan.begin(), plan.end(), index,
-                                          [](const replacement& step, std::size_t i) { return step.index < i; });
+      const auto place =
+          std::lower_bound(plan.begin(), plan.end(), index,
+                           [](const replacement& step, std::size_t i) { return step.index < i; });
       if (place == plan.end() || place->index != index) plan.insert(place, {index, at, nullptr});
     });
   if (plan.empty()) return 0;
@@ -83,7 +84,8 @@ std::size_t imported_buffer::make_private(std::span<const byte_span> spans, stre
         temporary.push_back(step.fresh);
         temporary.set_access(0, shared->size(), access_mode::read_write);
         executor = &provider->executor();
-        executor->copy(temporary.data(), static_cast<const std::byte*>(data()) + step.at, shared->size(), stream);
+        executor->copy(temporary.data(), static_cast<const std::byte*>(data()) + step.at, shared->size(),
+                       stream);
         fresh_bytes += shared->size();
       }
       if (executor != nullptr) executor->synchronize(stream);
@@ -112,7 +114,8 @@ std::size_t imported_buffer::make_private(std::span<const byte_span> spans, stre
       const replacement& step = plan[done];
       const provider_capabilities& caps = step.fresh->memory().provider()->capabilities();
       (void)detail::cleanup("imported_buffer: mapping a shared chunk back", [&] {
-        (void)run_.replace(step.index, replaced[done], caps.grants(access_), caps.grants(access_mode::read_write));
+        (void)run_.replace(step.index, replaced[done], caps.grants(access_),
+                           caps.grants(access_mode::read_write));
       });
     }
     throw;

@@ -98,7 +98,8 @@ void mapped_range::push_back(shared_chunk chunk) {
   chunks_.push_back(std::move(chunk));
 }
 
-shared_chunk mapped_range::replace(std::size_t index, shared_chunk chunk, std::span<const access_grant> grants,
+shared_chunk mapped_range::replace(std::size_t index, shared_chunk chunk,
+                                   std::span<const access_grant> grants,
                                    std::span<const access_grant> restore) {
   if (index >= chunks_.size())
     throw invalid_argument(

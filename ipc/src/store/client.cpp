@@ -28,7 +28,7 @@ struct cached_import {
   std::uint64_t last_used = 0;           // for eviction
   std::uint32_t slot = no_version_slot;  // the entry's word in the version table
   std::uint64_t version = 0;             // that word as of the last reply
-  bool uncached = false;  // never in the cache: a mapping of one handle's own (get_options)
+  bool uncached = false;                 // never in the cache: a mapping of one handle's own (get_options)
 };
 
 struct client_state {
@@ -382,8 +382,8 @@ buffer client::get(std::string_view name, access_mode access, get_options option
   }
   const hold_reply got = decode_hold_reply(body);
   buffer made;
-  made.import_ = state_->take_delivery(asked.name, access, got,
-                                       got.sent == delivery::whole ? nullptr : cached, shared);
+  made.import_ =
+      state_->take_delivery(asked.name, access, got, got.sent == delivery::whole ? nullptr : cached, shared);
   made.state_ = state_;
   return made;
 }

@@ -53,11 +53,13 @@ private_tensors tensor_set::make_private(std::span<const std::string> names, str
     spans.push_back({tensor.offset, tensor.bytes});
   }
   std::vector<bool> before(table_.size());
-  for (std::size_t i = 0; i < table_.size(); ++i) before[i] = memory_.is_private(table_[i].offset, table_[i].bytes);
+  for (std::size_t i = 0; i < table_.size(); ++i)
+    before[i] = memory_.is_private(table_[i].offset, table_[i].bytes);
   private_tensors made;
   made.bytes = memory_.make_private(spans, stream);
   for (std::size_t i = 0; i < table_.size(); ++i)
-    if (!before[i] && memory_.is_private(table_[i].offset, table_[i].bytes)) made.names.push_back(table_[i].name);
+    if (!before[i] && memory_.is_private(table_[i].offset, table_[i].bytes))
+      made.names.push_back(table_[i].name);
   return made;
 }
 
@@ -69,9 +71,9 @@ bool tensor_set::is_private(std::string_view name) const {
 void* tensor_set::data_writable(std::string_view name) const {
   const tensor_info& tensor = table_[index_of(name)];
   if (!memory_.is_private(tensor.offset, tensor.bytes))
-    throw invalid_argument(fmt::format(
-        "vmm-store: tensor \"{}\" of \"{}\" is shared and read-only here: make_private first", name,
-        memory_.name()));
+    throw invalid_argument(
+        fmt::format("vmm-store: tensor \"{}\" of \"{}\" is shared and read-only here: make_private first",
+                    name, memory_.name()));
   return static_cast<std::byte*>(memory_.data()) + tensor.offset;
 }
 
