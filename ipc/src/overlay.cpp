@@ -67,7 +67,6 @@ std::size_t imported_buffer::make_private(std::span<const byte_span> spans, stre
   {
     std::vector<mapped_range> staging;
     staging.reserve(plan.size());
-    stream_executor* executor = nullptr;
     const auto retire_staging = [&] {
       for (mapped_range& temporary : staging) {
         const stream_use use{&temporary.provider()->executor(), stream};
@@ -83,12 +82,11 @@ std::size_t imported_buffer::make_private(std::span<const byte_span> spans, stre
         mapped_range& temporary = staging.emplace_back(provider, shared->size());
         temporary.push_back(step.fresh);
         temporary.set_access(0, shared->size(), access_mode::read_write);
-        executor = &provider->executor();
-        executor->copy(temporary.data(), static_cast<const std::byte*>(data()) + step.at, shared->size(),
-                       stream);
+        provider->executor().copy(temporary.data(), static_cast<const std::byte*>(data()) + step.at,
+                                  shared->size(), stream);
         fresh_bytes += shared->size();
       }
-      if (executor != nullptr) executor->synchronize(stream);
+      for (const mapped_range& temporary : staging) temporary.provider()->executor().synchronize(stream);
     } catch (...) {
       retire_staging();  // after the copies queued so far
       throw;
