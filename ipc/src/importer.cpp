@@ -140,7 +140,8 @@ imported_buffer::imported_buffer(imported_buffer&& other) noexcept
       max_size_limit_(std::exchange(other.max_size_limit_, 0)),
       size_(std::exchange(other.size_, 0)),
       access_(std::exchange(other.access_, access_mode::none)),
-      stream_(std::exchange(other.stream_, stream_ref())) {}
+      stream_(std::exchange(other.stream_, stream_ref())),
+      private_chunks_(std::exchange(other.private_chunks_, {})) {}
 
 imported_buffer& imported_buffer::operator=(imported_buffer&& other) noexcept {
   if (this != &other) {
@@ -155,6 +156,7 @@ imported_buffer& imported_buffer::operator=(imported_buffer&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     access_ = std::exchange(other.access_, access_mode::none);
     stream_ = std::exchange(other.stream_, stream_ref());
+    private_chunks_ = std::exchange(other.private_chunks_, {});
   }
   return *this;
 }

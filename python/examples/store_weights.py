@@ -4,7 +4,8 @@
 
 Runs a vmm-store daemon on a thread (in production: ``vmm-store serve``, then
 ``vmm-store load model.safetensors --name NAME`` or Client().put), puts a small model's
-state dict once, and starts two worker processes that each get it zero-copy and read-only.
+state dict once, and starts two worker processes that each get it zero-copy and read-only;
+the second makes one tensor private (a writable copy of its own) and changes it.
 On OS host memory; pass --location cuda:0 on a GPU.
 """
 
@@ -25,8 +26,14 @@ def model():
 
 
 def worker(path, index, expected):
-    weights = vmm.store.Client(path).get("tiny")  # {name: tensor}: views of the one mapping
+    # {name: tensor}: views of the one mapping. Worker 1 changes a tensor after loading: it
+    # gets that one private (a copy of its own, writable; the other worker reads the original).
+    private = ["0.weight"] if index == 1 else []
+    weights = vmm.store.Client(path).get("tiny", private=private)
     checksum = sum(float(t.double().sum()) for t in weights.values())
+    if private:
+        weights["0.weight"].zero_()
+        print(f"worker {index}: zeroed its private copy of 0.weight (private here: {len(weights.private)} tensors)")
     net = model()
     with torch.no_grad():
         for name, param in net.named_parameters():

@@ -2,6 +2,9 @@
 // thread of this process. The Python face, vmm.store, turns a state dict into the rows put()
 // takes and the rows of a set into torch tensors or numpy arrays (python/vmm/store.py).
 //
+// Private tensors (get's private_names: tensor_set::make_private) are writable: torch tensors
+// through the same DLPack capsules, numpy arrays through PrivateBytes, a writable buffer.
+//
 // Lifetime. A TensorSet holds the set (its buffer handle, so the daemon keeps it and this
 // process keeps it mapped); every DLPack capsule and memoryview made of it holds the
 // TensorSet, so a tensor outlives the dict it came in and the client it was got through.
@@ -38,6 +41,14 @@ struct python_client {
 
 struct python_set {
   vmm::store::tensor_set set;
+};
+
+// The bytes of one private tensor, writable through the buffer protocol (numpy arrays of
+// private tensors); holds the set.
+struct python_private_bytes {
+  std::shared_ptr<python_set> owner;
+  void* data = nullptr;
+  std::size_t bytes = 0;
 };
 
 // (name, dtype name, shape, data address): what put() takes and tensors() gives, per tensor.
@@ -100,7 +111,33 @@ void bind_store(py::module_& m) {
                                {static_cast<py::ssize_t>(memory.size())}, {1}, true);
       })
       .def("__dlpack_device__",
-           [](const python_set& self) { return dlpack_device_of(self.set.memory().where()); });
+           [](const python_set& self) { return dlpack_device_of(self.set.memory().where()); })
+      .def(
+          "private_names",
+          [](const python_set& self) {
+            std::vector<std::string> names;
+            for (const vmm::store::tensor_info& t : self.set.tensors())
+              if (self.set.is_private(t.name)) names.push_back(t.name);
+            return names;
+          },
+          "The tensors private to this process (writable), in the set's order.")
+      .def(
+          "private_bytes",
+          [](const std::shared_ptr<python_set>& self, const std::string& name) {
+            void* data = self->set.data_writable(name);
+            return python_private_bytes{self, data, static_cast<std::size_t>(self->set.at(name).info->bytes)};
+          },
+          py::arg("name"), "The writable bytes of a private tensor (host memory: a buffer).");
+
+  py::class_<python_private_bytes>(m, "PrivateBytes", py::buffer_protocol(),
+                                   "The writable bytes of a private tensor; holds its set.")
+      .def_buffer([](python_private_bytes& self) {
+        if (self.owner->set.memory().where().kind == vmm::memory_kind::device)
+          throw py::buffer_error(fmt::format("{} memory has no buffer protocol: use DLPack",
+                                             name_of(self.owner->set.memory().where())));
+        return py::buffer_info(self.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(self.bytes)}, {1}, false);
+      });
 
   py::class_<python_client>(m, "StoreClient", "A connection to a vmm-store daemon (vmm.store.Client).")
       .def(py::init<const std::string&>(), py::arg("path"))
@@ -124,10 +161,15 @@ void bind_store(py::module_& m) {
           "read-only.")
       .def(
           "get",
-          [](python_client& self, const std::string& name) {
-            return std::make_shared<python_set>(python_set{vmm::store::tensor_set::get(self.client, name)});
+          [](python_client& self, const std::string& name, const std::vector<std::string>& private_names) {
+            if (private_names.empty())
+              return std::make_shared<python_set>(python_set{vmm::store::tensor_set::get(self.client, name)});
+            return std::make_shared<python_set>(
+                python_set{vmm::store::tensor_set::get(self.client, name, private_names)});
           },
-          py::arg("name"), "The tensor set `name`, read-only.")
+          py::arg("name"), py::arg("private_names") = std::vector<std::string>{},
+          "The tensor set `name`, read-only but for the tensors named private (copies of their "
+          "chunks, writable, at addresses of this set's own).")
       .def(
           "remove", [](python_client& self, const std::string& name) { self.client.remove(name); },
           py::arg("name"), "Frees the name; the set lives while a process holds it.")

@@ -15,7 +15,8 @@ lives, also after the dict and the client are gone.
 
 Read-only is the hardware's: torch has no read-only tensors, so a write to a got tensor is a
 fault (SIGSEGV on host memory, an illegal-address error on a GPU), not an exception. Copy a
-tensor (``tensor.clone()``) to change it.
+tensor (``tensor.clone()``) to change it, or get it private: ``get(name, private=[...])``
+maps writable copies of the tensors named, in this process only, and the rest stays shared.
 
 Locations: "os_host" (memfd pages, any process of the user) or "cuda:N". dtypes: those of the
 safetensors format (torch's and numpy's of fixed size; numpy has no bfloat16 or float8, so
@@ -28,7 +29,7 @@ store.
 
 from . import _vmm
 
-__all__ = ["Client", "Daemon"]
+__all__ = ["Client", "Daemon", "Tensors"]
 
 # torch dtype name -> safetensors name.
 _TORCH_DTYPES = {
@@ -89,14 +90,25 @@ class Client:
         rows = [_row(str(key), value) for key, value in keep.items()]
         return _tensors_of(self._native.put(str(name), rows, location), "torch")
 
-    def get(self, name, *, as_="torch"):
+    def get(self, name, *, as_="torch", private=()):
         """The set ``name`` as {tensor name: torch tensor} (``as_="numpy"``: read-only numpy
         arrays, host memory only), in the set's order, zero-copy.
 
+        ``private``: names of tensors to make private to this process (a private overlay,
+        docs/store.md): their memory is a copy of the shared bytes, writable here and nowhere
+        else, while every other tensor stays shared and read-only. The set gets addresses of
+        its own, which never change (CUDA graphs captured over it stay valid). The unit copied
+        is a chunk of the set's buffer: tensors sharing one with a named tensor become private
+        too (the result's ``private`` lists them all). The copies live as long as the tensors.
+
         Raises:
-            vmm.Error: no such set (or a plain buffer), or the daemon is gone.
+            vmm.InvalidArgumentError: ``private`` is not a list of distinct tensor names of the
+                set (nothing is made private, nothing is held).
+            vmm.Error: no such set (or a plain buffer), or the daemon is gone; out of memory
+                for the copies (nothing changed).
         """
-        return _tensors_of(self._native.get(str(name)), as_)
+        names = _private_names(private)
+        return _tensors_of(self._native.get(str(name), names), as_)
 
     def remove(self, name):
         """Frees the name; the set lives on while a process holds it."""
@@ -108,29 +120,60 @@ class Client:
         return self._native.list()
 
 
+def _private_names(private):
+    """``private`` checked: a list of distinct strings (a lone string is refused)."""
+    if isinstance(private, (str, bytes)):
+        raise _vmm.InvalidArgumentError(f"private={private!r}: expected a list of tensor names, not one string")
+    try:
+        names = list(private)
+    except TypeError:
+        raise _vmm.InvalidArgumentError(f"private={private!r}: expected a list of tensor names") from None
+    for value in names:
+        if not isinstance(value, str):
+            raise _vmm.InvalidArgumentError(f"private: {value!r} is not a tensor name (a str)")
+    if len(set(names)) != len(names):
+        twice = next(value for value in names if names.count(value) > 1)
+        raise _vmm.InvalidArgumentError(f"private: tensor {twice!r} is named twice")
+    return names
+
+
+class Tensors(dict):
+    """{tensor name: tensor} of a set, in the set's order (what Client.get and put return).
+    ``private``: the names of the tensors private to this process (writable), in the set's
+    order: those asked for, and those sharing a chunk with them."""
+
+    private = ()
+
+
 def _tensors_of(tensor_set, as_):
     if as_ == "numpy":
         import numpy
 
         memory = memoryview(tensor_set)  # read-only; holds the set
-        out = {}
+        private = set(tensor_set.private_names())
+        out = Tensors()
         for name, dtype, shape, offset in tensor_set.tensors():
             kind = numpy.dtype(_NUMPY[dtype])
             count = 1
             for extent in shape:
                 count *= extent
-            out[name] = numpy.frombuffer(memory, kind, count, offset).reshape(shape)
+            if name in private:  # writable bytes of their own, holding the set
+                out[name] = numpy.frombuffer(tensor_set.private_bytes(name), kind, count).reshape(shape)
+            else:
+                out[name] = numpy.frombuffer(memory, kind, count, offset).reshape(shape)
+        out.private = tuple(tensor_set.private_names())
         return out
     if as_ != "torch":
         raise _vmm.InvalidArgumentError(f'as_={as_!r}: expected "torch" or "numpy"')
     import torch.utils.dlpack
 
     device_type, device_id = tensor_set.__dlpack_device__()
-    out = {}
+    out = Tensors()
     for name, dtype, shape, offset in tensor_set.tensors():
         code, bits = _DLPACK[dtype]
         capsule = _vmm.dlpack_capsule(tensor_set, tensor_set.data + offset, shape, code, bits, device_type, device_id)
         out[name] = torch.utils.dlpack.from_dlpack(capsule)
+    out.private = tuple(tensor_set.private_names())
     return out
 
 

@@ -124,3 +124,58 @@ def test_a_daemon_that_stops_leaves_mappings_readable(tmp_path):
     assert torch.equal(weights["steps"], torch.tensor([3, 1, 4]))
     with pytest.raises(vmm.Error):
         vmm.store.Client(daemon.path)
+
+
+def test_private_tensors_are_writable_here_only(daemon):
+    client = vmm.store.Client(daemon.path)
+    source = state_dict()
+    shared = client.put("model", source)  # held: get(private=...) maps the set anew
+    weights = client.get("model", private=["norm.weight"])
+    # One chunk (put's layout): every tensor shares norm.weight's, so all are private copies.
+    assert weights.private == tuple(source)
+    assert shared.private == ()
+    norm = weights["norm.weight"]
+    address = norm.data_ptr()
+    assert address != shared["norm.weight"].data_ptr()
+    assert torch.equal(norm, source["norm.weight"])  # a copy of the shared bytes first
+    norm.fill_(5.0)
+    assert norm.data_ptr() == address and torch.equal(weights["norm.weight"], torch.full((7,), 5.0))
+    # The shared memory is untouched: here, in a later get, and in another process.
+    assert torch.equal(shared["norm.weight"], source["norm.weight"])
+    later = client.get("model")
+    assert later.private == () and later["norm.weight"].data_ptr() == shared["norm.weight"].data_ptr()
+    child = start_child(daemon, "model")
+    expected = " ".join(f"{name}={float(t.double().sum())}" for name, t in source.items())
+    assert child.stdout.readline().strip() == expected, child.stderr.read()
+    out, err = child.communicate("")
+    assert out.strip() == "done", err
+
+    # numpy: the private arrays are writable, the shared ones are not.
+    arrays = client.get("model", as_="numpy", private=["steps"])
+    assert arrays["steps"].flags.writeable
+    arrays["steps"][0] = 9
+    assert arrays["steps"].tolist() == [9, 1, 4]
+    assert client.get("model", as_="numpy")["steps"].tolist() == [3, 1, 4]
+    assert not client.get("model", as_="numpy")["steps"].flags.writeable
+
+    # The copies go with the tensors: the daemon's holds are what they were.
+    before = holders(client, "model")
+    del weights, norm, arrays
+    assert holders(client, "model") == before - 2
+
+
+def test_bad_private_names_are_refused_and_change_nothing(daemon):
+    client = vmm.store.Client(daemon.path)
+    client.put("model", state_dict())
+    before = holders(client, "model")
+    for private, message in [
+        (["absent"], 'holds no tensor "absent"'),
+        (["steps", "steps"], "'steps' is named twice"),
+        ([3], "3 is not a tensor name"),
+        ("steps", "not one string"),
+        (5, "expected a list of tensor names"),
+    ]:
+        with pytest.raises(vmm.InvalidArgumentError, match=message):
+            client.get("model", private=private)
+        assert holders(client, "model") == before
+    assert client.get("model", private=[]).private == ()

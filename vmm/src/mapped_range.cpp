@@ -73,7 +73,7 @@ void mapped_range::abandon() noexcept {
   (void)range_.release();
 }
 
-void mapped_range::push_back(shared_chunk chunk) {
+void mapped_range::check_mappable(const shared_chunk& chunk) const {
   if (chunk == nullptr || !*chunk) throw invalid_argument("mapped_range: the chunk is empty");
   const std::shared_ptr<memory_provider>& memory = chunk->memory().provider();
   if (&memory->address_space() != &provider()->address_space())
@@ -82,6 +82,10 @@ void mapped_range::push_back(shared_chunk chunk) {
                     "spaces never shares a range",
                     to_string(memory->capabilities().where), memory->address_space().name(),
                     provider()->address_space().name()));
+}
+
+void mapped_range::push_back(shared_chunk chunk) {
+  check_mappable(chunk);
   if (chunk->size() > size() - mapped_)
     throw invalid_argument(
         fmt::format("mapped_range: a chunk of {} bytes does not fit: {} of {} bytes "
@@ -92,6 +96,32 @@ void mapped_range::push_back(shared_chunk chunk) {
   mappings_.emplace_back(chunk->memory(), address() + mapped_, std::span<const access_grant>{});
   mapped_ += chunk->size();
   chunks_.push_back(std::move(chunk));
+}
+
+shared_chunk mapped_range::replace(std::size_t index, shared_chunk chunk,
+                                   std::span<const access_grant> grants,
+                                   std::span<const access_grant> restore) {
+  if (index >= chunks_.size())
+    throw invalid_argument(
+        fmt::format("mapped_range: replace of chunk {}, but {} chunks are mapped", index, chunks_.size()));
+  check_mappable(chunk);
+  if (chunk->size() != chunks_[index]->size())
+    throw invalid_argument(fmt::format("mapped_range: a chunk of {} bytes cannot replace one of {} bytes",
+                                       chunk->size(), chunks_[index]->size()));
+  mapping& place = mappings_[index];
+  const std::uintptr_t at = place.address();
+  const std::shared_ptr<memory_provider> owner = place.provider();
+  owner->unmap(at, place.size());  // a refusal throws with the old mapping in place
+  (void)place.release();
+  try {
+    place = mapping(chunk->memory(), at, grants);
+  } catch (...) {
+    // Put the old chunk back as it was; only if that fails too do its addresses stay unmapped.
+    (void)detail::cleanup("mapped_range: mapping a replaced chunk back",
+                          [&] { place = mapping(chunks_[index]->memory(), at, restore); });
+    throw;
+  }
+  return std::exchange(chunks_[index], std::move(chunk));
 }
 
 std::vector<shared_chunk> mapped_range::chunks(std::size_t offset, std::size_t length) const {

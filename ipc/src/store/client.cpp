@@ -28,6 +28,7 @@ struct cached_import {
   std::uint64_t last_used = 0;           // for eviction
   std::uint32_t slot = no_version_slot;  // the entry's word in the version table
   std::uint64_t version = 0;             // that word as of the last reply
+  bool uncached = false;                 // never in the cache: a mapping of one handle's own (get_options)
 };
 
 struct client_state {
@@ -103,11 +104,14 @@ struct client_state {
   }
 
   // Receives what a hold reply announces into the cache entry for (name, access).
+  // A whole import made uncached stays out of the cache.
   std::shared_ptr<cached_import> take_delivery(const std::string& name, access_mode access,
-                                               const hold_reply& got, std::shared_ptr<cached_import> cached) {
+                                               const hold_reply& got, std::shared_ptr<cached_import> cached,
+                                               bool uncached = false) {
     try {
       if (got.sent == delivery::whole) {
         auto fresh = std::make_shared<cached_import>();
+        fresh->uncached = uncached;
         fresh->name = name;
         fresh->entry = got.entry;
         fresh->mapped =
@@ -131,7 +135,7 @@ struct client_state {
     cached->slot = got.slot;
     cached->version = got.version;
     cached->last_used = ++clock;
-    cache[{name, access}] = cached;
+    if (!cached->uncached) cache[{name, access}] = cached;
     evict();
     return cached;
   }
@@ -245,6 +249,44 @@ const std::shared_ptr<memory_provider>& buffer::provider() const noexcept {
   return import_ ? import_->mapped.provider() : none;
 }
 
+std::size_t buffer::make_private(std::size_t offset, std::size_t bytes, stream_ref stream) {
+  const ipc::byte_span span{offset, bytes};
+  return make_private({&span, 1}, stream);
+}
+
+std::size_t buffer::make_private(std::span<const ipc::byte_span> spans, stream_ref stream) {
+  if (!import_) throw invalid_argument("vmm::store::buffer::make_private on an empty handle");
+  std::lock_guard lock(state_->mutex);
+  const access_mode access = import_->mapped.access();
+  if (access != access_mode::read_only)
+    throw invalid_argument(fmt::format(
+        "vmm-store: \"{}\" is held writable here: make_private is for read-only holds", import_->name));
+  const auto found = state_->cache.find({import_->name, access});
+  const bool cached = found != state_->cache.end() && found->second == import_;
+  const long others = import_.use_count() - 1 - (cached ? 1 : 0);
+  if (others > 0)
+    throw invalid_argument(
+        fmt::format("vmm-store: {} other handle(s) of this process map \"{}\" at the same addresses, which a "
+                    "private overlay would change for them too: get it with get_options::own_mapping",
+                    others, import_->name));
+  const std::size_t made = import_->mapped.make_private(spans, stream);
+  if (import_->mapped.private_bytes() != 0 && !import_->uncached) {
+    // Private now: no later get of this process may find it. Erasing allocates nothing.
+    import_->uncached = true;
+    if (cached) state_->cache.erase(found);
+  }
+  return made;
+}
+
+bool buffer::is_private(std::size_t offset, std::size_t bytes) const {
+  if (!import_) throw invalid_argument("vmm::store::buffer::is_private on an empty handle");
+  return import_->mapped.is_private(offset, bytes);
+}
+
+std::size_t buffer::private_bytes() const noexcept {
+  return import_ ? import_->mapped.private_bytes() : 0;
+}
+
 void buffer::refresh() {
   if (!import_) throw invalid_argument("vmm::store::buffer::refresh on an empty handle");
   std::lock_guard lock(state_->mutex);
@@ -307,11 +349,14 @@ buffer client::create(std::string_view name, std::size_t size, location where, c
   return made;
 }
 
-buffer client::get(std::string_view name, access_mode access) {
+buffer client::get(std::string_view name, access_mode access, get_options options) {
   std::lock_guard lock(state_->mutex);
   request asked{.op = operation::get, .name = std::string(name), .access = access};
   std::shared_ptr<detail::cached_import> cached;
-  if (const auto found = state_->cache.find({asked.name, access}); found != state_->cache.end()) {
+  const auto found = state_->cache.find({asked.name, access});
+  // Held by a handle (besides the cache): not a mapping of its own; a whole import instead.
+  const bool shared = options.own_mapping && found != state_->cache.end() && found->second.use_count() > 1;
+  if (found != state_->cache.end() && !shared) {
     cached = found->second;
     if (cached->slot != no_version_slot && state_->versions.read(cached->slot) == cached->version) {
       // Unchanged since the daemon last said: the same entry under this name, the same
@@ -338,7 +383,7 @@ buffer client::get(std::string_view name, access_mode access) {
   const hold_reply got = decode_hold_reply(body);
   buffer made;
   made.import_ =
-      state_->take_delivery(asked.name, access, got, got.sent == delivery::whole ? nullptr : cached);
+      state_->take_delivery(asked.name, access, got, got.sent == delivery::whole ? nullptr : cached, shared);
   made.state_ = state_;
   return made;
 }

@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include <set>
 #include <utility>
+#include <vector>
 
 namespace vmm::store {
 
@@ -21,6 +23,58 @@ tensor_set tensor_set::get(client& store, std::string_view name) {
   buffer held = store.get(name, access_mode::read_only);
   std::vector<tensor_info> table = store.tensors(held);
   return tensor_set(std::move(held), std::move(table));
+}
+
+tensor_set tensor_set::get(client& store, std::string_view name, std::span<const std::string> private_names,
+                           stream_ref stream) {
+  buffer held = store.get(name, access_mode::read_only, {.own_mapping = true});
+  std::vector<tensor_info> table = store.tensors(held);
+  tensor_set set(std::move(held), std::move(table));
+  (void)set.make_private(private_names, stream);
+  return set;
+}
+
+std::size_t tensor_set::index_of(std::string_view name) const {
+  const auto found = index_.find(name);
+  if (found == index_.end())
+    throw invalid_argument(fmt::format("vmm-store: \"{}\" holds no tensor \"{}\"", memory_.name(), name));
+  return found->second;
+}
+
+private_tensors tensor_set::make_private(std::span<const std::string> names, stream_ref stream) {
+  std::vector<ipc::byte_span> spans;
+  spans.reserve(names.size());
+  std::set<std::string_view> asked;
+  for (const std::string& name : names) {
+    const tensor_info& tensor = table_[index_of(name)];
+    if (!asked.insert(name).second)
+      throw invalid_argument(
+          fmt::format("vmm-store: tensor \"{}\" of \"{}\" is named twice", name, memory_.name()));
+    spans.push_back({tensor.offset, tensor.bytes});
+  }
+  std::vector<bool> before(table_.size());
+  for (std::size_t i = 0; i < table_.size(); ++i)
+    before[i] = memory_.is_private(table_[i].offset, table_[i].bytes);
+  private_tensors made;
+  made.bytes = memory_.make_private(spans, stream);
+  for (std::size_t i = 0; i < table_.size(); ++i)
+    if (!before[i] && memory_.is_private(table_[i].offset, table_[i].bytes))
+      made.names.push_back(table_[i].name);
+  return made;
+}
+
+bool tensor_set::is_private(std::string_view name) const {
+  const tensor_info& tensor = table_[index_of(name)];
+  return memory_.is_private(tensor.offset, tensor.bytes);
+}
+
+void* tensor_set::data_writable(std::string_view name) const {
+  const tensor_info& tensor = table_[index_of(name)];
+  if (!memory_.is_private(tensor.offset, tensor.bytes))
+    throw invalid_argument(
+        fmt::format("vmm-store: tensor \"{}\" of \"{}\" is shared and read-only here: make_private first",
+                    name, memory_.name()));
+  return static_cast<std::byte*>(memory_.data()) + tensor.offset;
 }
 
 tensor_set tensor_set::put(client& store, std::string_view name, std::span<const tensor_source> tensors,
@@ -48,10 +102,7 @@ tensor_view tensor_set::operator[](std::size_t i) const {
 }
 
 tensor_view tensor_set::at(std::string_view name) const {
-  const auto found = index_.find(name);
-  if (found == index_.end())
-    throw invalid_argument(fmt::format("vmm-store: \"{}\" holds no tensor \"{}\"", memory_.name(), name));
-  return (*this)[found->second];
+  return (*this)[index_of(name)];
 }
 
 // ---- tensor_set_builder ----------------------------------------------------------------------

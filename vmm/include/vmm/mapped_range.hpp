@@ -102,6 +102,17 @@ class mapped_range {
   /// Grants `mode` to the default accessors of the range's provider.
   /// @throws as set_access() with grants.
   void set_access(std::size_t offset, std::size_t length, access_mode mode);
+  /// Maps `chunk` in place of chunk `index`, at the same address, with `grants`, and returns
+  /// the chunk it replaced (unmapped here; its memory lives while anything else holds it).
+  /// The old chunk is unmapped at once, as unmap_from() does: no queued work may use it.
+  /// Strong guarantee: when the unmap or the new mapping fails, chunk `index` is mapped
+  /// again with `restore` (the access it had) and the error is thrown. Only when mapping it
+  /// back fails as well (reported, not thrown) are those addresses left unmapped.
+  /// @throws vmm::invalid_argument no chunk `index`, `chunk` is empty, of another size, or of
+  ///         another address space (nothing changed).
+  /// @throws vmm::driver_error, vmm::os_error the unmap, the map or the access was refused.
+  shared_chunk replace(std::size_t index, shared_chunk chunk, std::span<const access_grant> grants,
+                       std::span<const access_grant> restore);
   /// Unmaps chunks [first, chunk count) at once, the last first, and lets go of them.
   /// Returns the chunk count afterwards: `first`, or more when an unmap failed (that chunk
   /// and those below it stay mapped; the failure was reported).
@@ -119,6 +130,8 @@ class mapped_range {
   // Unmaps every chunk (the last first), then frees the range. Returns whether all of it was
   // let go; what was not stays here, for a later call.
   bool release_all() noexcept;
+  // Throws unless `chunk` is memory this range can map.
+  void check_mappable(const shared_chunk& chunk) const;
   // Forgets what release_all() left: the mappings stay mapped and the range allocated for the
   // rest of the process, and their chunks are discarded.
   void abandon() noexcept;

@@ -34,6 +34,14 @@
 /// destroyed and its range freed; if the importing process dies instead, the OS and the
 /// driver release the same, and the exporter holds nothing for it.
 ///
+/// Private overlays. make_private() replaces chunks of the import, in this process only, by
+/// fresh memory holding a copy of their bytes, mapped read-write at the same addresses: the
+/// exporter's memory and every other process's mapping are untouched, and no address
+/// changes. The driver maps a physical handle only whole and unmaps only whole mappings, so
+/// the unit replaced is one chunk: every chunk that a range touches. A replaced chunk stays
+/// private (a later make_private over it maps nothing) until the import is destroyed, which
+/// frees the fresh memory with the rest.
+///
 /// Address space. A manifest says how many bytes to reserve (max_size); a peer could ask
 /// for more than this process can spare. import_options::max_size_limit bounds it (by
 /// default, the physical memory size of the manifest's location).
@@ -48,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace vmm::ipc {
@@ -90,6 +99,12 @@ struct import_options {
   /// message included; the handles it imports between them count against it too.
   /// no_timeout waits without end.
   std::chrono::milliseconds timeout = default_timeout;
+};
+
+/// Bytes [offset, offset + length) of an import.
+struct byte_span {
+  std::size_t offset = 0;
+  std::size_t length = 0;
 };
 
 /// Another process's buffer, mapped here with its layout. See the file comment. Move-only.
@@ -140,6 +155,28 @@ class imported_buffer {
   /// manifest: close it.
   void receive_growth(int socket_fd, std::chrono::milliseconds timeout = default_timeout);
 
+  /// Makes every chunk that one of `spans` touches private (see the file comment), all of
+  /// them or none: for each one not private yet, fresh memory of its size is created through
+  /// its provider, mapped at a temporary address, filled with a copy of the chunk on
+  /// `stream` (then synchronized), and mapped read-write in the chunk's place; the
+  /// exporter's chunk is let go here. Returns the bytes of fresh memory mapped (0 when all
+  /// of it was private already, or the spans are empty).
+  /// Work in flight: the caller must have no work queued on the chunks replaced (on any
+  /// stream but `stream`, which is synchronized first): their old mappings go at once.
+  /// Strong guarantee: on failure every chunk is mapped as it was, shared and with its
+  /// access; the fresh memory is freed.
+  /// @throws vmm::invalid_argument the import is empty, or a span passes capacity()
+  ///         (nothing changed).
+  /// @throws vmm::out_of_memory no fresh memory or no temporary addresses are left.
+  /// @throws vmm::driver_error, vmm::os_error creating, mapping, copying or unmapping failed.
+  std::size_t make_private(std::span<const byte_span> spans, stream_ref stream = {});
+  /// Whether every chunk that [offset, offset + length) touches is private (true when
+  /// length is 0): those bytes are writable here.
+  /// @throws vmm::invalid_argument the range passes capacity().
+  [[nodiscard]] bool is_private(std::size_t offset, std::size_t length) const;
+  /// Bytes of the import that are private.
+  [[nodiscard]] std::size_t private_bytes() const noexcept;
+
   /// The first byte (nullptr when empty); never changes, growth included.
   [[nodiscard]] void* data() const noexcept { return run_.data(); }
   /// Bytes in use at the exporter when it sent the latest manifest (<= capacity()).
@@ -175,6 +212,10 @@ class imported_buffer {
   void map_chunks(const manifest& description, fd_source& fds);
   [[nodiscard]] std::shared_ptr<memory_provider> provider_of(const location& where) const;
 
+  // Calls fn(index, offset) for each chunk that [offset, offset + length) touches.
+  template <class Fn>
+  void for_chunks_touching(std::size_t offset, std::size_t length, Fn&& fn) const;
+
   std::shared_ptr<memory_provider> chosen_provider_;  // import_options::provider
   mapped_range run_;
   location where_;
@@ -185,6 +226,7 @@ class imported_buffer {
   std::size_t size_ = 0;
   access_mode access_ = access_mode::none;
   stream_ref stream_;
+  std::vector<bool> private_chunks_;  // by chunk index; past its end: shared
 };
 
 }  // namespace vmm::ipc

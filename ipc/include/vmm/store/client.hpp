@@ -47,6 +47,7 @@
 #include <vmm/location.hpp>
 #include <vmm/store/protocol.hpp>
 #include <vmm/store/tensors.hpp>
+#include <vmm/stream_ref.hpp>
 
 #include <sys/types.h>
 
@@ -54,6 +55,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -103,6 +105,14 @@ struct create_options {
   bool one_chunk = false;
 };
 
+/// How to get.
+struct get_options {
+  /// Map the buffer at addresses that no other handle of this process shares: the cached
+  /// import when no handle holds it, a whole new import otherwise (not cached). What
+  /// buffer::make_private needs.
+  bool own_mapping = false;
+};
+
 namespace detail {
 struct client_state;
 struct cached_import;
@@ -141,6 +151,32 @@ class buffer {
   /// @throws vmm::ipc::protocol_error, vmm::out_of_memory, vmm::invalid_argument,
   ///         vmm::driver_error as get() (mapping the growth).
   void refresh();
+  /// Makes the chunks that [offset, offset + bytes) touches private to this handle: fresh
+  /// memory at the buffer's location, holding a copy of their bytes, mapped read-write at
+  /// the same addresses (docs/store.md, "Private overlays"). The daemon's memory and every
+  /// other process's mapping stay as they were; so does every address. The import leaves
+  /// the client's cache: a later get() in this process maps the shared memory again,
+  /// read-only, and the private memory is freed with this handle. Returns the bytes of
+  /// fresh memory mapped (0: all of it was private already, or bytes is 0).
+  /// Work in flight: nothing may use the chunks replaced on any stream but `stream` (which
+  /// is synchronized): their shared mappings go at once.
+  /// Strong guarantee: on failure the mapping is as it was (shared, read-only), and the
+  /// handle stays in the cache.
+  /// @throws vmm::invalid_argument the handle is empty, writable (the hold of a creator or
+  ///         a granted writer), the range passes capacity(), or another handle of this
+  ///         process maps the same addresses (a repeated get: get with
+  ///         get_options::own_mapping); nothing changed.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as
+  ///         vmm::ipc::imported_buffer::make_private (fresh memory, mapping, copying).
+  std::size_t make_private(std::size_t offset, std::size_t bytes, stream_ref stream = {});
+  /// make_private() of every span at once: all of them private, or (on failure) none.
+  /// @throws as make_private() above.
+  std::size_t make_private(std::span<const ipc::byte_span> spans, stream_ref stream = {});
+  /// Whether [offset, offset + bytes) is private here, and so writable (true for 0 bytes).
+  /// @throws vmm::invalid_argument the handle is empty, or the range passes capacity().
+  [[nodiscard]] bool is_private(std::size_t offset, std::size_t bytes) const;
+  /// Bytes of this handle's mapping that are private (0 for an empty handle).
+  [[nodiscard]] std::size_t private_bytes() const noexcept;
   /// Releases the hold now; the handle is empty afterwards.
   void release() noexcept;
 
@@ -190,7 +226,8 @@ class client {
   /// @throws vmm::ipc::protocol_error the daemon sent something malformed.
   /// @throws vmm::out_of_memory, vmm::invalid_argument, vmm::driver_error mapping what the
   ///         daemon sent (file comment).
-  [[nodiscard]] buffer get(std::string_view name, access_mode access = access_mode::read_only);
+  [[nodiscard]] buffer get(std::string_view name, access_mode access = access_mode::read_only,
+                           get_options options = {});
   /// Grows `name` to `size` bytes (creator or granted writers, unsealed). Holders see it
   /// after refresh().
   /// @throws vmm::invalid_argument a bad name; nothing was sent.

@@ -55,6 +55,15 @@ struct tensor_view {
   const tensor_info* info = nullptr;  ///< name, dtype, shape, offset, bytes
 };
 
+/// What tensor_set::make_private made private.
+struct private_tensors {
+  /// Every tensor private now that was not before, in the set's order: those asked for and
+  /// those that share a replaced chunk with them (the same bytes, now writable too).
+  std::vector<std::string> names;
+  /// Bytes of fresh memory mapped (whole chunks).
+  std::size_t bytes = 0;
+};
+
 /// A read-only tensor set held by this process. Move-only (the buffer handle is); holding
 /// it keeps the set alive in the daemon.
 class tensor_set {
@@ -74,6 +83,30 @@ class tensor_set {
   /// @throws vmm::ipc::protocol_error, vmm::out_of_memory, vmm::invalid_argument,
   ///         vmm::driver_error as client::get.
   static tensor_set get(client& store, std::string_view name);
+  /// Gets `name` at addresses of this set's own (get_options::own_mapping) and makes the
+  /// tensors named private (make_private); a set that cannot be made so is released again.
+  /// @throws as get() and make_private().
+  static tensor_set get(client& store, std::string_view name, std::span<const std::string> private_names,
+                        stream_ref stream = {});
+
+  /// Private overlays (docs/store.md): maps fresh memory holding a copy of the named
+  /// tensors' bytes under their addresses, in this process only and writable; every other
+  /// tensor stays shared and read-only, and no address changes. The unit replaced is a
+  /// chunk of the set's buffer: the tensors sharing one with a named tensor become private
+  /// too (the result names them). All or nothing; the rules of buffer::make_private (no
+  /// work in flight on those tensors, this set the only handle here that maps them) hold.
+  /// The private memory lives as long as this set; a later get() maps the shared bytes.
+  /// @throws vmm::invalid_argument a name is not in the set or named twice, or as
+  ///         buffer::make_private; nothing changed.
+  /// @throws vmm::out_of_memory, vmm::driver_error, vmm::os_error as
+  ///         buffer::make_private; nothing changed.
+  private_tensors make_private(std::span<const std::string> names, stream_ref stream = {});
+  /// Whether the tensor of that name is private here (writable).
+  /// @throws vmm::invalid_argument no tensor has that name.
+  [[nodiscard]] bool is_private(std::string_view name) const;
+  /// The writable bytes of a private tensor.
+  /// @throws vmm::invalid_argument no tensor has that name, or it is not private.
+  [[nodiscard]] void* data_writable(std::string_view name) const;
 
   /// The buffer handle (its name, location, size, entry).
   [[nodiscard]] const buffer& memory() const noexcept { return memory_; }
@@ -90,6 +123,7 @@ class tensor_set {
  private:
   friend class tensor_set_builder;
   tensor_set(buffer memory, std::vector<tensor_info> table);
+  [[nodiscard]] std::size_t index_of(std::string_view name) const;
   buffer memory_;
   std::vector<tensor_info> table_;
   std::map<std::string, std::size_t, std::less<>> index_;
