@@ -8,8 +8,8 @@
 # the fault is reported as an error and stops the program. Driver calls that return an error
 # the code expects (the fabric-handle probe's cuMemCreate, refused without an IMEX channel)
 # are not reported (--report-api-errors no): memcheck judges memory accesses and leaks.
-# Logs go to $OUT/sanitizer/ (or ./sanitizer-out); the summary is printed last and the exit
-# status is 1 if any run found an error or did not finish.
+# Logs go to $OUT/sanitizer/ (or ./sanitizer-out); each run's verdict is printed as it ends
+# (and kept in summary.txt), and the exit status is 1 if any found an error or did not finish.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=build-gpu
@@ -29,6 +29,7 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 logs=${OUT:-$PWD/sanitizer-out}/sanitizer
 mkdir -p "$logs"
 deliberate_faults='-*_fails:append_faults.*'
+: >"$logs/summary.txt"
 status=0
 summary=()
 for program in "$build"/tests/cuda/vmm_*tests; do
@@ -46,11 +47,11 @@ for program in "$build"/tests/cuda/vmm_*tests; do
     fi
     tests=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | grep -Eo '[0-9]+$')
     summary+=("$tool $name: $verdict (${tests:-0} tests passed)")
+    echo "${summary[-1]}" | tee -a "$logs/summary.txt"
   done
 done
 if [ "${#summary[@]}" = 0 ]; then
   echo "gpu_sanitize.sh: no CUDA test program under $build/tests/cuda (build with a GPU toolkit first)" >&2
   exit 2
 fi
-printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 exit "$status"
