@@ -7,12 +7,14 @@
 #include <signal.h>
 
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "helpers/store_peer_protocol.hpp"
 #include "memory_io.hpp"
 #include "provider_kinds.hpp"
+#include "vmm/provider.hpp"
 #include "vmm/store/client.hpp"
 #include "vmm/store/tensor_set.hpp"
 #include "vmm/store/tensors.hpp"
@@ -91,6 +93,32 @@ TEST(tensor_table, refuses_each_broken_rule_naming_it) {
   EXPECT_NE(message_of<ipc::protocol_error>([&] {
               (void)store::decode_tensor_table(bytes, extent);
             }).find("truncated"),
+            std::string::npos);
+}
+
+TEST(tensor_table, a_per_tensor_layout_gives_large_tensors_whole_granules_and_packs_small_ones) {
+  constexpr std::uint64_t g = 1024;
+  std::vector<tensor_info> table;
+  for (const char* name : {"a", "b", "c", "d"})
+    table.push_back({.name = name, .type = dtype::u8, .shape = {300}});
+  table.push_back({.name = "big", .type = dtype::u8, .shape = {2 * g + 1}});
+  table.push_back({.name = "empty", .type = dtype::f32, .shape = {0}});
+  table.push_back({.name = "last", .type = dtype::u8, .shape = {g}});
+  const std::vector<std::uint64_t> ends = store::lay_out_per_tensor(table, g);
+  // a and b share the first granule; c would cross its end, so c and d share the second;
+  // big starts a granule and takes three; last is exactly one granule of its own.
+  EXPECT_EQ(ends, (std::vector<std::uint64_t>{g, 2 * g, 5 * g, 6 * g}));
+  EXPECT_EQ(table[0].offset, 0u);
+  EXPECT_EQ(table[1].offset, 2 * store::tensor_alignment);
+  EXPECT_EQ(table[2].offset, g);
+  EXPECT_EQ(table[3].offset, g + 2 * store::tensor_alignment);
+  EXPECT_EQ(table[4].offset, 2 * g);
+  EXPECT_EQ(table[4].bytes, 2 * g + 1);
+  EXPECT_EQ(table[6].offset, 5 * g);
+  EXPECT_EQ(store::tensor_table_problem(table, ends.back()), std::nullopt);
+  EXPECT_NE(message_of<invalid_argument>([&] {
+              (void)store::lay_out_per_tensor(table, 100);
+            }).find("multiple of 256"),
             std::string::npos);
 }
 
@@ -177,6 +205,87 @@ TYPED_TEST(tensor_set_test, put_then_get_in_other_processes_read_only) {
   EXPECT_EQ(store.stat("model").holders, 1u);
   store::tensor_set again = store::tensor_set::get(store, "model");
   EXPECT_EQ(again[0].data, put[0].data);  // a repeated get in this process maps nothing new
+}
+
+// Where the chunks of `held` end, in bytes from its start.
+std::set<std::uint64_t> chunk_ends(const store::buffer& held) {
+  std::set<std::uint64_t> ends;
+  std::uint64_t at = 0;
+  for (const std::size_t size : held.chunk_sizes()) ends.insert(at += size);
+  return ends;
+}
+
+TYPED_TEST(tensor_set_test, a_set_laid_out_per_tensor_gives_each_large_tensor_chunks_of_its_own) {
+  store::client store = this->connect();
+  const std::size_t g = provider_for(TypeParam::where())->capabilities().granularity;
+  // A tensor of two granules and a half, two small ones, one of exactly a granule.
+  const std::vector<tensor_info> shapes = {{.name = "big", .type = dtype::u8, .shape = {2 * g + g / 2}},
+                                           {.name = "norm", .type = dtype::f32, .shape = {5}},
+                                           {.name = "bias", .type = dtype::bf16, .shape = {7}},
+                                           {.name = "granule", .type = dtype::u8, .shape = {g}}};
+  std::vector<store::tensor_source> sources;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const std::uint64_t bytes = *store::tensor_bytes(shapes[i].type, shapes[i].shape);
+    this->bytes_.push_back(pattern(bytes, 40 + static_cast<std::uint32_t>(i)));
+    sources.push_back({.name = shapes[i].name,
+                       .type = shapes[i].type,
+                       .shape = shapes[i].shape,
+                       .data = this->bytes_[i].data()});
+  }
+  // A former buffer's bytes in the pool: the set's padding must not show them.
+  {
+    store::buffer dirty = store.create("dirty", 8 * g, TypeParam::where());
+    write_bytes(*dirty.provider(), reinterpret_cast<std::uintptr_t>(dirty.data()),
+                std::vector<std::uint8_t>(8 * g, 0xab));
+    dirty.release();
+    store.remove("dirty");
+  }
+  store::tensor_set put = store::tensor_set::put(store, "model", sources, TypeParam::where(),
+                                                 {.layout = store::set_layout::per_tensor});
+  // big (3 granules), the small ones packed in one, granule, the table.
+  EXPECT_EQ(put.memory().chunk_count(), 4u);
+  const std::set<std::uint64_t> ends = chunk_ends(put.memory());
+  for (const char* name : {"big", "granule"}) {
+    const tensor_info& t = *put.at(name).info;
+    EXPECT_EQ(t.offset % g, 0u) << name;
+    EXPECT_TRUE(t.offset == 0 || ends.contains(t.offset)) << name << " starts inside a chunk";
+    EXPECT_TRUE(ends.contains(t.offset + round_up(t.bytes, g))) << name << " ends inside a chunk";
+    if (t.bytes > g) {
+      EXPECT_FALSE(ends.contains(t.offset + g)) << name;  // one chunk, not one per granule
+    }
+  }
+  EXPECT_EQ(put.at("norm").info->offset, 3 * g);
+  EXPECT_EQ(put.at("bias").info->offset, 3 * g + store::tensor_alignment);
+
+  // The bytes round-trip, in another process too; every byte between them is zero.
+  const auto whole =
+      read_bytes(*put.memory().provider(), reinterpret_cast<std::uintptr_t>(put.memory().data()),
+                 put.memory().capacity());
+  std::vector<bool> covered(whole.size(), false);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const tensor_info& t = *put[i].info;
+    EXPECT_EQ(std::vector<std::uint8_t>(whole.begin() + static_cast<std::ptrdiff_t>(t.offset),
+                                        whole.begin() + static_cast<std::ptrdiff_t>(t.offset + t.bytes)),
+              this->bytes_[i])
+        << t.name;
+    std::fill(covered.begin() + static_cast<std::ptrdiff_t>(t.offset),
+              covered.begin() + static_cast<std::ptrdiff_t>(t.offset + t.bytes), true);
+  }
+  const std::uint64_t table_at = *ends.rbegin() - g;  // the table's chunk, the last
+  std::fill(covered.begin() + static_cast<std::ptrdiff_t>(table_at),
+            covered.begin() + static_cast<std::ptrdiff_t>(put.memory().size()), true);
+  std::size_t dirty = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) dirty += !covered[i] && whole[i] != 0 ? 1 : 0;
+  EXPECT_EQ(dirty, 0u) << "padding bytes that are not zero";
+  child_process peer = this->spawn({"tensor", "model", "big"});
+  const store_report got = receive_store_report(peer.socket());
+  EXPECT_EQ(got.checksum, checksum(this->bytes_[0].data(), this->bytes_[0].size()));
+  EXPECT_EQ(got.write_faulted, 1u);
+  peer.close_socket();
+  (void)peer.wait();
+  const store::buffer_info info = store.stat("model");
+  EXPECT_EQ(info.tensors, 4u);
+  EXPECT_EQ(info.capacity, 6 * g);
 }
 
 TYPED_TEST(tensor_set_test, refused_puts_leave_nothing_in_the_store) {

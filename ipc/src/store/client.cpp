@@ -240,6 +240,12 @@ std::uint64_t buffer::entry() const noexcept {
 std::size_t buffer::chunk_count() const noexcept {
   return import_ ? import_->mapped.chunk_count() : 0;
 }
+std::vector<std::size_t> buffer::chunk_sizes() const {
+  std::vector<std::size_t> sizes;
+  if (import_)
+    for (const shared_chunk& chunk : import_->mapped.chunks()) sizes.push_back(chunk->size());
+  return sizes;
+}
 const std::shared_ptr<memory_provider>& buffer::provider() const noexcept {
   static const std::shared_ptr<memory_provider> none;
   return import_ ? import_->mapped.provider() : none;

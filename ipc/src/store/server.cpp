@@ -122,7 +122,7 @@ struct server::entry {
   std::uint32_t holders = 0;
   std::uint32_t slot = no_version_slot;  // its word in the version table
   std::size_t charged = 0;               // capacity counted in bytes_ (and the charged connection's)
-  std::size_t fixed_chunk = 0;           // one-chunk creations: the size of every chunk; else 0
+  bool exact_chunks = false;             // one-chunk creations: every create and grow maps one chunk
   growable_buffer buffer;
   // The last whole export per grant, valid for the capacity it was made at.
   std::map<access_mode, std::shared_ptr<const ipc::exported_manifest>> whole;
@@ -551,13 +551,16 @@ class server::dispatch {
                                 r.max_size, g, largest)};
     if (r.size > max)
       throw refusal{status::invalid, fmt::format("vmm-store: size {} is past the max size {}", r.size, max)};
-    // One chunk: chunks of the size itself, so the size is one physical handle to import.
-    const std::size_t one = std::max<std::size_t>(round_up(r.size, g), g);
-    const std::size_t capacity = r.one_chunk ? std::min(one, max) : predicted_capacity(0, r.size, g, max);
+    // One chunk: the size is one physical handle to import, and each grow maps exactly its
+    // growth as one more (a fixed policy of the whole range, mapped exactly: no fallback to
+    // smaller chunks either).
+    const std::size_t capacity =
+        r.one_chunk ? std::min(round_up(r.size, g), max) : predicted_capacity(0, r.size, g, max);
     check_caps(r.name, 0, capacity, true);
     growable_buffer buffer(
         pool,
-        {.max_size = max, .policy = r.one_chunk ? chunk_policy::fixed(one) : chunk_policy::geometric()});
+        {.max_size = max, .policy = r.one_chunk ? chunk_policy::fixed(max) : chunk_policy::geometric()});
+    if (r.one_chunk) buffer.reserve_exact(r.size, buffer.stream());
     buffer.resize(r.size);
     auto made = std::make_unique<entry>(std::move(buffer));
     entry& e = *made;
@@ -566,7 +569,7 @@ class server::dispatch {
     e.creator = c_.id;
     e.creator_pid = c_.pid;
     e.charged_to = c_.id;
-    e.fixed_chunk = r.one_chunk ? one : 0;
+    e.exact_chunks = r.one_chunk;
     std::shared_ptr<const ipc::exported_manifest> sent = whole(e, access_mode::read_write);
     d_.entries_.emplace(e.id, std::move(made));
     d_.names_.emplace(e.name, e.id);
@@ -673,11 +676,10 @@ class server::dispatch {
                                                  e.name, e.buffer.max_size(), r.size)};
     const std::size_t g = e.buffer.provider()->capabilities().granularity;
     const std::size_t mapped = e.buffer.capacity();
-    const std::size_t capacity =
-        e.fixed_chunk == 0 || r.size <= mapped
-            ? predicted_capacity(mapped, r.size, g, e.buffer.max_size())
-            : std::min(e.buffer.max_size(), mapped + round_up(r.size - mapped, e.fixed_chunk));
+    const std::size_t capacity = e.exact_chunks ? std::max(mapped, round_up(r.size, g))
+                                                : predicted_capacity(mapped, r.size, g, e.buffer.max_size());
     check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
+    if (e.exact_chunks) e.buffer.reserve_exact(r.size, e.buffer.stream());
     e.buffer.resize(r.size);
     d_.versions_->bump(e.slot);
     charge(e, std::max(e.charged, e.buffer.capacity()));

@@ -98,8 +98,9 @@ struct create_options {
   /// the granularity; 0: half the location's physical memory size, or the daemon's cap or
   /// per-client cap where lower (and at least the size).
   std::size_t max_size = 0;
-  /// Map the size as one physical chunk, so that a first get imports one handle (for a
-  /// buffer that never grows: a later grow adds chunks as usual).
+  /// Map the size as one physical chunk, so that a first get imports one handle, and each
+  /// later grow's growth (to the granularity) as exactly one more chunk: chunks that end at
+  /// sizes the creator chose (a tensor set laid out per tensor).
   bool one_chunk = false;
 };
 
@@ -133,6 +134,10 @@ class buffer {
   [[nodiscard]] std::uint64_t entry() const noexcept;
   /// The physical chunks mapped here (0 for an empty handle): what a first get imported.
   [[nodiscard]] std::size_t chunk_count() const noexcept;
+  /// The size of each physical chunk mapped here, in address order: where the chunk
+  /// boundaries lie (a tensor set laid out per tensor has one at each large tensor's ends).
+  /// @throws std::bad_alloc no memory for the list.
+  [[nodiscard]] std::vector<std::size_t> chunk_sizes() const;
   /// The provider the memory is mapped through (for copies: provider()->executor()).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
   /// Maps what the buffer grew by since this client last looked; the address stays.

@@ -34,9 +34,10 @@
 ///        hello       nothing
 ///        create      location kind u8 (0 device, 2 os host), flags u8 (bit 0: one chunk,
 ///                    below; the others 0), 2 bytes 0, location id i32, size u64, max size
-///                    u64 (0: the daemon's default), name. One chunk: the buffer's first
-///                    size is mapped as one physical chunk (for what never grows, such as a
-///                    tensor set: one handle to import)
+///                    u64 (0: the daemon's default), name. One chunk: the size is mapped
+///                    as one physical chunk, and each grow maps exactly its growth as one
+///                    more (a tensor set: one handle to import, or chunks that end where
+///                    its tensors end)
 ///        seal        name
 ///        get         access u8 (1 read-only, 2 read-write), 7 bytes 0, cached entry u64,
 ///                    cached generation u64, cached end u64 (all 0: nothing cached), name
@@ -139,7 +140,7 @@ struct request {
   location where;                               ///< create
   std::uint64_t size = 0;                       ///< create, grow
   std::uint64_t max_size = 0;                   ///< create
-  bool one_chunk = false;                       ///< create: its size as one chunk
+  bool one_chunk = false;                       ///< create: its size (and each grow) as one chunk
   access_mode access = access_mode::read_only;  ///< get
   std::uint64_t entry = 0;                      ///< get (cached), refresh, release, hold
   std::uint64_t generation = 0;                 ///< get (cached), refresh
