@@ -3,8 +3,12 @@
 // this process, and tests/helpers/store_peer.cpp. Typed over the kinds of memory that can be
 // exported (the OS provider always; a GPU kind skips without a GPU).
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <set>
@@ -13,7 +17,9 @@
 
 #include "helpers/store_peer_protocol.hpp"
 #include "memory_io.hpp"
+#include "process_resources.hpp"
 #include "provider_kinds.hpp"
+#include "vmm/ipc/fd_channel.hpp"
 #include "vmm/provider.hpp"
 #include "vmm/store/client.hpp"
 #include "vmm/store/tensor_set.hpp"
@@ -374,6 +380,192 @@ TYPED_TEST(tensor_set_test, a_killed_daemon_leaves_sets_mapped_and_a_restart_is_
   EXPECT_TRUE(store.list().empty());
   EXPECT_THROW((void)store::tensor_set::get(store, "model"), store::store_error);
   held = store::tensor_set();  // its release goes to the dead daemon's connection: nothing to do
+}
+
+// The daemon SIGKILLed while two processes hold a set laid out per tensor (more chunks than
+// one offer frame carries); a new daemon gets it back from both, and a third process gets it.
+TYPED_TEST(tensor_set_test, a_restarted_daemon_gets_a_set_back_from_the_clients_that_map_it) {
+  store::client store = this->connect();
+  const std::size_t g = provider_for(TypeParam::where())->capabilities().granularity;
+  std::vector<store::tensor_source> sources;
+  const std::size_t count = store::max_offer_chunks + 2;
+  this->bytes_.reserve(count + 1);
+  for (std::size_t i = 0; i <= count; ++i) {
+    const std::uint64_t bytes = i == count ? 20 : g;  // the last is small
+    this->bytes_.push_back(pattern(bytes, 70 + static_cast<std::uint32_t>(i)));
+    sources.push_back({.name = fmt::format("t{}", i),
+                       .type = dtype::u8,
+                       .shape = {bytes},
+                       .data = this->bytes_.back().data()});
+  }
+  store::tensor_set put = store::tensor_set::put(store, "model", sources, TypeParam::where(),
+                                                 {.layout = store::set_layout::per_tensor});
+  ASSERT_GT(put.memory().chunk_count(), store::max_offer_chunks);
+  const std::uint64_t old_entry = put.memory().entry();
+  child_process holder = this->spawn({"tensor_reconnect", "model", "t3"});
+  const store_report before = receive_store_report(holder.socket());
+  EXPECT_EQ(before.checksum, checksum(this->bytes_[3].data(), this->bytes_[3].size()));
+
+  ::kill(this->daemon_->process().pid(), SIGKILL);
+  (void)this->daemon_->process().wait();
+  this->start_daemon({});
+  EXPECT_THROW((void)store.list(), store::store_error);  // the old connection is gone
+  const std::uint64_t old_instance = store.daemon().instance;
+  const std::uint64_t empty_fds = [&] {
+    store::client other = this->connect();
+    return other.statistics().open_fds;
+  }();
+  EXPECT_EQ(store.reconnect(), std::vector<std::string>{});
+  EXPECT_NE(store.daemon().instance, old_instance);
+  send_word(holder.socket());
+  const store_report after = receive_store_report(holder.socket());
+  EXPECT_EQ(after.size, 0u) << "offers refused";
+  EXPECT_EQ(after.checksum, before.checksum);
+  EXPECT_EQ(after.address, before.address);
+  EXPECT_EQ(after.capacity, put.memory().entry()) << "both clients offered the same entry";
+  EXPECT_NE(put.memory().entry(), 0u);
+  (void)old_entry;
+
+  // stat and ls show it, held by both.
+  const store::buffer_info info = store.stat("model");
+  EXPECT_TRUE(info.sealed);
+  EXPECT_EQ(info.tensors, count + 1);
+  EXPECT_EQ(info.holders, 2u);
+  EXPECT_EQ(info.capacity, put.memory().capacity());
+  ASSERT_EQ(store.list().size(), 1u);
+  EXPECT_EQ(store.statistics().bytes, put.memory().capacity());
+
+  // A third process gets the same bytes and table; this one's get maps nothing new.
+  child_process third = this->spawn({"tensor", "model", "t65"});
+  const store_report got = receive_store_report(third.socket());
+  EXPECT_EQ(got.checksum, checksum(this->bytes_[65].data(), this->bytes_[65].size()));
+  EXPECT_EQ(got.write_faulted, 1u);
+  store::tensor_set again = store::tensor_set::get(store, "model");
+  EXPECT_EQ(std::vector<tensor_info>(again.tensors().begin(), again.tensors().end()),
+            std::vector<tensor_info>(put.tensors().begin(), put.tensors().end()));
+  EXPECT_EQ(again[0].data, put[0].data);
+  EXPECT_EQ(read_bytes(*again.memory().provider(), reinterpret_cast<std::uintptr_t>(again.at("t64").data), g),
+            this->bytes_[64]);
+
+  // Everybody lets go and the name goes: nothing stays in the daemon.
+  third.close_socket();
+  (void)third.wait();
+  holder.close_socket();
+  (void)holder.wait();
+  again = store::tensor_set();
+  put = store::tensor_set();
+  store.remove("model");
+  store.drop_cache();
+  const store::daemon_statistics s = store.statistics();
+  EXPECT_EQ(s.entries, 0u);
+  EXPECT_EQ(s.bytes, 0u);
+  EXPECT_EQ(s.open_fds, empty_fds);  // `other`'s socket then, this client's now
+}
+
+// Hostile offers: each refused naming its problem; the daemon keeps no descriptor of them.
+TYPED_TEST(tensor_set_test, hostile_offers_are_refused_naming_the_problem_and_leak_nothing) {
+  if (TypeParam::where().kind != memory_kind::os_host)
+    GTEST_SKIP() << "offers memfds: the OS provider's memory";
+  store::client store = this->connect();
+  const std::size_t g = provider_for(TypeParam::where())->capabilities().granularity;
+  {
+    store::buffer taken = store.create("taken", g, TypeParam::where());
+    store.seal("taken");
+  }
+  const store::daemon_statistics baseline = store.statistics();
+  const std::size_t own_fds = open_fd_count();
+  const auto memfd = [](std::size_t bytes) {
+    unique_fd fd(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+        ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      throw std::runtime_error("memfd");
+    return fd;
+  };
+  const store::request plain{.op = store::operation::offer,
+                             .name = "offered",
+                             .where = TypeParam::where(),
+                             .size = g,
+                             .entry = 5,
+                             .origin = 0x1234,
+                             .chunk_total = 1,
+                             .chunk_sizes = {g}};
+  // The reply to `asked` sent with memfds of `sizes`, on a connection of its own; whether
+  // the daemon closed the connection after it.
+  const auto offer = [&](const store::request& asked, const std::vector<std::size_t>& sizes) {
+    const unique_fd socket = ipc::connect_unix(this->daemon_->socket());
+    ipc::send_message(socket.get(), store::encode(store::request{.op = store::operation::hello}));
+    (void)ipc::receive_message(socket.get(), std::nullopt);  // closes the version table's fd
+    std::vector<unique_fd> owned;
+    std::vector<int> fds;
+    for (const std::size_t bytes : sizes) {
+      owned.push_back(memfd(bytes));
+      fds.push_back(owned.back().get());
+    }
+    ipc::send_message(socket.get(), store::encode(asked), fds);
+    owned.clear();
+    const store::reply got = store::decode_reply(ipc::receive_message(socket.get(), 0).payload);
+    bool closed = false;
+    try {
+      ipc::send_message(socket.get(), store::encode(store::request{.op = store::operation::list}));
+      (void)ipc::receive_message(socket.get(), std::nullopt);
+    } catch (const std::exception&) {
+      closed = true;
+    }
+    return std::pair{got, closed};
+  };
+  const auto refused = [&](const store::request& asked, const std::vector<std::size_t>& sizes, status code,
+                           const std::string& words, bool closes) {
+    SCOPED_TRACE(words);
+    const auto [got, closed] = offer(asked, sizes);
+    EXPECT_EQ(got.code, code) << got.message;
+    EXPECT_NE(got.message.find(words), std::string::npos) << got.message;
+    EXPECT_EQ(closed, closes);
+  };
+  refused(plain, {4096}, status::invalid, "holds 4096 bytes, not",
+          false);  // a descriptor of other bytes than its chunk's
+  {
+    store::request small = plain;
+    small.chunk_sizes = {4096};
+    small.size = 4096;
+    refused(small, {4096}, status::invalid, "granularity", false);
+  }
+  {
+    store::request past = plain;
+    past.tensor_set = true;
+    past.table_offset = g - 8;
+    past.table_bytes = 64;
+    refused(past, {g}, status::invalid, "past its", false);
+    past.table_offset = 0;
+    refused(past, {g}, status::invalid, "no valid tensor set", false);  // zeros are no table
+  }
+  {
+    store::request name = plain;
+    name.name = "taken";
+    refused(name, {g}, status::exists, "\"taken\" is taken", false);
+  }
+  {
+    store::request more = plain;
+    more.chunk_total = 2;
+    refused(more, {g, g}, status::bad_request, "2 descriptors", true);  // one chunk, two descriptors
+  }
+  refused(store::request{.op = store::operation::stat, .name = "taken"}, {g}, status::bad_request,
+          "only offer and offer_more carry any", true);
+  {
+    store::request many = plain;
+    many.chunk_total = store::max_offer_chunks + 1;
+    refused(many, std::vector<std::size_t>(store::max_offer_chunks + 1, 4096), status::bad_request,
+            fmt::format("more than {} descriptors", store::max_offer_chunks), true);
+  }
+  refused(store::request{.op = store::operation::offer_more, .chunk_sizes = {g}}, {g}, status::invalid,
+          "without an offer under way", false);
+
+  // Nothing was taken, nothing is left open on either side.
+  EXPECT_EQ(store.list().size(), 1u);
+  const store::daemon_statistics after = store.statistics();
+  EXPECT_EQ(after.entries, baseline.entries);
+  EXPECT_EQ(after.bytes, baseline.bytes);
+  EXPECT_EQ(after.open_fds, baseline.open_fds);
+  EXPECT_EQ(open_fd_count(), own_fds);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <vmm/error.hpp>
 #include <vmm/ipc/fd_channel.hpp>
+#include <vmm/physical_allocation.hpp>
 #include <vmm/unique_fd.hpp>
 
 #include "version_table.hpp"
@@ -28,6 +29,8 @@ struct cached_import {
   std::uint64_t last_used = 0;           // for eviction
   std::uint32_t slot = no_version_slot;  // the entry's word in the version table
   std::uint64_t version = 0;             // that word as of the last reply
+  bool sealed = false;                   // as of the last reply
+  std::uint64_t table_bytes = 0;         // a tensor set's table, last in its size (0: none known)
 };
 
 struct client_state {
@@ -55,13 +58,14 @@ struct client_state {
   // Sends a request and returns the ok body; throws the daemon's refusal. A daemon that
   // refused the connection has closed it: its reply may still be read after a failed send.
   // The reply's descriptors go to `fds` when given; a reply with any is refused otherwise.
-  std::vector<std::byte> exchange(const request& asked, std::vector<unique_fd>* fds = nullptr) {
+  std::vector<std::byte> exchange(const request& asked, std::vector<unique_fd>* fds = nullptr,
+                                  std::span<const int> sent_fds = {}) {
     check_open();
     const std::vector<std::byte> bytes = encode(asked);
     bool sent = true;
     std::string send_failure;
     try {
-      ipc::send_message(socket.get(), bytes, {}, options.timeout);
+      ipc::send_message(socket.get(), bytes, sent_fds, options.timeout);
     } catch (const os_error& error) {
       sent = false;
       send_failure = error.what();
@@ -128,6 +132,7 @@ struct client_state {
       throw;
     }
     cached->size = got.size;
+    cached->sealed = got.sealed;
     cached->slot = got.slot;
     cached->version = got.version;
     cached->last_used = ++clock;
@@ -151,15 +156,69 @@ struct client_state {
     }
   }
 
-  void release(std::uint64_t entry) noexcept {
+  void release(const cached_import& import) noexcept {
     std::lock_guard lock(mutex);
-    if (!socket) return;  // the daemon is gone, and the hold with it
+    const std::uint64_t entry = import.entry;  // read under the lock: reconnect() changes it
+    if (!socket || entry == 0) return;         // the daemon is gone, and the hold with it
     try {
       tell(request{.op = operation::release, .entry = entry});
     } catch (const std::exception&) {
       // The daemon is gone (tell() closed the socket), and the hold with it.
     }
     evict();
+  }
+
+  // Connects to the socket and says hello.
+  void connect() {
+    try {
+      socket = ipc::connect_unix(options.socket_path);
+    } catch (const os_error& error) {
+      throw store_error(store_error::daemon_gone,
+                        fmt::format("vmm-store: no daemon at {}: {}", options.socket_path, error.what()));
+    }
+    std::vector<unique_fd> fds;
+    daemon = decode_daemon_info(exchange(request{.op = operation::hello}, &fds));
+    if (fds.size() != (daemon.version_slots != 0 ? 1u : 0u))
+      throw ipc::protocol_error(
+          fmt::format("vmm-store: hello's reply carries {} descriptors for a version table "
+                      "of {} slots",
+                      fds.size(), daemon.version_slots));
+    versions =
+        fds.empty() ? version_table() : version_table::open(std::move(fds.front()), daemon.version_slots);
+  }
+
+  // Offers `import` (sealed, read-only) to the daemon, which came from daemon instance
+  // `origin`; takes a hold for each of its handles. The daemon's answer, or its refusal.
+  void offer(cached_import& import, std::uint64_t origin) {
+    const std::vector<shared_chunk>& chunks = import.mapped.chunks();
+    request first{.op = operation::offer,
+                  .name = import.name,
+                  .where = import.mapped.provider()->capabilities().where,
+                  .size = import.size,
+                  .entry = import.entry,
+                  .generation = import.mapped.buffer_id(),
+                  .table_offset = import.size - import.table_bytes,
+                  .table_bytes = import.table_bytes,
+                  .tensor_set = import.table_bytes != 0,
+                  .origin = origin,
+                  .chunk_total = static_cast<std::uint32_t>(chunks.size())};
+    std::vector<std::byte> body;
+    for (std::size_t at = 0; at < chunks.size(); at += max_offer_chunks) {
+      request frame = at == 0 ? first : request{.op = operation::offer_more};
+      std::vector<unique_fd> owned;
+      std::vector<int> fds;
+      for (std::size_t i = at; i < std::min(chunks.size(), at + max_offer_chunks); ++i) {
+        frame.chunk_sizes.push_back(chunks[i]->size());
+        owned.push_back(chunks[i]->memory().export_fd());
+        fds.push_back(owned.back().get());
+      }
+      body = exchange(frame, nullptr, fds);
+      if (!body.empty()) break;  // complete (or offered already by another client)
+    }
+    const hold_reply got = decode_hold_reply(body);
+    import.entry = got.entry;
+    import.slot = got.slot;
+    import.version = got.version;
   }
 };
 
@@ -205,9 +264,8 @@ buffer::~buffer() {
 
 void buffer::release() noexcept {
   if (!import_) return;
-  const std::uint64_t entry = import_->entry;
-  import_.reset();
-  state_->release(entry);
+  const std::shared_ptr<detail::cached_import> import = std::move(import_);
+  state_->release(*import);
   state_.reset();
 }
 
@@ -269,21 +327,46 @@ void buffer::refresh() {
 
 client::client(client_options options) : state_(std::make_shared<detail::client_state>()) {
   state_->options = std::move(options);
-  try {
-    state_->socket = ipc::connect_unix(state_->options.socket_path);
-  } catch (const os_error& error) {
-    throw store_error(store_error::daemon_gone, fmt::format("vmm-store: no daemon at {}: {}",
-                                                            state_->options.socket_path, error.what()));
+  state_->connect();
+}
+
+std::vector<std::string> client::reconnect() {
+  std::lock_guard lock(state_->mutex);
+  const std::uint64_t origin = state_->daemon.instance;
+  state_->socket.reset();
+  state_->connect();
+  std::vector<std::string> refused;
+  if (state_->daemon.instance == origin) {
+    // The same daemon: this connection's holds went with the old one; take them again.
+    for (const auto& [key, import] : state_->cache)
+      for (long i = 1; i < import.use_count(); ++i)
+        state_->tell(request{.op = operation::hold, .entry = import->entry});
+    return refused;
   }
-  std::vector<unique_fd> fds;
-  state_->daemon = decode_daemon_info(state_->exchange(request{.op = operation::hello}, &fds));
-  if (fds.size() != (state_->daemon.version_slots != 0 ? 1u : 0u))
-    throw ipc::protocol_error(
-        fmt::format("vmm-store: hello's reply carries {} descriptors for a version table "
-                    "of {} slots",
-                    fds.size(), state_->daemon.version_slots));
-  if (!fds.empty())
-    state_->versions = detail::version_table::open(std::move(fds.front()), state_->daemon.version_slots);
+  // A new daemon: what was sealed is offered back; the rest is no entry any more.
+  for (auto it = state_->cache.begin(); it != state_->cache.end();) {
+    detail::cached_import& import = *it->second;
+    bool kept = false;
+    if (import.sealed && it->first.second == access_mode::read_only) {
+      try {
+        state_->offer(import, origin);
+        kept = true;
+        for (long i = 1; i < it->second.use_count(); ++i)
+          state_->tell(request{.op = operation::hold, .entry = import.entry});
+      } catch (const store_error& error) {
+        if (error.code() == store_error::daemon_gone) throw;
+        refused.push_back(fmt::format("{}: {}", import.name, error.what()));
+      }
+    }
+    if (kept) {
+      ++it;
+      continue;
+    }
+    import.entry = 0;  // its handles map it still and release nothing
+    import.slot = no_version_slot;
+    it = state_->cache.erase(it);
+  }
+  return refused;
 }
 
 client::~client() = default;
@@ -373,8 +456,11 @@ void client::seal_set(std::string_view name, std::uint64_t table_offset, std::ui
 std::vector<tensor_info> client::tensors(const buffer& held) {
   if (held.data() == nullptr) throw invalid_argument("vmm::store::client::tensors of an empty handle");
   std::lock_guard lock(state_->mutex);
-  return decode_tensor_table(state_->exchange(request{.op = operation::tensors, .entry = held.entry()}),
-                             held.size());
+  const std::vector<std::byte> table =
+      state_->exchange(request{.op = operation::tensors, .entry = held.entry()});
+  std::vector<tensor_info> decoded = decode_tensor_table(table, held.size());
+  held.import_->table_bytes = table.size();  // what an offer after a restart names
+  return decoded;
 }
 
 void client::grant(std::string_view name, pid_t pid) {

@@ -172,6 +172,22 @@ class client {
   /// Who the daemon is (a new instance id whenever it restarted).
   [[nodiscard]] const daemon_info& daemon() const noexcept;
 
+  /// Connects to the socket again and says hello; for a daemon that restarted (a new
+  /// instance), offers it every sealed buffer this client maps read-only or caches (a
+  /// tensor set with its table: the daemon checks it), and takes a hold again for each of
+  /// their live handles. Handles and imports keep their addresses. Offers the daemon
+  /// refuses (the name is another buffer's already, a cap) are left out and returned as
+  /// "name: why"; those buffers, and every unsealed or writable one, stay mapped in their
+  /// handles but are no entry of the daemon any more (their release sends nothing, and a
+  /// get asks the daemon). Against the same instance it only takes this client's holds
+  /// again.
+  /// @throws store_error daemon_gone (nothing listens, or the daemon went away during the
+  ///         offers), denied (this uid), unsupported_version.
+  /// @throws vmm::ipc::protocol_error a reply is malformed.
+  /// @throws vmm::os_error mapping the version table, or exporting a chunk's descriptor, failed.
+  /// @throws vmm::invalid_argument the socket path is unusable.
+  std::vector<std::string> reconnect();
+
   /// Creates `name` with `size` bytes at `where`; a writable handle. The creation is
   /// uncommitted until seal(): if this client's connection closes first, the name goes.
   /// @throws vmm::invalid_argument a bad name or a negative location id (file comment);

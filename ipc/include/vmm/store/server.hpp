@@ -156,7 +156,7 @@ class server {
   // Reads what has arrived of `client`'s next request, and serves it once it is whole.
   void receive(connection& client);
   // Answers one whole request.
-  void serve(connection& client, std::span<const std::byte> payload);
+  void serve(connection& client, std::span<const std::byte> payload, std::vector<unique_fd> fds);
   // Sends an error reply, then closes the connection.
   void refuse(connection& client, status code, const std::string& why);
   // Queues a reply (with `reply_fds`, descriptors the server keeps open, and the manifest
