@@ -124,3 +124,21 @@ def test_a_daemon_that_stops_leaves_mappings_readable(tmp_path):
     assert torch.equal(weights["steps"], torch.tensor([3, 1, 4]))
     with pytest.raises(vmm.Error):
         vmm.store.Client(daemon.path)
+
+
+def test_a_restarted_daemon_gets_the_set_back_from_a_client_that_reconnects(tmp_path):
+    path = str(tmp_path / "socket")
+    first = vmm.store.Daemon(path)
+    client = vmm.store.Client(path)
+    source = state_dict()
+    held = client.put("weights", source)
+    address = held["norm.weight"].data_ptr()
+    first.stop()
+    del first  # the daemon's state goes with it: what clients map stays
+    with vmm.store.Daemon(path) as second:
+        assert client.reconnect() == []
+        assert [row["name"] for row in vmm.store.Client(second.path).list()] == ["weights"]
+        again = vmm.store.Client(second.path).get("weights")
+        for name, tensor in source.items():
+            assert torch.equal(again[name], tensor)
+        assert held["norm.weight"].data_ptr() == address

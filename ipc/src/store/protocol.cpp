@@ -362,12 +362,14 @@ request decode_request(std::span<const std::byte> bytes) {
                                          ipc::max_manifest_chunks));
     }
       [[fallthrough]];
-    case operation::offer_more:
-      message.chunk_sizes.resize(in.get<std::uint32_t>());
-      if (message.chunk_sizes.size() > max_offer_chunks)
-        throw protocol_error(fmt::format("vmm-store offer: {} chunks in one frame (at most {})",
-                                         message.chunk_sizes.size(), max_offer_chunks));
+    case operation::offer_more: {
+      const std::uint32_t chunks = in.get<std::uint32_t>();  // checked before anything is allocated
+      if (chunks > max_offer_chunks)
+        throw protocol_error(
+            fmt::format("vmm-store offer: {} chunks in one frame (at most {})", chunks, max_offer_chunks));
+      message.chunk_sizes.resize(chunks);
       break;
+    }
     default:
       break;
   }

@@ -6,12 +6,10 @@
 #include <vmm/stream_executor.hpp>
 #include <vmm/store/tensors.hpp>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -27,6 +25,7 @@
 #include "../continuation.hpp"
 #include "../deadline.hpp"
 #include "os/system.hpp"
+#include "daemon_os.hpp"
 #include "entry_memory.hpp"
 #include "version_table.hpp"
 
@@ -57,41 +56,6 @@ std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::
     capacity += std::min(step, max - capacity);
   }
   return capacity;
-}
-
-// Not std::filesystem: its error_code overloads are noexcept yet allocate, and a daemon out
-// of memory would terminate in them.
-std::size_t open_fd_count() {
-  DIR* listing = ::opendir("/proc/self/fd");
-  if (listing == nullptr) return 0;
-  std::size_t count = 0;
-  while (const dirent* found = ::readdir(listing))
-    if (found->d_name[0] != '.') ++count;
-  ::closedir(listing);
-  return count;
-}
-
-std::uint64_t realtime_ns() {
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(now.tv_nsec);
-}
-
-// Replaces a socket file nothing listens at; refuses a live one.
-void clear_stale_socket(const std::string& path) {
-  struct stat status {};
-  if (::lstat(path.c_str(), &status) != 0) return;
-  if (!S_ISSOCK(status.st_mode))
-    throw invalid_argument(fmt::format("vmm-store: {} exists and is not a socket", path));
-  try {
-    const unique_fd probe = ipc::connect_unix(path);
-  } catch (const os_error& error) {
-    if (error.code().value() != ECONNREFUSED) throw;
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-      throw os_error(errno, fmt::format("vmm-store: unlink of the stale socket {}", path));
-    return;
-  }
-  throw invalid_argument(fmt::format("vmm-store: a daemon already listens at {}", path));
 }
 
 // One message of a reply on its way out, `sent` bytes of its frame written. Its descriptors
@@ -188,8 +152,8 @@ server::server(server_options options)
       versions_(
           std::make_unique<detail::version_table>(detail::version_table::create(options_.version_slots))) {
   std::random_device random;
-  info_.instance = (std::uint64_t{random()} << 32) ^ random() ^ realtime_ns();
-  info_.started_ns = realtime_ns();
+  info_.instance = (std::uint64_t{random()} << 32) ^ random() ^ detail::realtime_ns();
+  info_.started_ns = detail::realtime_ns();
   info_.pid = static_cast<std::uint32_t>(::getpid());
   info_.version_slots = static_cast<std::uint32_t>(versions_->slots());
   if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
@@ -198,7 +162,7 @@ server::server(server_options options)
   wake_read_ = unique_fd(pipe_ends[0]);
   wake_write_ = unique_fd(pipe_ends[1]);
   if (!options_.socket_path.empty()) {
-    clear_stale_socket(options_.socket_path);
+    detail::clear_stale_socket(options_.socket_path);
     listener_ = ipc::listen_unix(options_.socket_path);
     if (::chmod(options_.socket_path.c_str(), 0600) != 0)
       throw os_error(errno, "vmm-store: chmod of the socket");
@@ -803,15 +767,7 @@ void server::receive(connection& client) {
     message.msg_controllen = control.size();
     const ssize_t got = os::recvmsg(client.socket.get(), &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;  // the rest later
-    for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < count; ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        client.inbox_fds.emplace_back(fd);  // closed with the vector, whatever happens
-      }
-    }
+    detail::take_descriptors(message, client.inbox_fds);
     if (got <= 0) return client.hang_up();  // closed or broken off, mid-frame or not: nothing to tell
     if ((message.msg_flags & MSG_CTRUNC) != 0 || client.inbox_fds.size() > max_offer_chunks)
       return refuse(client, status::bad_request,
@@ -958,7 +914,7 @@ daemon_statistics server::statistics() const {
     s.pool_reserved += p.reserved_current;
   }
   s.cached_exports = exporter_.statistics().cached_chunks;
-  s.open_fds = open_fd_count();
+  s.open_fds = detail::open_fd_count();
   return s;
 }
 
