@@ -10,7 +10,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <future>
 #include <set>
 #include <string>
 #include <vector>
@@ -460,6 +462,33 @@ TYPED_TEST(tensor_set_test, a_restarted_daemon_gets_a_set_back_from_the_clients_
   EXPECT_EQ(s.entries, 0u);
   EXPECT_EQ(s.bytes, 0u);
   EXPECT_EQ(s.open_fds, empty_fds);  // `other`'s socket then, this client's now
+}
+
+// reoffer_after_restart: the client's own thread sees the daemon die, waits for the new
+// socket and offers the set back, without being asked.
+TYPED_TEST(tensor_set_test, a_client_that_reoffers_after_a_restart_brings_its_set_back_unasked) {
+  std::promise<std::vector<std::string>> reconnected;
+  std::atomic<bool> told{false};
+  store::client store({.socket_path = this->daemon_->socket(),
+                       .reoffer_after_restart = true,
+                       .on_reconnect = [&](const std::vector<std::string>& refused) {
+                         if (!told.exchange(true)) reconnected.set_value(refused);
+                       }});
+  const auto sources = this->sources(5);
+  store::tensor_set held = store::tensor_set::put(store, "model", sources, TypeParam::where());
+  ::kill(this->daemon_->process().pid(), SIGKILL);
+  (void)this->daemon_->process().wait();
+  this->start_daemon({});
+  EXPECT_EQ(reconnected.get_future().get(), std::vector<std::string>{});
+  store::client other = this->connect();
+  const store::buffer_info info = other.stat("model");
+  EXPECT_TRUE(info.sealed);
+  EXPECT_EQ(info.tensors, 3u);
+  EXPECT_EQ(info.holders, 1u);
+  const store::tensor_set got = store::tensor_set::get(other, "model");
+  EXPECT_EQ(
+      read_bytes(*got.memory().provider(), reinterpret_cast<std::uintptr_t>(got.at("norm.weight").data), 20),
+      this->bytes_[1]);
 }
 
 // Hostile offers: each refused naming its problem; the daemon keeps no descriptor of them.

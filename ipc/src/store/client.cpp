@@ -7,6 +7,9 @@
 
 #include "version_table.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 namespace vmm::store {
@@ -41,6 +45,8 @@ struct client_state {
   version_table versions;  // the daemon's, read-only; empty when it offers none
   std::map<std::pair<std::string, access_mode>, std::shared_ptr<cached_import>> cache;
   std::uint64_t clock = 0;
+  // reoffer_after_restart: a byte here whenever connect() made a new socket.
+  unique_fd changed_read, changed_write;
 
   [[noreturn]] void gone(const std::string& what) {
     socket.reset();
@@ -185,6 +191,50 @@ struct client_state {
                       fds.size(), daemon.version_slots));
     versions =
         fds.empty() ? version_table() : version_table::open(std::move(fds.front()), daemon.version_slots);
+    if (changed_write) {
+      const char byte = 1;  // the watcher of reoffer_after_restart watches this socket now
+      [[maybe_unused]] const auto ignored = ::write(changed_write.get(), &byte, 1);
+    }
+  }
+
+  // client::reconnect().
+  std::vector<std::string> reconnect() {
+    std::lock_guard lock(mutex);
+    const std::uint64_t origin = daemon.instance;
+    socket.reset();
+    connect();
+    std::vector<std::string> refused;
+    if (daemon.instance == origin) {
+      // The same daemon: this connection's holds went with the old one; take them again.
+      for (const auto& [key, import] : cache)
+        for (long i = 1; i < import.use_count(); ++i)
+          tell(request{.op = operation::hold, .entry = import->entry});
+      return refused;
+    }
+    // A new daemon: what was sealed is offered back; the rest is no entry any more.
+    for (auto it = cache.begin(); it != cache.end();) {
+      detail::cached_import& import = *it->second;
+      bool kept = false;
+      if (import.sealed && it->first.second == access_mode::read_only) {
+        try {
+          offer(import, origin);
+          kept = true;
+          for (long i = 1; i < it->second.use_count(); ++i)
+            tell(request{.op = operation::hold, .entry = import.entry});
+        } catch (const store_error& error) {
+          if (error.code() == store_error::daemon_gone) throw;
+          refused.push_back(fmt::format("{}: {}", import.name, error.what()));
+        }
+      }
+      if (kept) {
+        ++it;
+        continue;
+      }
+      import.entry = 0;  // its handles map it still and release nothing
+      import.slot = no_version_slot;
+      it = cache.erase(it);
+    }
+    return refused;
   }
 
   // Offers `import` (sealed, read-only) to the daemon, which came from daemon instance
@@ -220,6 +270,97 @@ struct client_state {
     import.slot = got.slot;
     import.version = got.version;
   }
+};
+
+// The thread of client_options::reoffer_after_restart. It watches a duplicate of the
+// client's socket (so that a socket the client closes meanwhile is no other descriptor) for
+// the daemon's hang-up, and the client's pipe for a new socket; after a hang-up it watches
+// the socket's directory with inotify and reconnects at each socket made there until one
+// answers. The daemon sends nothing unasked: only its hang-up wakes the poll (POLLRDHUP).
+class restart_watcher {
+ public:
+  explicit restart_watcher(std::shared_ptr<client_state> state) : state_(std::move(state)) {
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) throw os_error(errno, "vmm-store: pipe2 (stop)");
+    stop_read_ = unique_fd(ends[0]);
+    stop_write_ = unique_fd(ends[1]);
+    if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw os_error(errno, "vmm-store: pipe2 (socket changed)");
+    state_->changed_read = unique_fd(ends[0]);
+    state_->changed_write = unique_fd(ends[1]);
+    const std::string& path = state_->options.socket_path;
+    const auto slash = path.rfind('/');
+    const std::string directory = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    watch_ = unique_fd(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+    if (!watch_ ||
+        ::inotify_add_watch(watch_.get(), directory.c_str(), IN_CREATE | IN_MOVED_TO | IN_ATTRIB) < 0)
+      throw os_error(errno, fmt::format("vmm-store: inotify on {}", directory));
+    thread_ = std::thread([this] { run(); });
+  }
+  restart_watcher(const restart_watcher&) = delete;
+  restart_watcher& operator=(const restart_watcher&) = delete;
+  ~restart_watcher() {
+    const char byte = 1;
+    [[maybe_unused]] const auto ignored = ::write(stop_write_.get(), &byte, 1);
+    thread_.join();
+    std::lock_guard lock(state_->mutex);
+    state_->changed_write.reset();
+    state_->changed_read.reset();
+  }
+
+ private:
+  static void drain(int fd) noexcept {
+    char bytes[256];
+    while (::read(fd, bytes, sizeof bytes) > 0) {}
+  }
+
+  // Waits until the watched socket hangs up (true) or the watcher stops (false).
+  bool wait_for_hang_up() {
+    for (;;) {
+      unique_fd watched;
+      {
+        std::lock_guard lock(state_->mutex);
+        if (!state_->socket) return true;  // a request found the daemon gone already
+        watched = unique_fd(::fcntl(state_->socket.get(), F_DUPFD_CLOEXEC, 0));
+      }
+      if (!watched) return true;
+      pollfd polled[] = {{watched.get(), POLLRDHUP, 0},
+                         {stop_read_.get(), POLLIN, 0},
+                         {state_->changed_read.get(), POLLIN, 0}};
+      while (::poll(polled, 3, -1) < 0)
+        if (errno != EINTR) return false;
+      if (polled[1].revents != 0) return false;
+      if (polled[2].revents != 0) {
+        drain(state_->changed_read.get());  // a new socket: watch that one
+        continue;
+      }
+      return true;
+    }
+  }
+
+  void run() noexcept {
+    while (wait_for_hang_up()) {
+      drain(watch_.get());  // events before the hang-up name no new daemon
+      for (;;) {
+        try {
+          const std::vector<std::string> refused = state_->reconnect();
+          if (state_->options.on_reconnect) state_->options.on_reconnect(refused);
+          break;
+        } catch (const std::exception&) {
+          // No daemon answers yet: wait for the next socket file, or its mode, to change.
+        }
+        pollfd polled[] = {{watch_.get(), POLLIN, 0}, {stop_read_.get(), POLLIN, 0}};
+        while (::poll(polled, 2, -1) < 0)
+          if (errno != EINTR) return;
+        if (polled[1].revents != 0) return;
+        drain(watch_.get());
+      }
+    }
+  }
+
+  std::shared_ptr<client_state> state_;
+  unique_fd stop_read_, stop_write_, watch_;
+  std::thread thread_;
 };
 
 }  // namespace detail
@@ -328,45 +469,11 @@ void buffer::refresh() {
 client::client(client_options options) : state_(std::make_shared<detail::client_state>()) {
   state_->options = std::move(options);
   state_->connect();
+  if (state_->options.reoffer_after_restart) watcher_ = std::make_unique<detail::restart_watcher>(state_);
 }
 
 std::vector<std::string> client::reconnect() {
-  std::lock_guard lock(state_->mutex);
-  const std::uint64_t origin = state_->daemon.instance;
-  state_->socket.reset();
-  state_->connect();
-  std::vector<std::string> refused;
-  if (state_->daemon.instance == origin) {
-    // The same daemon: this connection's holds went with the old one; take them again.
-    for (const auto& [key, import] : state_->cache)
-      for (long i = 1; i < import.use_count(); ++i)
-        state_->tell(request{.op = operation::hold, .entry = import->entry});
-    return refused;
-  }
-  // A new daemon: what was sealed is offered back; the rest is no entry any more.
-  for (auto it = state_->cache.begin(); it != state_->cache.end();) {
-    detail::cached_import& import = *it->second;
-    bool kept = false;
-    if (import.sealed && it->first.second == access_mode::read_only) {
-      try {
-        state_->offer(import, origin);
-        kept = true;
-        for (long i = 1; i < it->second.use_count(); ++i)
-          state_->tell(request{.op = operation::hold, .entry = import.entry});
-      } catch (const store_error& error) {
-        if (error.code() == store_error::daemon_gone) throw;
-        refused.push_back(fmt::format("{}: {}", import.name, error.what()));
-      }
-    }
-    if (kept) {
-      ++it;
-      continue;
-    }
-    import.entry = 0;  // its handles map it still and release nothing
-    import.slot = no_version_slot;
-    it = state_->cache.erase(it);
-  }
-  return refused;
+  return state_->reconnect();
 }
 
 client::~client() = default;

@@ -53,6 +53,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -90,6 +91,14 @@ struct client_options {
   std::size_t cached_imports = 16;
   /// How long a reply may take.
   std::chrono::milliseconds timeout = std::chrono::milliseconds(30'000);
+  /// Reconnect without being asked after the daemon went away: a thread of this client sees
+  /// its connection hang up, waits for a daemon at the socket path (inotify on the socket's
+  /// directory: no polling), and calls reconnect(), again at each new socket until one
+  /// succeeds. The thread ends with the client.
+  bool reoffer_after_restart = false;
+  /// Called on that thread after each automatic reconnect, with what reconnect() returned
+  /// (the offers refused). Must not throw.
+  std::function<void(const std::vector<std::string>&)> on_reconnect;
 };
 
 /// How to create.
@@ -107,6 +116,7 @@ struct create_options {
 namespace detail {
 struct client_state;
 struct cached_import;
+class restart_watcher;
 }  // namespace detail
 
 /// A hold on a named buffer, mapped here. Move-only. See the file comment.
@@ -158,12 +168,15 @@ class buffer {
 /// A connection to a vmm-store daemon. See the file comment.
 class client {
  public:
-  /// Connects and says hello.
+  /// Connects and says hello (and starts the reconnecting thread of
+  /// client_options::reoffer_after_restart).
+  /// @throws std::system_error the thread could not start.
   /// @throws vmm::invalid_argument the socket path is empty, too long or holds a NUL byte.
   /// @throws store_error nothing listens at the path (daemon_gone), or the daemon refuses
   ///         this uid (status denied) or this protocol version.
   /// @throws vmm::ipc::protocol_error the daemon's reply is malformed.
-  /// @throws vmm::os_error mapping the daemon's version table failed.
+  /// @throws vmm::os_error mapping the daemon's version table, or the thread's pipe or
+  ///         inotify descriptor, failed.
   explicit client(client_options options = {});
   ~client();
   client(client&&) noexcept;
@@ -257,6 +270,7 @@ class client {
 
  private:
   std::shared_ptr<detail::client_state> state_;
+  std::unique_ptr<detail::restart_watcher> watcher_;  // reoffer_after_restart; goes first
 };
 
 }  // namespace vmm::store
