@@ -121,16 +121,21 @@ std::uint8_t access_byte(access_mode mode) {
   throw invalid_argument("vmm-store: a get asks for read_only or read_write access, not none");
 }
 
-void put_location(writer& out, const location& where) {
-  out.put<std::uint8_t>(static_cast<std::uint8_t>(where.kind)).put<std::uint8_t>(0).put<std::uint16_t>(0);
+// A location, with `flag` in the byte after the kind (create's and offer's; 0 otherwise).
+void put_location(writer& out, const location& where, bool flag = false) {
+  out.put<std::uint8_t>(static_cast<std::uint8_t>(where.kind))
+      .put<std::uint8_t>(flag ? 1 : 0)
+      .put<std::uint16_t>(0);
   out.put<std::int32_t>(where.id);
 }
 
-// A location; `flags` takes the byte after the kind (create's), which is otherwise 0.
-location get_location(reader& in, const char* what, bool* flag = nullptr) {
+// A location; `flag` takes the byte after the kind (create's and offer's flag, named
+// `flag_name`), which is otherwise 0.
+location get_location(reader& in, const char* what, bool* flag = nullptr,
+                      const char* flag_name = "one chunk") {
   const std::uint8_t kind = in.get<std::uint8_t>();
   if (flag != nullptr) {
-    *flag = in.get_flag("one chunk");
+    *flag = in.get_flag(flag_name);
     in.zeros(2);
   } else {
     in.zeros(3);
@@ -216,10 +221,7 @@ std::vector<std::byte> encode(const request& message) {
   switch (message.op) {
     case operation::create:
       if (message.where.id < 0) throw invalid_argument("vmm-store: a negative location id");
-      out.put<std::uint8_t>(static_cast<std::uint8_t>(message.where.kind))
-          .put<std::uint8_t>(message.one_chunk ? 1 : 0)
-          .put<std::uint16_t>(0)
-          .put<std::int32_t>(message.where.id);
+      put_location(out, message.where, message.one_chunk);
       out.put<std::uint64_t>(message.size).put<std::uint64_t>(message.max_size);
       break;
     case operation::get:
@@ -252,10 +254,7 @@ std::vector<std::byte> encode(const request& message) {
       break;
     case operation::offer:
       if (message.where.id < 0) throw invalid_argument("vmm-store: a negative location id");
-      out.put<std::uint8_t>(static_cast<std::uint8_t>(message.where.kind))
-          .put<std::uint8_t>(message.tensor_set ? 1 : 0)
-          .put<std::uint16_t>(0)
-          .put<std::int32_t>(message.where.id);
+      put_location(out, message.where, message.tensor_set);
       out.put<std::uint64_t>(message.size)
           .put<std::uint64_t>(message.origin)
           .put<std::uint64_t>(message.entry)
@@ -339,14 +338,7 @@ request decode_request(std::span<const std::byte> bytes) {
       message.entry = in.get<std::uint64_t>();
       break;
     case operation::offer: {
-      const std::uint8_t kind = in.get<std::uint8_t>();
-      message.tensor_set = in.get_flag("tensor set");
-      in.zeros(2);
-      const std::int32_t id = in.get<std::int32_t>();
-      if (kind > static_cast<std::uint8_t>(memory_kind::os_host))
-        throw protocol_error(fmt::format("vmm-store offer: unknown location kind {}", kind));
-      if (id < 0) throw protocol_error(fmt::format("vmm-store offer: negative location id {}", id));
-      message.where = location{static_cast<memory_kind>(kind), id};
+      message.where = get_location(in, "offer", &message.tensor_set, "tensor set");
       message.size = in.get<std::uint64_t>();
       message.origin = in.get<std::uint64_t>();
       message.entry = in.get<std::uint64_t>();
