@@ -116,9 +116,8 @@ command add_serve(CLI::App& app) {
             sigaction(SIGTERM, &handler, nullptr);
             signal(SIGPIPE, SIG_IGN);
             fmt::print(
-                "vmm-store daemon: serving {} (pid {}, protocol {}, instance {:#018x}); starting empty: no "
-                "buffer "
-                "of an earlier daemon survives\n",
+                "vmm-store daemon: serving {} (pid {}, protocol {}, instance {:#018x}); starting empty: an "
+                "earlier daemon's sealed buffers come back only as clients that map them reconnect\n",
                 daemon.options().socket_path, daemon.info().pid, daemon.info().version,
                 daemon.info().instance);
             std::fflush(stdout);

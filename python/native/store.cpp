@@ -171,6 +171,11 @@ void bind_store(py::module_& m) {
           "The tensor set `name`, read-only but for the tensors named private (copies of their "
           "chunks, writable, at addresses of this set's own).")
       .def(
+          "reconnect", [](python_client& self) { return self.client.reconnect(); },
+          py::call_guard<py::gil_scoped_release>(),
+          "Connects again; after a daemon restart offers it every sealed set this client maps "
+          "(vmm::store::client::reconnect). Returns the refused offers as 'name: why'.")
+      .def(
           "remove", [](python_client& self, const std::string& name) { self.client.remove(name); },
           py::arg("name"), "Frees the name; the set lives while a process holds it.")
       .def(

@@ -110,6 +110,17 @@ class Client:
         names = _private_names(private)
         return _tensors_of(self._native.get(str(name), names), as_)
 
+    def reconnect(self):
+        """Connects to the socket again. After a daemon restart (SIGKILL included), offers the
+        new daemon every sealed set this client maps, so that other processes get them again,
+        and takes this client's holds again; the tensors keep their addresses
+        (docs/store.md, "Lifetimes"). Returns the offers refused, as "name: why" strings.
+
+        Raises:
+            vmm.Error: no daemon listens at the socket, or it refused this client.
+        """
+        return self._native.reconnect()
+
     def remove(self, name):
         """Frees the name; the set lives on while a process holds it."""
         self._native.remove(str(name))

@@ -473,6 +473,42 @@ void tensor_set_seeds() {
                       .table_bytes = table_bytes},
                      {.op = store::operation::tensors, .entry = 1},
                      {.op = store::operation::list}}));
+  // An offer of one granule (kind 2: one memfd attached), then a get of it; and an offer in
+  // two frames (two memfds, then one), as a client does after a daemon restart.
+  const auto offered = [&](const store::request& r, std::uint8_t memfds) {
+    bytes out;
+    const bytes payload = store::encode(r);
+    put_u8(out, 2);
+    put_u16(out, static_cast<std::uint16_t>(payload.size() + 1));
+    put_u8(out, static_cast<std::uint8_t>(memfds - 1));
+    vmm::fuzz::put_bytes(out, payload);
+    return out;
+  };
+  constexpr std::uint64_t g = std::uint64_t{2} << 20;
+  const store::request offer{.op = store::operation::offer,
+                             .name = "offered",
+                             .where = vmm::location::os_host(),
+                             .size = g,
+                             .entry = 3,
+                             .generation = 9,
+                             .origin = 0x5eed,
+                             .chunk_total = 1,
+                             .chunk_sizes = {g}};
+  bytes one = script({{.op = store::operation::hello}});
+  vmm::fuzz::put_bytes(one, offered(offer, 1));
+  vmm::fuzz::put_bytes(
+      one, script({{.op = store::operation::get, .name = "offered"}, {.op = store::operation::list}}));
+  write_seed("store_message", "offer-then-get", one);
+  store::request first = offer;
+  first.name = "two-frames";
+  first.chunk_total = 3;
+  first.chunk_sizes = {g, g};
+  bytes two = script({{.op = store::operation::hello}});
+  vmm::fuzz::put_bytes(two, offered(first, 2));
+  vmm::fuzz::put_bytes(two,
+                       offered(store::request{.op = store::operation::offer_more, .chunk_sizes = {g}}, 1));
+  vmm::fuzz::put_bytes(two, script({{.op = store::operation::stat, .name = "two-frames"}}));
+  write_seed("store_message", "offer-in-two-frames", two);
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 ///
 /// The input is a script of messages: each is a kind byte, a u16 length and that many bytes.
 /// Kind 0 sends the bytes as one fd_channel frame (a request payload, as a client would);
-/// kind 1 writes them raw onto the stream (broken frames, headers that lie); any other kind
-/// sends a valid request built from the bytes' first byte (hello, list, statistics). After
+/// kind 1 writes them raw onto the stream (broken frames, headers that lie); kind 2 sends
+/// them as one frame with sealed memfds attached (an offer's chunks: the count is the first
+/// byte's low two bits plus one, each one granule); any other kind sends a valid request
+/// built from the bytes' first byte (hello, list, statistics). After
 /// each message the daemon serves what is ready, and the target drains its replies (closing
 /// every descriptor a manifest brought). Then the client hangs up.
 ///
@@ -17,8 +19,11 @@
 #include <vmm/ipc/fd_channel.hpp>
 #include <vmm/store/protocol.hpp>
 #include <vmm/store/server.hpp>
+#include <vmm/error.hpp>
+#include <vmm/unique_fd.hpp>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <vector>
 
 #include "fuzz_support.hpp"
 
@@ -44,6 +50,15 @@ void drain(int socket) {
       return;  // nothing more now, a closed stream, or bytes that are not a frame
     }
   }
+}
+
+// A memfd of `bytes`, sealed against resizing as the importer requires.
+vmm::unique_fd sealed_memfd(std::size_t bytes) {
+  vmm::unique_fd fd(::memfd_create("store_message", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    throw vmm::os_error(errno, "store_message: a memfd to offer");
+  return fd;
 }
 
 }  // namespace
@@ -84,6 +99,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           vmm::ipc::send_message(client.get(), bytes, {}, 0ms);
         } else if (kind == 1) {
           (void)::send(client.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        } else if (kind == 2) {
+          const std::size_t count = bytes.empty() ? 1 : (std::to_integer<std::size_t>(bytes[0]) & 3) + 1;
+          std::vector<vmm::unique_fd> memfds;
+          std::vector<int> fds;
+          for (std::size_t i = 0; i < count; ++i) {
+            memfds.push_back(sealed_memfd(std::size_t{2} << 20));
+            fds.push_back(memfds.back().get());
+          }
+          vmm::ipc::send_message(client.get(), bytes.empty() ? bytes : bytes.subspan(1), fds, 0ms);
         } else {
           const auto op = bytes.empty() ? 0 : std::to_integer<std::uint8_t>(bytes[0]) % 3;
           const store::operation ops[] = {store::operation::hello, store::operation::list,

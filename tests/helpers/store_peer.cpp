@@ -16,6 +16,11 @@
 //   tensor <name> <tensor>  get the tensor set, report the checksum, bytes (size) and
 //                            address of that tensor and whether a write to it faults; then
 //                            hold the set until the test closes the socket
+//   tensor_reconnect <name> <tensor>
+//                            get the tensor set and report that tensor as `tensor` does (size:
+//                            0, capacity: the set's entry id); after a word from the test,
+//                            client::reconnect() and report again (size: the offers refused);
+//                            then hold the set until the test closes the socket
 //   soak <peer> <cycles> <seed> <dies at cycle | -1> <how>
 //                            tests/store_soak_test.cpp: `cycles` create / get / grow / release
 //                            / remove cycles, each checking the bytes it reads (also those of
@@ -229,6 +234,25 @@ int run(int argc, char** argv) {
             : 0;
     send_store_report(socket, report);
     if (report.write_faulted != 0 && where.kind != vmm::memory_kind::os_host) std::_Exit(0);
+    wait_word(socket);
+    return 0;
+  }
+  if (mode == "tensor_reconnect") {
+    const vmm::store::tensor_set set = vmm::store::tensor_set::get(store, arg(4));
+    const vmm::store::tensor_view tensor = set.at(arg(5));
+    const auto report_tensor = [&](std::uint64_t refused) {
+      const auto address = reinterpret_cast<std::uintptr_t>(tensor.data);
+      const auto bytes = vmm::testing::read_bytes(*set.memory().provider(), address, tensor.info->bytes);
+      store_report report;
+      report.checksum = vmm::testing::checksum(bytes.data(), bytes.size());
+      report.size = refused;
+      report.capacity = set.memory().entry();
+      report.address = address;
+      send_store_report(socket, report);
+    };
+    report_tensor(0);
+    if (!wait_word(socket)) return 0;
+    report_tensor(store.reconnect().size());
     wait_word(socket);
     return 0;
   }

@@ -179,3 +179,21 @@ def test_bad_private_names_are_refused_and_change_nothing(daemon):
             client.get("model", private=private)
         assert holders(client, "model") == before
     assert client.get("model", private=[]).private == ()
+
+
+def test_a_restarted_daemon_gets_the_set_back_from_a_client_that_reconnects(tmp_path):
+    path = str(tmp_path / "socket")
+    first = vmm.store.Daemon(path)
+    client = vmm.store.Client(path)
+    source = state_dict()
+    held = client.put("weights", source)
+    address = held["norm.weight"].data_ptr()
+    first.stop()
+    del first  # the daemon's state goes with it: what clients map stays
+    with vmm.store.Daemon(path) as second:
+        assert client.reconnect() == []
+        assert [row["name"] for row in vmm.store.Client(second.path).list()] == ["weights"]
+        again = vmm.store.Client(second.path).get("weights")
+        for name, tensor in source.items():
+            assert torch.equal(again[name], tensor)
+        assert held["norm.weight"].data_ptr() == address

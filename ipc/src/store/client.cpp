@@ -2,10 +2,14 @@
 
 #include <vmm/error.hpp>
 #include <vmm/ipc/fd_channel.hpp>
+#include <vmm/physical_allocation.hpp>
 #include <vmm/unique_fd.hpp>
 
 #include "version_table.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 namespace vmm::store {
@@ -29,6 +34,8 @@ struct cached_import {
   std::uint32_t slot = no_version_slot;  // the entry's word in the version table
   std::uint64_t version = 0;             // that word as of the last reply
   bool uncached = false;                 // never in the cache: a mapping of one handle's own (get_options)
+  bool sealed = false;                   // as of the last reply
+  std::uint64_t table_bytes = 0;         // a tensor set's table, last in its size (0: none known)
 };
 
 struct client_state {
@@ -39,6 +46,8 @@ struct client_state {
   version_table versions;  // the daemon's, read-only; empty when it offers none
   std::map<std::pair<std::string, access_mode>, std::shared_ptr<cached_import>> cache;
   std::uint64_t clock = 0;
+  // reoffer_after_restart: a byte here whenever connect() made a new socket.
+  unique_fd changed_read, changed_write;
 
   [[noreturn]] void gone(const std::string& what) {
     socket.reset();
@@ -56,13 +65,14 @@ struct client_state {
   // Sends a request and returns the ok body; throws the daemon's refusal. A daemon that
   // refused the connection has closed it: its reply may still be read after a failed send.
   // The reply's descriptors go to `fds` when given; a reply with any is refused otherwise.
-  std::vector<std::byte> exchange(const request& asked, std::vector<unique_fd>* fds = nullptr) {
+  std::vector<std::byte> exchange(const request& asked, std::vector<unique_fd>* fds = nullptr,
+                                  std::span<const int> sent_fds = {}) {
     check_open();
     const std::vector<std::byte> bytes = encode(asked);
     bool sent = true;
     std::string send_failure;
     try {
-      ipc::send_message(socket.get(), bytes, {}, options.timeout);
+      ipc::send_message(socket.get(), bytes, sent_fds, options.timeout);
     } catch (const os_error& error) {
       sent = false;
       send_failure = error.what();
@@ -132,6 +142,7 @@ struct client_state {
       throw;
     }
     cached->size = got.size;
+    cached->sealed = got.sealed;
     cached->slot = got.slot;
     cached->version = got.version;
     cached->last_used = ++clock;
@@ -155,9 +166,10 @@ struct client_state {
     }
   }
 
-  void release(std::uint64_t entry) noexcept {
+  void release(const cached_import& import) noexcept {
     std::lock_guard lock(mutex);
-    if (!socket) return;  // the daemon is gone, and the hold with it
+    const std::uint64_t entry = import.entry;  // read under the lock: reconnect() changes it
+    if (!socket || entry == 0) return;         // the daemon is gone, and the hold with it
     try {
       tell(request{.op = operation::release, .entry = entry});
     } catch (const std::exception&) {
@@ -165,6 +177,194 @@ struct client_state {
     }
     evict();
   }
+
+  // Connects to the socket and says hello.
+  void connect() {
+    try {
+      socket = ipc::connect_unix(options.socket_path);
+    } catch (const os_error& error) {
+      throw store_error(store_error::daemon_gone,
+                        fmt::format("vmm-store: no daemon at {}: {}", options.socket_path, error.what()));
+    }
+    std::vector<unique_fd> fds;
+    daemon = decode_daemon_info(exchange(request{.op = operation::hello}, &fds));
+    if (fds.size() != (daemon.version_slots != 0 ? 1u : 0u))
+      throw ipc::protocol_error(
+          fmt::format("vmm-store: hello's reply carries {} descriptors for a version table "
+                      "of {} slots",
+                      fds.size(), daemon.version_slots));
+    versions =
+        fds.empty() ? version_table() : version_table::open(std::move(fds.front()), daemon.version_slots);
+    if (changed_write) {
+      const char byte = 1;  // the watcher of reoffer_after_restart watches this socket now
+      [[maybe_unused]] const auto ignored = ::write(changed_write.get(), &byte, 1);
+    }
+  }
+
+  // client::reconnect().
+  std::vector<std::string> reconnect() {
+    std::lock_guard lock(mutex);
+    const std::uint64_t origin = daemon.instance;
+    socket.reset();
+    connect();
+    std::vector<std::string> refused;
+    if (daemon.instance == origin) {
+      // The same daemon: this connection's holds went with the old one; take them again.
+      for (const auto& [key, import] : cache)
+        for (long i = 1; i < import.use_count(); ++i)
+          tell(request{.op = operation::hold, .entry = import->entry});
+      return refused;
+    }
+    // A new daemon: what was sealed is offered back; the rest is no entry any more.
+    for (auto it = cache.begin(); it != cache.end();) {
+      detail::cached_import& import = *it->second;
+      bool kept = false;
+      if (import.sealed && it->first.second == access_mode::read_only) {
+        try {
+          offer(import, origin);
+          kept = true;
+          for (long i = 1; i < it->second.use_count(); ++i)
+            tell(request{.op = operation::hold, .entry = import.entry});
+        } catch (const store_error& error) {
+          if (error.code() == store_error::daemon_gone) throw;
+          refused.push_back(fmt::format("{}: {}", import.name, error.what()));
+        }
+      }
+      if (kept) {
+        ++it;
+        continue;
+      }
+      import.entry = 0;  // its handles map it still and release nothing
+      import.slot = no_version_slot;
+      it = cache.erase(it);
+    }
+    return refused;
+  }
+
+  // Offers `import` (sealed, read-only) to the daemon, which came from daemon instance
+  // `origin`; takes a hold for each of its handles. The daemon's answer, or its refusal.
+  void offer(cached_import& import, std::uint64_t origin) {
+    const std::vector<shared_chunk>& chunks = import.mapped.chunks();
+    request first{.op = operation::offer,
+                  .name = import.name,
+                  .where = import.mapped.provider()->capabilities().where,
+                  .size = import.size,
+                  .entry = import.entry,
+                  .generation = import.mapped.buffer_id(),
+                  .table_offset = import.size - import.table_bytes,
+                  .table_bytes = import.table_bytes,
+                  .tensor_set = import.table_bytes != 0,
+                  .origin = origin,
+                  .chunk_total = static_cast<std::uint32_t>(chunks.size())};
+    std::vector<std::byte> body;
+    for (std::size_t at = 0; at < chunks.size(); at += max_offer_chunks) {
+      request frame = at == 0 ? first : request{.op = operation::offer_more};
+      std::vector<unique_fd> owned;
+      std::vector<int> fds;
+      for (std::size_t i = at; i < std::min(chunks.size(), at + max_offer_chunks); ++i) {
+        frame.chunk_sizes.push_back(chunks[i]->size());
+        owned.push_back(chunks[i]->memory().export_fd());
+        fds.push_back(owned.back().get());
+      }
+      body = exchange(frame, nullptr, fds);
+      if (!body.empty()) break;  // complete (or offered already by another client)
+    }
+    const hold_reply got = decode_hold_reply(body);
+    import.entry = got.entry;
+    import.slot = got.slot;
+    import.version = got.version;
+  }
+};
+
+// The thread of client_options::reoffer_after_restart. It watches a duplicate of the
+// client's socket (so that a socket the client closes meanwhile is no other descriptor) for
+// the daemon's hang-up, and the client's pipe for a new socket; after a hang-up it watches
+// the socket's directory with inotify and reconnects at each socket made there until one
+// answers. The daemon sends nothing unasked: only its hang-up wakes the poll (POLLRDHUP).
+class restart_watcher {
+ public:
+  explicit restart_watcher(std::shared_ptr<client_state> state) : state_(std::move(state)) {
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) throw os_error(errno, "vmm-store: pipe2 (stop)");
+    stop_read_ = unique_fd(ends[0]);
+    stop_write_ = unique_fd(ends[1]);
+    if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw os_error(errno, "vmm-store: pipe2 (socket changed)");
+    state_->changed_read = unique_fd(ends[0]);
+    state_->changed_write = unique_fd(ends[1]);
+    const std::string& path = state_->options.socket_path;
+    const auto slash = path.rfind('/');
+    const std::string directory = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    watch_ = unique_fd(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+    if (!watch_ ||
+        ::inotify_add_watch(watch_.get(), directory.c_str(), IN_CREATE | IN_MOVED_TO | IN_ATTRIB) < 0)
+      throw os_error(errno, fmt::format("vmm-store: inotify on {}", directory));
+    thread_ = std::thread([this] { run(); });
+  }
+  restart_watcher(const restart_watcher&) = delete;
+  restart_watcher& operator=(const restart_watcher&) = delete;
+  ~restart_watcher() {
+    const char byte = 1;
+    [[maybe_unused]] const auto ignored = ::write(stop_write_.get(), &byte, 1);
+    thread_.join();
+    std::lock_guard lock(state_->mutex);
+    state_->changed_write.reset();
+    state_->changed_read.reset();
+  }
+
+ private:
+  static void drain(int fd) noexcept {
+    char bytes[256];
+    while (::read(fd, bytes, sizeof bytes) > 0) {}
+  }
+
+  // Waits until the watched socket hangs up (true) or the watcher stops (false).
+  bool wait_for_hang_up() {
+    for (;;) {
+      unique_fd watched;
+      {
+        std::lock_guard lock(state_->mutex);
+        if (!state_->socket) return true;  // a request found the daemon gone already
+        watched = unique_fd(::fcntl(state_->socket.get(), F_DUPFD_CLOEXEC, 0));
+      }
+      if (!watched) return true;
+      pollfd polled[] = {{watched.get(), POLLRDHUP, 0},
+                         {stop_read_.get(), POLLIN, 0},
+                         {state_->changed_read.get(), POLLIN, 0}};
+      while (::poll(polled, 3, -1) < 0)
+        if (errno != EINTR) return false;
+      if (polled[1].revents != 0) return false;
+      if (polled[2].revents != 0) {
+        drain(state_->changed_read.get());  // a new socket: watch that one
+        continue;
+      }
+      return true;
+    }
+  }
+
+  void run() noexcept {
+    while (wait_for_hang_up()) {
+      drain(watch_.get());  // events before the hang-up name no new daemon
+      for (;;) {
+        try {
+          const std::vector<std::string> refused = state_->reconnect();
+          if (state_->options.on_reconnect) state_->options.on_reconnect(refused);
+          break;
+        } catch (const std::exception&) {
+          // No daemon answers yet: wait for the next socket file, or its mode, to change.
+        }
+        pollfd polled[] = {{watch_.get(), POLLIN, 0}, {stop_read_.get(), POLLIN, 0}};
+        while (::poll(polled, 2, -1) < 0)
+          if (errno != EINTR) return;
+        if (polled[1].revents != 0) return;
+        drain(watch_.get());
+      }
+    }
+  }
+
+  std::shared_ptr<client_state> state_;
+  unique_fd stop_read_, stop_write_, watch_;
+  std::thread thread_;
 };
 
 }  // namespace detail
@@ -209,9 +409,8 @@ buffer::~buffer() {
 
 void buffer::release() noexcept {
   if (!import_) return;
-  const std::uint64_t entry = import_->entry;
-  import_.reset();
-  state_->release(entry);
+  const std::shared_ptr<detail::cached_import> import = std::move(import_);
+  state_->release(*import);
   state_.reset();
 }
 
@@ -244,6 +443,12 @@ std::uint64_t buffer::entry() const noexcept {
 std::size_t buffer::chunk_count() const noexcept {
   return import_ ? import_->mapped.chunk_count() : 0;
 }
+std::vector<std::size_t> buffer::chunk_sizes() const {
+  std::vector<std::size_t> sizes;
+  if (import_)
+    for (const shared_chunk& chunk : import_->mapped.chunks()) sizes.push_back(chunk->size());
+  return sizes;
+}
 const std::shared_ptr<memory_provider>& buffer::provider() const noexcept {
   static const std::shared_ptr<memory_provider> none;
   return import_ ? import_->mapped.provider() : none;
@@ -271,7 +476,8 @@ std::size_t buffer::make_private(std::span<const ipc::byte_span> spans, stream_r
                     others, import_->name));
   const std::size_t made = import_->mapped.make_private(spans, stream);
   if (import_->mapped.private_bytes() != 0 && !import_->uncached) {
-    // Private now: no later get of this process may find it. Erasing allocates nothing.
+    // Private now: no later get of this process may find it. Erasing allocates nothing, nor
+    // does a push_back into reserved room.
     import_->uncached = true;
     if (cached) state_->cache.erase(found);
   }
@@ -305,21 +511,12 @@ void buffer::refresh() {
 
 client::client(client_options options) : state_(std::make_shared<detail::client_state>()) {
   state_->options = std::move(options);
-  try {
-    state_->socket = ipc::connect_unix(state_->options.socket_path);
-  } catch (const os_error& error) {
-    throw store_error(store_error::daemon_gone, fmt::format("vmm-store: no daemon at {}: {}",
-                                                            state_->options.socket_path, error.what()));
-  }
-  std::vector<unique_fd> fds;
-  state_->daemon = decode_daemon_info(state_->exchange(request{.op = operation::hello}, &fds));
-  if (fds.size() != (state_->daemon.version_slots != 0 ? 1u : 0u))
-    throw ipc::protocol_error(
-        fmt::format("vmm-store: hello's reply carries {} descriptors for a version table "
-                    "of {} slots",
-                    fds.size(), state_->daemon.version_slots));
-  if (!fds.empty())
-    state_->versions = detail::version_table::open(std::move(fds.front()), state_->daemon.version_slots);
+  state_->connect();
+  if (state_->options.reoffer_after_restart) watcher_ = std::make_unique<detail::restart_watcher>(state_);
+}
+
+std::vector<std::string> client::reconnect() {
+  return state_->reconnect();
 }
 
 client::~client() = default;
@@ -412,8 +609,11 @@ void client::seal_set(std::string_view name, std::uint64_t table_offset, std::ui
 std::vector<tensor_info> client::tensors(const buffer& held) {
   if (held.data() == nullptr) throw invalid_argument("vmm::store::client::tensors of an empty handle");
   std::lock_guard lock(state_->mutex);
-  return decode_tensor_table(state_->exchange(request{.op = operation::tensors, .entry = held.entry()}),
-                             held.size());
+  const std::vector<std::byte> table =
+      state_->exchange(request{.op = operation::tensors, .entry = held.entry()});
+  std::vector<tensor_info> decoded = decode_tensor_table(table, held.size());
+  held.import_->table_bytes = table.size();  // what an offer after a restart names
+  return decoded;
 }
 
 void client::grant(std::string_view name, pid_t pid) {

@@ -1,4 +1,5 @@
 #include <vmm/store/protocol.hpp>
+#include <vmm/ipc/manifest.hpp>
 #include <vmm/store/tensors.hpp>
 
 #include <vmm/error.hpp>
@@ -101,6 +102,7 @@ bool takes_name(operation op) {
     case operation::stat:
     case operation::remove:
     case operation::seal_set:
+    case operation::offer:
       return true;
     default:
       return false;
@@ -119,16 +121,21 @@ std::uint8_t access_byte(access_mode mode) {
   throw invalid_argument("vmm-store: a get asks for read_only or read_write access, not none");
 }
 
-void put_location(writer& out, const location& where) {
-  out.put<std::uint8_t>(static_cast<std::uint8_t>(where.kind)).put<std::uint8_t>(0).put<std::uint16_t>(0);
+// A location, with `flag` in the byte after the kind (create's and offer's; 0 otherwise).
+void put_location(writer& out, const location& where, bool flag = false) {
+  out.put<std::uint8_t>(static_cast<std::uint8_t>(where.kind))
+      .put<std::uint8_t>(flag ? 1 : 0)
+      .put<std::uint16_t>(0);
   out.put<std::int32_t>(where.id);
 }
 
-// A location; `flags` takes the byte after the kind (create's), which is otherwise 0.
-location get_location(reader& in, const char* what, bool* flag = nullptr) {
+// A location; `flag` takes the byte after the kind (create's and offer's flag, named
+// `flag_name`), which is otherwise 0.
+location get_location(reader& in, const char* what, bool* flag = nullptr,
+                      const char* flag_name = "one chunk") {
   const std::uint8_t kind = in.get<std::uint8_t>();
   if (flag != nullptr) {
-    *flag = in.get_flag("one chunk");
+    *flag = in.get_flag(flag_name);
     in.zeros(2);
   } else {
     in.zeros(3);
@@ -214,10 +221,7 @@ std::vector<std::byte> encode(const request& message) {
   switch (message.op) {
     case operation::create:
       if (message.where.id < 0) throw invalid_argument("vmm-store: a negative location id");
-      out.put<std::uint8_t>(static_cast<std::uint8_t>(message.where.kind))
-          .put<std::uint8_t>(message.one_chunk ? 1 : 0)
-          .put<std::uint16_t>(0)
-          .put<std::int32_t>(message.where.id);
+      put_location(out, message.where, message.one_chunk);
       out.put<std::uint64_t>(message.size).put<std::uint64_t>(message.max_size);
       break;
     case operation::get:
@@ -248,10 +252,29 @@ std::vector<std::byte> encode(const request& message) {
     case operation::tensors:
       out.put<std::uint64_t>(message.entry);
       break;
+    case operation::offer:
+      if (message.where.id < 0) throw invalid_argument("vmm-store: a negative location id");
+      put_location(out, message.where, message.tensor_set);
+      out.put<std::uint64_t>(message.size)
+          .put<std::uint64_t>(message.origin)
+          .put<std::uint64_t>(message.entry)
+          .put<std::uint64_t>(message.generation)
+          .put<std::uint64_t>(message.table_offset)
+          .put<std::uint64_t>(message.table_bytes)
+          .put<std::uint32_t>(message.chunk_total);
+      [[fallthrough]];
+    case operation::offer_more:
+      if (message.chunk_sizes.size() > max_offer_chunks)
+        throw invalid_argument(fmt::format("vmm-store: {} chunks in one offer frame (at most {})",
+                                           message.chunk_sizes.size(), max_offer_chunks));
+      out.put<std::uint32_t>(static_cast<std::uint32_t>(message.chunk_sizes.size()));
+      break;
     default:
       break;
   }
   if (takes_name(message.op)) out.put_string(message.name);
+  if (message.op == operation::offer || message.op == operation::offer_more)
+    for (const std::uint64_t size : message.chunk_sizes) out.put<std::uint64_t>(size);
   return out.take();
 }
 
@@ -269,7 +292,7 @@ request decode_request(std::span<const std::byte> bytes) {
   request message;
   const auto op = in.get<std::uint16_t>();
   if (op < static_cast<std::uint16_t>(operation::hello) ||
-      op > static_cast<std::uint16_t>(operation::tensors))
+      op > static_cast<std::uint16_t>(operation::offer_more))
     throw protocol_error(fmt::format("vmm-store request: unknown operation {}", op));
   message.op = static_cast<operation>(op);
   switch (message.op) {
@@ -314,6 +337,31 @@ request decode_request(std::span<const std::byte> bytes) {
     case operation::tensors:
       message.entry = in.get<std::uint64_t>();
       break;
+    case operation::offer: {
+      message.where = get_location(in, "offer", &message.tensor_set, "tensor set");
+      message.size = in.get<std::uint64_t>();
+      message.origin = in.get<std::uint64_t>();
+      message.entry = in.get<std::uint64_t>();
+      message.generation = in.get<std::uint64_t>();
+      message.table_offset = in.get<std::uint64_t>();
+      message.table_bytes = in.get<std::uint64_t>();
+      message.chunk_total = in.get<std::uint32_t>();
+      if (message.table_bytes > max_table_bytes)
+        throw protocol_error(fmt::format("vmm-store offer: a table of {} bytes (at most {})",
+                                         message.table_bytes, max_table_bytes));
+      if (message.chunk_total == 0 || message.chunk_total > ipc::max_manifest_chunks)
+        throw protocol_error(fmt::format("vmm-store offer: {} chunks (1 to {})", message.chunk_total,
+                                         ipc::max_manifest_chunks));
+    }
+      [[fallthrough]];
+    case operation::offer_more: {
+      const std::uint32_t chunks = in.get<std::uint32_t>();  // checked before anything is allocated
+      if (chunks > max_offer_chunks)
+        throw protocol_error(
+            fmt::format("vmm-store offer: {} chunks in one frame (at most {})", chunks, max_offer_chunks));
+      message.chunk_sizes.resize(chunks);
+      break;
+    }
     default:
       break;
   }
@@ -322,6 +370,7 @@ request decode_request(std::span<const std::byte> bytes) {
     if (std::string why; !valid_name(message.name, &why))
       throw protocol_error(fmt::format("vmm-store request: invalid name: {}", why));
   }
+  for (std::uint64_t& size : message.chunk_sizes) size = in.get<std::uint64_t>();
   in.finish();
   return message;
 }

@@ -6,12 +6,10 @@
 #include <vmm/stream_executor.hpp>
 #include <vmm/store/tensors.hpp>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -27,6 +25,8 @@
 #include "../continuation.hpp"
 #include "../deadline.hpp"
 #include "os/system.hpp"
+#include "daemon_os.hpp"
+#include "entry_memory.hpp"
 #include "version_table.hpp"
 
 namespace vmm::store {
@@ -58,41 +58,6 @@ std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::
   return capacity;
 }
 
-// Not std::filesystem: its error_code overloads are noexcept yet allocate, and a daemon out
-// of memory would terminate in them.
-std::size_t open_fd_count() {
-  DIR* listing = ::opendir("/proc/self/fd");
-  if (listing == nullptr) return 0;
-  std::size_t count = 0;
-  while (const dirent* found = ::readdir(listing))
-    if (found->d_name[0] != '.') ++count;
-  ::closedir(listing);
-  return count;
-}
-
-std::uint64_t realtime_ns() {
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(now.tv_nsec);
-}
-
-// Replaces a socket file nothing listens at; refuses a live one.
-void clear_stale_socket(const std::string& path) {
-  struct stat status {};
-  if (::lstat(path.c_str(), &status) != 0) return;
-  if (!S_ISSOCK(status.st_mode))
-    throw invalid_argument(fmt::format("vmm-store: {} exists and is not a socket", path));
-  try {
-    const unique_fd probe = ipc::connect_unix(path);
-  } catch (const os_error& error) {
-    if (error.code().value() != ECONNREFUSED) throw;
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-      throw os_error(errno, fmt::format("vmm-store: unlink of the stale socket {}", path));
-    return;
-  }
-  throw invalid_argument(fmt::format("vmm-store: a daemon already listens at {}", path));
-}
-
 // One message of a reply on its way out, `sent` bytes of its frame written. Its descriptors
 // belong to `keeps`, a manifest of an entry the connection holds (so its chunks live), kept
 // alive here until the message is written even if the entry's cache moves on.
@@ -122,8 +87,11 @@ struct server::entry {
   std::uint32_t holders = 0;
   std::uint32_t slot = no_version_slot;  // its word in the version table
   std::size_t charged = 0;               // capacity counted in bytes_ (and the charged connection's)
-  std::size_t fixed_chunk = 0;           // one-chunk creations: the size of every chunk; else 0
-  growable_buffer buffer;
+  bool exact_chunks = false;             // one-chunk creations: every create and grow maps one chunk
+  detail::entry_memory memory;           // made here, or offered back by a client (entry_memory.hpp)
+  // An offered entry: the daemon instance and entry it came from (0: made here).
+  std::uint64_t origin = 0;
+  std::uint64_t origin_entry = 0;
   // The last whole export per grant, valid for the capacity it was made at.
   std::map<access_mode, std::shared_ptr<const ipc::exported_manifest>> whole;
   // Every generation (manifest buffer_id) exported for this entry, with its grant.
@@ -133,19 +101,11 @@ struct server::entry {
   std::uint32_t tensors = 0;
   std::uint64_t named_bytes = 0;
 
-  explicit entry(growable_buffer b) : buffer(std::move(b)) {}
+  explicit entry(detail::entry_memory m) : memory(std::move(m)) {}
   [[nodiscard]] bool may_write(pid_t pid) const { return pid == creator_pid || writers.contains(pid); }
   [[nodiscard]] buffer_info info() const {
-    return {name,
-            id,
-            buffer.provider()->capabilities().where,
-            buffer.size(),
-            buffer.capacity(),
-            buffer.max_size(),
-            holders,
-            sealed,
-            tensors,
-            named_bytes};
+    return {name,    id,     memory.where(), memory.size(), memory.capacity(), memory.max_size(),
+            holders, sealed, tensors,        named_bytes};
   }
 };
 
@@ -165,6 +125,16 @@ struct server::connection {
   // (reply_timeout): never both, as no request is read while a reply waits.
   std::optional<ipc::detail::deadline> deadline;
   bool closing = false;  // closed once the outbox is written (at once if it is empty)
+  // The descriptors that came with the request being received (offer and offer_more only).
+  std::vector<unique_fd> inbox_fds;
+  // An offer whose chunks are still coming (offer_more): its first request, every chunk's
+  // size and descriptor so far.
+  struct pending_offer {
+    request first;
+    std::vector<std::uint64_t> sizes;
+    std::vector<unique_fd> fds;
+  };
+  std::unique_ptr<pending_offer> offer;
 
   // Whether the turn that ends closes it.
   [[nodiscard]] bool finished() const noexcept {
@@ -182,8 +152,8 @@ server::server(server_options options)
       versions_(
           std::make_unique<detail::version_table>(detail::version_table::create(options_.version_slots))) {
   std::random_device random;
-  info_.instance = (std::uint64_t{random()} << 32) ^ random() ^ realtime_ns();
-  info_.started_ns = realtime_ns();
+  info_.instance = (std::uint64_t{random()} << 32) ^ random() ^ detail::realtime_ns();
+  info_.started_ns = detail::realtime_ns();
   info_.pid = static_cast<std::uint32_t>(::getpid());
   info_.version_slots = static_cast<std::uint32_t>(versions_->slots());
   if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
@@ -192,7 +162,7 @@ server::server(server_options options)
   wake_read_ = unique_fd(pipe_ends[0]);
   wake_write_ = unique_fd(pipe_ends[1]);
   if (!options_.socket_path.empty()) {
-    clear_stale_socket(options_.socket_path);
+    detail::clear_stale_socket(options_.socket_path);
     listener_ = ipc::listen_unix(options_.socket_path);
     if (::chmod(options_.socket_path.c_str(), 0600) != 0)
       throw os_error(errno, "vmm-store: chmod of the socket");
@@ -374,7 +344,8 @@ class server::dispatch {
   dispatch(server& daemon, connection& client) : d_(daemon), c_(client) {}
 
   std::shared_ptr<const ipc::exported_manifest> manifest;
-  int table_fd = -1;  // hello: the version table's descriptor goes with the reply
+  int table_fd = -1;           // hello: the version table's descriptor goes with the reply
+  std::vector<unique_fd> fds;  // offer, offer_more: the frame's descriptors
 
   std::vector<std::byte> run(const request& r) {
     switch (r.op) {
@@ -414,6 +385,14 @@ class server::dispatch {
         return seal_set(r);
       case operation::tensors:
         return tensors(r);
+      case operation::offer:
+      case operation::offer_more:
+        try {
+          return offer(r);
+        } catch (...) {
+          c_.offer.reset();  // a refused frame ends its offer; the descriptors close
+          throw;
+        }
       case operation::release:
       case operation::hold:
         break;
@@ -486,10 +465,8 @@ class server::dispatch {
   // The whole manifest of `e` for `grant`, made now if the cached one is stale.
   std::shared_ptr<const ipc::exported_manifest> whole(entry& e, access_mode grant) {
     auto found = e.whole.find(grant);
-    if (found == e.whole.end() || found->second->description.end != e.buffer.capacity() ||
-        found->second->description.size != e.buffer.size()) {
-      auto made = std::make_shared<const ipc::exported_manifest>(
-          d_.exporter_.export_buffer(e.buffer, {.grant = grant}));
+    if (found == e.whole.end() || !e.memory.describes(found->second->description)) {
+      auto made = std::make_shared<const ipc::exported_manifest>(e.memory.export_whole(d_.exporter_, grant));
       e.generations[made->description.buffer_id] = grant;
       found = e.whole.insert_or_assign(grant, std::move(made)).first;
     }
@@ -499,11 +476,11 @@ class server::dispatch {
   // What a client that maps [0, end) of generation `generation` gets: nothing, a growth
   // manifest, or (generation unknown: another entry, another grant) a whole one.
   hold_reply deliver(entry& e, std::uint64_t generation, std::uint64_t end, access_mode grant) {
-    hold_reply reply = versioned(hold_reply{e.id, e.buffer.size(), delivery::whole, e.sealed}, e);
+    hold_reply reply = versioned(hold_reply{e.id, e.memory.size(), delivery::whole, e.sealed}, e);
     const auto known = e.generations.find(generation);
     if (generation != 0 && known != e.generations.end() && known->second == grant &&
-        end <= e.buffer.capacity()) {
-      if (end == e.buffer.capacity()) {
+        end <= e.memory.capacity()) {
+      if (end == e.memory.capacity()) {
         reply.sent = delivery::current;
         return reply;
       }
@@ -511,8 +488,8 @@ class server::dispatch {
       last.buffer_id = generation;
       last.end = end;
       try {
-        manifest = std::make_shared<const ipc::exported_manifest>(
-            d_.exporter_.export_growth(e.buffer, last, {.grant = grant}));
+        manifest =
+            std::make_shared<const ipc::exported_manifest>(e.memory.export_growth(d_.exporter_, last, grant));
         reply.sent = delivery::growth;
         return reply;
       } catch (const invalid_argument&) {
@@ -551,30 +528,33 @@ class server::dispatch {
                                 r.max_size, g, largest)};
     if (r.size > max)
       throw refusal{status::invalid, fmt::format("vmm-store: size {} is past the max size {}", r.size, max)};
-    // One chunk: chunks of the size itself, so the size is one physical handle to import.
-    const std::size_t one = std::max<std::size_t>(round_up(r.size, g), g);
-    const std::size_t capacity = r.one_chunk ? std::min(one, max) : predicted_capacity(0, r.size, g, max);
+    // One chunk: the size is one physical handle to import, and each grow maps exactly its
+    // growth as one more (a fixed policy of the whole range, mapped exactly: no fallback to
+    // smaller chunks either).
+    const std::size_t capacity =
+        r.one_chunk ? std::min(round_up(r.size, g), max) : predicted_capacity(0, r.size, g, max);
     check_caps(r.name, 0, capacity, true);
     growable_buffer buffer(
         pool,
-        {.max_size = max, .policy = r.one_chunk ? chunk_policy::fixed(one) : chunk_policy::geometric()});
+        {.max_size = max, .policy = r.one_chunk ? chunk_policy::fixed(max) : chunk_policy::geometric()});
+    if (r.one_chunk) buffer.reserve_exact(r.size, buffer.stream());
     buffer.resize(r.size);
-    auto made = std::make_unique<entry>(std::move(buffer));
+    auto made = std::make_unique<entry>(detail::entry_memory(std::move(buffer)));
     entry& e = *made;
     e.id = d_.next_entry_++;
     e.name = r.name;
     e.creator = c_.id;
     e.creator_pid = c_.pid;
     e.charged_to = c_.id;
-    e.fixed_chunk = r.one_chunk ? one : 0;
+    e.exact_chunks = r.one_chunk;
     std::shared_ptr<const ipc::exported_manifest> sent = whole(e, access_mode::read_write);
     d_.entries_.emplace(e.id, std::move(made));
     d_.names_.emplace(e.name, e.id);
-    charge(e, e.buffer.capacity());
+    charge(e, e.memory.capacity());
     hold(e);
     manifest = std::move(sent);
     e.slot = d_.versions_->take();
-    return encode(versioned(hold_reply{e.id, e.buffer.size(), delivery::whole, false}, e));
+    return encode(versioned(hold_reply{e.id, e.memory.size(), delivery::whole, false}, e));
   }
 
   std::vector<std::byte> seal(const request& r) {
@@ -591,31 +571,31 @@ class server::dispatch {
   std::vector<std::byte> seal_set(const request& r) {
     entry& e = named(r.name);
     check_writer(e, "seal");
-    const std::uint64_t size = e.buffer.size();
-    if (r.table_offset > size || r.table_bytes > size - r.table_offset)
+    take_table(e, e.name, r.table_offset, r.table_bytes);
+    return seal(r);
+  }
+
+  // Copies the table at [offset, offset + bytes) of `e`'s memory out, checks it against
+  // the bytes before it and keeps it; a refusal changes nothing.
+  static void take_table(entry& e, const std::string& name, std::uint64_t offset, std::uint64_t bytes) {
+    const std::uint64_t size = e.memory.size();
+    if (offset > size || bytes > size - offset)
       throw refusal{status::invalid,
-                    fmt::format("vmm-store: the table of \"{}\" ([{}, +{})) is past its {} bytes", e.name,
-                                r.table_offset, r.table_bytes, size)};
-    std::vector<std::byte> bytes(r.table_bytes);
-    if (!bytes.empty()) {
-      stream_executor& executor = e.buffer.provider()->executor();
-      executor.copy(bytes.data(), static_cast<const std::byte*>(e.buffer.data()) + r.table_offset,
-                    bytes.size(), {});
-      executor.synchronize({});
-    }
+                    fmt::format("vmm-store: the table of \"{}\" ([{}, +{})) is past its {} bytes", name,
+                                offset, bytes, size)};
+    std::vector<std::byte> copy = e.memory.read(offset, bytes);
     std::vector<tensor_info> table;
     try {
-      table = decode_tensor_table(bytes, r.table_offset);
+      table = decode_tensor_table(copy, offset);
     } catch (const ipc::protocol_error& error) {
       throw refusal{status::invalid,
-                    fmt::format("vmm-store: \"{}\" is no valid tensor set: {}", e.name, error.what())};
+                    fmt::format("vmm-store: \"{}\" is no valid tensor set: {}", name, error.what())};
     }
     std::uint64_t named_bytes = 0;
     for (const tensor_info& t : table) named_bytes += t.bytes;
-    e.table = std::move(bytes);
+    e.table = std::move(copy);
     e.tensors = static_cast<std::uint32_t>(table.size());
     e.named_bytes = named_bytes;
-    return seal(r);
   }
 
   std::vector<std::byte> tensors(const request& r) {
@@ -627,6 +607,83 @@ class server::dispatch {
       throw refusal{status::invalid,
                     fmt::format("vmm-store: \"{}\" is a plain buffer, no tensor set", e.name)};
     return e.table;
+  }
+
+  // A client offers sealed memory it maps back to a restarted daemon (docs/store.md, "What
+  // survives a SIGKILL"). The first offer of a name wins; a later one of the same origin
+  // (the same entry of the same dead daemon) is answered with the entry made of the first.
+  std::vector<std::byte> offer(const request& r) {
+    if (r.op == operation::offer) {
+      if (c_.offer)
+        throw refusal{status::invalid,
+                      fmt::format("vmm-store: an offer of \"{}\" while one of \"{}\" is under way", r.name,
+                                  c_.offer->first.name)};
+      if (const auto taken = d_.names_.find(r.name); taken != d_.names_.end()) {
+        entry& e = *d_.entries_.at(taken->second);
+        if (e.origin == 0 || e.origin != r.origin || e.origin_entry != r.entry)
+          throw refusal{
+              status::exists,
+              fmt::format("vmm-store: the name \"{}\" is taken (by entry {}, not entry {} of daemon "
+                          "instance {:#x}): the first offer of a name wins",
+                          r.name, e.id, r.entry, r.origin)};
+        // The same memory (the same entry of the daemon that died) offered again.
+        if (r.tensor_set && e.table.empty()) take_table(e, e.name, r.table_offset, r.table_bytes);
+        if (r.generation != 0) e.generations.emplace(r.generation, access_mode::read_only);
+        return encode(versioned(hold_reply{e.id, e.memory.size(), delivery::current, true}, e));
+      }
+      if (r.chunk_sizes.size() > r.chunk_total)
+        throw refusal{status::invalid,
+                      fmt::format("vmm-store: an offer of {} chunks sends {} in its first frame",
+                                  r.chunk_total, r.chunk_sizes.size())};
+      c_.offer = std::make_unique<connection::pending_offer>();
+      c_.offer->first = r;
+    } else if (!c_.offer) {
+      throw refusal{status::invalid, "vmm-store: offer_more without an offer under way"};
+    } else if (r.chunk_sizes.size() > c_.offer->first.chunk_total - c_.offer->sizes.size()) {
+      throw refusal{status::invalid,
+                    fmt::format("vmm-store: the offer of \"{}\" has {} chunks; {} more came after {}",
+                                c_.offer->first.name, c_.offer->first.chunk_total, r.chunk_sizes.size(),
+                                c_.offer->sizes.size())};
+    }
+    connection::pending_offer& pending = *c_.offer;
+    pending.sizes.insert(pending.sizes.end(), r.chunk_sizes.begin(), r.chunk_sizes.end());
+    for (unique_fd& fd : fds) pending.fds.push_back(std::move(fd));
+    if (pending.sizes.size() < pending.first.chunk_total) return {};  // more to come
+    const std::unique_ptr<connection::pending_offer> whole = std::move(c_.offer);
+    return adopt(whole->first, whole->sizes, std::move(whole->fds));
+  }
+
+  // Makes an entry of a complete offer: imported read-only, its table checked, sealed.
+  std::vector<std::byte> adopt(const request& r, std::span<const std::uint64_t> sizes,
+                               std::vector<unique_fd> offered) {
+    std::uint64_t total = 0;
+    for (const std::uint64_t size : sizes) total = size > UINT64_MAX - total ? UINT64_MAX : total + size;
+    check_caps(r.name, 0, total, false);
+    detail::entry_memory memory = [&] {
+      try {
+        return detail::entry_memory::adopt(r.where, r.size, sizes, std::move(offered));
+      } catch (const ipc::protocol_error& error) {
+        throw refusal{status::invalid,
+                      fmt::format("vmm-store: the offer of \"{}\" is refused: {}", r.name, error.what())};
+      } catch (const invalid_argument& error) {
+        throw refusal{status::invalid,
+                      fmt::format("vmm-store: the offer of \"{}\" is refused: {}", r.name, error.what())};
+      }
+    }();
+    auto made = std::make_unique<entry>(std::move(memory));
+    entry& e = *made;
+    e.name = r.name;
+    e.sealed = true;
+    e.origin = r.origin;
+    e.origin_entry = r.entry;
+    if (r.tensor_set) take_table(e, r.name, r.table_offset, r.table_bytes);
+    if (r.generation != 0) e.generations.emplace(r.generation, access_mode::read_only);
+    e.id = d_.next_entry_++;
+    d_.entries_.emplace(e.id, std::move(made));
+    d_.names_.emplace(e.name, e.id);
+    charge(e, e.memory.capacity());
+    e.slot = d_.versions_->take();
+    return encode(versioned(hold_reply{e.id, e.memory.size(), delivery::current, true}, e));
   }
 
   std::vector<std::byte> grant(const request& r) {
@@ -664,23 +721,23 @@ class server::dispatch {
   std::vector<std::byte> grow(const request& r) {
     entry& e = named(r.name);
     check_writer(e, "grow");
-    if (r.size < e.buffer.size())
+    if (r.size < e.memory.size())
       throw refusal{status::invalid,
                     fmt::format("vmm-store: \"{}\" holds {} bytes; buffers do not shrink (asked {})", e.name,
-                                e.buffer.size(), r.size)};
-    if (r.size > e.buffer.max_size())
+                                e.memory.size(), r.size)};
+    if (r.size > e.memory.max_size())
       throw refusal{status::invalid, fmt::format("vmm-store: \"{}\" grows to {} bytes at most, not {}",
-                                                 e.name, e.buffer.max_size(), r.size)};
-    const std::size_t g = e.buffer.provider()->capabilities().granularity;
-    const std::size_t mapped = e.buffer.capacity();
-    const std::size_t capacity =
-        e.fixed_chunk == 0 || r.size <= mapped
-            ? predicted_capacity(mapped, r.size, g, e.buffer.max_size())
-            : std::min(e.buffer.max_size(), mapped + round_up(r.size - mapped, e.fixed_chunk));
-    check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
-    e.buffer.resize(r.size);
+                                                 e.name, e.memory.max_size(), r.size)};
+    growable_buffer& buffer = e.memory.buffer();  // sealed: an offered entry never gets here
+    const std::size_t g = buffer.provider()->capabilities().granularity;
+    const std::size_t mapped = e.memory.capacity();
+    const std::size_t capacity = e.exact_chunks ? std::max(mapped, round_up(r.size, g))
+                                                : predicted_capacity(mapped, r.size, g, e.memory.max_size());
+    check_caps(e.name, e.memory.capacity(), std::max(capacity, e.memory.capacity()), e.charged_to == c_.id);
+    if (e.exact_chunks) buffer.reserve_exact(r.size, buffer.stream());
+    buffer.resize(r.size);
     d_.versions_->bump(e.slot);
-    charge(e, std::max(e.charged, e.buffer.capacity()));
+    charge(e, std::max(e.charged, e.memory.capacity()));
     return encode(e.info());
   }
 
@@ -700,35 +757,45 @@ void server::receive(connection& client) {
   std::size_t wanted = client.received < header_bytes ? header_bytes : header_bytes + header().payload_size;
   while (client.received < wanted) {
     iovec io{client.inbox.data() + client.received, wanted - client.received};
-    // No room for control data: descriptors sent with a request are never installed here
-    // (the kernel drops them and sets MSG_CTRUNC).
+    // Room for the descriptors of one offer frame and no more: the kernel closes any past
+    // that and sets MSG_CTRUNC. Which requests may carry them is checked once decoded.
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * max_offer_chunks)> control{};
     msghdr message{};
     message.msg_iov = &io;
     message.msg_iovlen = 1;
-    const ssize_t got = os::recvmsg(client.socket.get(), &message, MSG_DONTWAIT);
+    message.msg_control = control.data();
+    message.msg_controllen = control.size();
+    const ssize_t got = os::recvmsg(client.socket.get(), &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;  // the rest later
+    detail::take_descriptors(message, client.inbox_fds);
     if (got <= 0) return client.hang_up();  // closed or broken off, mid-frame or not: nothing to tell
-    if ((message.msg_flags & MSG_CTRUNC) != 0)
+    if ((message.msg_flags & MSG_CTRUNC) != 0 || client.inbox_fds.size() > max_offer_chunks)
       return refuse(client, status::bad_request,
-                    "vmm-store: a request came with descriptors; requests carry none");
+                    fmt::format("vmm-store: a request came with more than {} descriptors", max_offer_chunks));
     if (client.received == 0) client.deadline.emplace(options_.request_timeout);
     client.received += static_cast<std::size_t>(got);
     if (client.received != header_bytes) continue;
     const ipc::frame_header h = header();
-    if (h.magic != ipc::frame_magic || h.payload_size > max_request_bytes || h.fd_count != 0)
+    if (h.magic != ipc::frame_magic || h.payload_size > max_request_bytes || h.fd_count > max_offer_chunks)
       return refuse(
           client, status::bad_request,
           fmt::format("vmm-store: a request frame of {} bytes with {} descriptors (magic {:#010x}); requests "
-                      "are at most {} bytes, with none",
-                      h.payload_size, h.fd_count, h.magic, max_request_bytes));
+                      "are at most {} bytes, with at most {} descriptors",
+                      h.payload_size, h.fd_count, h.magic, max_request_bytes, max_offer_chunks));
     wanted += h.payload_size;
   }
   client.received = 0;
   client.deadline.reset();
-  serve(client, std::span(client.inbox).subspan(header_bytes, wanted - header_bytes));
+  std::vector<unique_fd> fds = std::move(client.inbox_fds);
+  client.inbox_fds.clear();
+  if (fds.size() != header().fd_count)
+    return refuse(client, status::bad_request,
+                  fmt::format("vmm-store: a request frame says {} descriptors and came with {}",
+                              header().fd_count, fds.size()));
+  serve(client, std::span(client.inbox).subspan(header_bytes, wanted - header_bytes), std::move(fds));
 }
 
-void server::serve(connection& client, std::span<const std::byte> payload) {
+void server::serve(connection& client, std::span<const std::byte> payload, std::vector<unique_fd> fds) {
   request asked;
   try {
     asked = decode_request(payload);
@@ -737,6 +804,16 @@ void server::serve(connection& client, std::span<const std::byte> payload) {
   } catch (const ipc::protocol_error& error) {
     return refuse(client, status::bad_request, error.what());
   }
+  const bool offers = asked.op == operation::offer || asked.op == operation::offer_more;
+  if (!fds.empty() && !offers)
+    return refuse(
+        client, status::bad_request,
+        fmt::format("vmm-store: a {} request came with {} descriptors; only offer and offer_more carry any",
+                    static_cast<unsigned>(asked.op), fds.size()));
+  if (offers && fds.size() != asked.chunk_sizes.size())
+    return refuse(client, status::bad_request,
+                  fmt::format("vmm-store: an offer frame of {} chunks came with {} descriptors",
+                              asked.chunk_sizes.size(), fds.size()));
 
   // Hold and release have no reply. An entry that existed and has ended is no error for
   // either: a client's local get (the version table said its entry was unchanged) can come
@@ -762,6 +839,7 @@ void server::serve(connection& client, std::span<const std::byte> payload) {
 
   std::vector<std::byte> reply;
   dispatch handler(*this, client);
+  handler.fds = std::move(fds);
   try {
     reply = encode_ok(handler.run(asked));
   } catch (const refusal& refused) {
@@ -836,7 +914,7 @@ daemon_statistics server::statistics() const {
     s.pool_reserved += p.reserved_current;
   }
   s.cached_exports = exporter_.statistics().cached_chunks;
-  s.open_fds = open_fd_count();
+  s.open_fds = detail::open_fd_count();
   return s;
 }
 

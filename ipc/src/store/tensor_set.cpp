@@ -1,6 +1,7 @@
 #include <vmm/store/tensor_set.hpp>
 
 #include <vmm/error.hpp>
+#include <vmm/ipc/protocol_error.hpp>
 #include <vmm/provider.hpp>
 #include <vmm/stream_executor.hpp>
 
@@ -79,6 +80,11 @@ void* tensor_set::data_writable(std::string_view name) const {
 
 tensor_set tensor_set::put(client& store, std::string_view name, std::span<const tensor_source> tensors,
                            location where, stream_ref stream) {
+  return put(store, name, tensors, where, tensor_set_options{}, stream);
+}
+
+tensor_set tensor_set::put(client& store, std::string_view name, std::span<const tensor_source> tensors,
+                           location where, tensor_set_options options, stream_ref stream) {
   std::vector<tensor_info> table;
   table.reserve(tensors.size());
   for (const tensor_source& source : tensors) {
@@ -86,7 +92,7 @@ tensor_set tensor_set::put(client& store, std::string_view name, std::span<const
       throw invalid_argument(fmt::format("vmm-store: tensor \"{}\" has no data", source.name));
     table.push_back({.name = source.name, .type = source.type, .shape = source.shape});
   }
-  tensor_set_builder builder(store, name, std::move(table), where);
+  tensor_set_builder builder(store, name, std::move(table), where, options);
   stream_executor& executor = builder.memory().provider()->executor();
   for (std::size_t i = 0; i < tensors.size(); ++i)
     if (builder.tensors()[i].bytes != 0)
@@ -108,18 +114,50 @@ tensor_view tensor_set::at(std::string_view name) const {
 // ---- tensor_set_builder ----------------------------------------------------------------------
 
 tensor_set_builder::tensor_set_builder(client& store, std::string_view name, std::vector<tensor_info> tensors,
-                                       location where)
+                                       location where, tensor_set_options options)
     : store_(&store), name_(name), table_(std::move(tensors)) {
-  const std::uint64_t extent = lay_out(table_);
+  // The ends of the chunks before the table's (per_tensor), or none (one chunk).
+  std::vector<std::uint64_t> ends;
+  std::size_t granularity = 0;
+  std::uint64_t extent = 0;
+  if (options.layout == set_layout::per_tensor) {
+    granularity = provider_for(where)->capabilities().granularity;
+    ends = lay_out_per_tensor(table_, granularity);
+    extent = ends.empty() ? 0 : ends.back();
+  } else {
+    extent = lay_out(table_);
+  }
   if (const auto problem = tensor_table_problem(table_, extent))
     throw invalid_argument(fmt::format("vmm-store: tensor set \"{}\": {}", name_, *problem));
   table_offset_ = (extent + 7) / 8 * 8;
   const std::vector<std::byte> encoded = encode(table_);
-  memory_ = store.create(name_, table_offset_ + encoded.size(), where, {.one_chunk = true});
+  const std::uint64_t size = table_offset_ + encoded.size();
+  // One chunk per create and grow: the first chunk, then one grow per boundary and the table's.
+  const std::size_t max_size = ends.empty() ? 0 : round_up(size, granularity);
+  memory_ = store.create(name_, ends.empty() ? size : ends.front(), where,
+                         {.max_size = max_size, .one_chunk = true});
   try {
+    if (!ends.empty()) {
+      for (std::size_t i = 1; i < ends.size(); ++i) (void)store.grow(name_, ends[i]);
+      (void)store.grow(name_, size);
+      memory_.refresh();
+      if (memory_.chunk_count() != ends.size() + 1)
+        throw ipc::protocol_error(
+            fmt::format("vmm-store: tensor set \"{}\" was laid out for {} chunks; the daemon made {}", name_,
+                        ends.size() + 1, memory_.chunk_count()));
+    }
     stream_executor& executor = memory_.provider()->executor();
-    executor.copy(static_cast<std::byte*>(memory_.data()) + table_offset_, encoded.data(), encoded.size(),
-                  {});
+    auto* base = static_cast<std::byte*>(memory_.data());
+    // Zero what no tensor and no table covers (pooled memory may hold a former buffer's bytes).
+    std::uint64_t covered = 0;
+    for (const tensor_info& t : table_) {
+      if (t.bytes == 0) continue;
+      if (t.offset > covered) executor.fill(base + covered, 0, t.offset - covered, {});
+      covered = t.offset + t.bytes;
+    }
+    if (table_offset_ > covered) executor.fill(base + covered, 0, table_offset_ - covered, {});
+    if (memory_.capacity() > size) executor.fill(base + size, 0, memory_.capacity() - size, {});
+    executor.copy(base + table_offset_, encoded.data(), encoded.size(), {});
     executor.synchronize({});
   } catch (...) {
     memory_.release();

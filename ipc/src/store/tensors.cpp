@@ -100,21 +100,81 @@ std::optional<std::string> tensor_table_problem(std::span<const tensor_info> tab
   return std::nullopt;
 }
 
+namespace {
+
+// `t`'s bytes from its dtype and shape.
+std::uint64_t bytes_of(const tensor_info& t) {
+  const auto bytes = tensor_bytes(t.type, t.shape);
+  if (!bytes)
+    throw invalid_argument(
+        fmt::format("vmm-store: tensor \"{}\": unknown dtype or a size past 64 bits", t.name));
+  return *bytes;
+}
+
+// `at` rounded up to a multiple of `step`, or none past 64 bits.
+std::optional<std::uint64_t> rounded_up(std::uint64_t at, std::uint64_t step) noexcept {
+  const std::uint64_t rest = at % step;
+  if (rest == 0) return at;
+  if (at > UINT64_MAX - (step - rest)) return std::nullopt;
+  return at + (step - rest);
+}
+
+// Places `t` (of `bytes`) at `start` rounded up to `step`, ending `length` bytes later;
+// returns that end.
+std::uint64_t place(tensor_info& t, std::uint64_t bytes, std::uint64_t start, std::uint64_t step,
+                    std::uint64_t length) {
+  const auto offset = rounded_up(start, step);
+  if (!offset || length > UINT64_MAX - *offset)
+    throw invalid_argument(fmt::format("vmm-store: tensor \"{}\" ends past 64 bits", t.name));
+  t.offset = *offset;
+  t.bytes = bytes;
+  return *offset + length;
+}
+
+}  // namespace
+
 std::uint64_t lay_out(std::span<tensor_info> table) {
   std::uint64_t end = 0;
   for (tensor_info& t : table) {
-    const auto bytes = tensor_bytes(t.type, t.shape);
-    if (!bytes)
-      throw invalid_argument(
-          fmt::format("vmm-store: tensor \"{}\": unknown dtype or a size past 64 bits", t.name));
-    const std::uint64_t start = (end + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
-    if (start < end || *bytes > UINT64_MAX - start)
-      throw invalid_argument(fmt::format("vmm-store: tensor \"{}\" ends past 64 bits", t.name));
-    t.offset = start;
-    t.bytes = *bytes;
-    end = start + *bytes;
+    const std::uint64_t bytes = bytes_of(t);
+    end = place(t, bytes, end, tensor_alignment, bytes);
   }
   return end;
+}
+
+std::vector<std::uint64_t> lay_out_per_tensor(std::span<tensor_info> table, std::uint64_t granularity) {
+  if (granularity == 0 || granularity % tensor_alignment != 0)
+    throw invalid_argument(
+        fmt::format("vmm-store: a per-tensor layout needs a granularity that is a multiple of {}, not {}",
+                    tensor_alignment, granularity));
+  std::vector<std::uint64_t> ends;
+  std::uint64_t chunk = 0;  // where the open chunk starts (a multiple of the granularity)
+  std::uint64_t end = 0;    // the first byte after the last tensor placed
+  const auto close_chunk = [&] {
+    if (end == chunk) return;  // nothing in it
+    const auto rounded = rounded_up(end, granularity);
+    if (!rounded) throw invalid_argument("vmm-store: a tensor set ends past 64 bits");
+    ends.push_back(*rounded);
+    chunk = end = *rounded;
+  };
+  for (tensor_info& t : table) {
+    const std::uint64_t bytes = bytes_of(t);
+    if (bytes >= granularity) {
+      close_chunk();
+      const auto length = rounded_up(bytes, granularity);
+      if (!length) throw invalid_argument(fmt::format("vmm-store: tensor \"{}\" ends past 64 bits", t.name));
+      end = place(t, bytes, end, granularity, *length);
+      ends.push_back(end);
+      chunk = end;
+      continue;
+    }
+    // A small tensor joins the open chunk if it ends inside its granule.
+    const auto start = rounded_up(end, tensor_alignment);
+    if (!start || bytes > chunk + granularity - std::min(*start, chunk + granularity)) close_chunk();
+    end = place(t, bytes, end, tensor_alignment, bytes);
+  }
+  close_chunk();
+  return ends;
 }
 
 }  // namespace vmm::store

@@ -187,6 +187,8 @@ class imported_buffer {
   [[nodiscard]] std::size_t max_size() const noexcept { return run_.size(); }
   /// Chunks mapped.
   [[nodiscard]] std::size_t chunk_count() const noexcept { return run_.chunks().size(); }
+  /// The chunks mapped, in address order (their sizes give the chunk boundaries).
+  [[nodiscard]] const std::vector<shared_chunk>& chunks() const noexcept { return run_.chunks(); }
   /// The access the mappings grant.
   [[nodiscard]] access_mode access() const noexcept { return access_; }
   /// The exporter's name for the buffer.

@@ -54,6 +54,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -92,6 +93,14 @@ struct client_options {
   std::size_t cached_imports = 16;
   /// How long a reply may take.
   std::chrono::milliseconds timeout = std::chrono::milliseconds(30'000);
+  /// Reconnect without being asked after the daemon went away: a thread of this client sees
+  /// its connection hang up, waits for a daemon at the socket path (inotify on the socket's
+  /// directory: no polling), and calls reconnect(), again at each new socket until one
+  /// succeeds. The thread ends with the client.
+  bool reoffer_after_restart = false;
+  /// Called on that thread after each automatic reconnect, with what reconnect() returned
+  /// (the offers refused). Must not throw.
+  std::function<void(const std::vector<std::string>&)> on_reconnect;
 };
 
 /// How to create.
@@ -100,8 +109,9 @@ struct create_options {
   /// the granularity; 0: half the location's physical memory size, or the daemon's cap or
   /// per-client cap where lower (and at least the size).
   std::size_t max_size = 0;
-  /// Map the size as one physical chunk, so that a first get imports one handle (for a
-  /// buffer that never grows: a later grow adds chunks as usual).
+  /// Map the size as one physical chunk, so that a first get imports one handle, and each
+  /// later grow's growth (to the granularity) as exactly one more chunk: chunks that end at
+  /// sizes the creator chose (a tensor set laid out per tensor).
   bool one_chunk = false;
 };
 
@@ -116,6 +126,7 @@ struct get_options {
 namespace detail {
 struct client_state;
 struct cached_import;
+class restart_watcher;
 }  // namespace detail
 
 /// A hold on a named buffer, mapped here. Move-only. See the file comment.
@@ -143,6 +154,10 @@ class buffer {
   [[nodiscard]] std::uint64_t entry() const noexcept;
   /// The physical chunks mapped here (0 for an empty handle): what a first get imported.
   [[nodiscard]] std::size_t chunk_count() const noexcept;
+  /// The size of each physical chunk mapped here, in address order: where the chunk
+  /// boundaries lie (a tensor set laid out per tensor has one at each large tensor's ends).
+  /// @throws std::bad_alloc no memory for the list.
+  [[nodiscard]] std::vector<std::size_t> chunk_sizes() const;
   /// The provider the memory is mapped through (for copies: provider()->executor()).
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept;
   /// Maps what the buffer grew by since this client last looked; the address stays.
@@ -189,12 +204,15 @@ class buffer {
 /// A connection to a vmm-store daemon. See the file comment.
 class client {
  public:
-  /// Connects and says hello.
+  /// Connects and says hello (and starts the reconnecting thread of
+  /// client_options::reoffer_after_restart).
+  /// @throws std::system_error the thread could not start.
   /// @throws vmm::invalid_argument the socket path is empty, too long or holds a NUL byte.
   /// @throws store_error nothing listens at the path (daemon_gone), or the daemon refuses
   ///         this uid (status denied) or this protocol version.
   /// @throws vmm::ipc::protocol_error the daemon's reply is malformed.
-  /// @throws vmm::os_error mapping the daemon's version table failed.
+  /// @throws vmm::os_error mapping the daemon's version table, or the thread's pipe or
+  ///         inotify descriptor, failed.
   explicit client(client_options options = {});
   ~client();
   client(client&&) noexcept;
@@ -202,6 +220,22 @@ class client {
 
   /// Who the daemon is (a new instance id whenever it restarted).
   [[nodiscard]] const daemon_info& daemon() const noexcept;
+
+  /// Connects to the socket again and says hello; for a daemon that restarted (a new
+  /// instance), offers it every sealed buffer this client maps read-only or caches (a
+  /// tensor set with its table: the daemon checks it), and takes a hold again for each of
+  /// their live handles. Handles and imports keep their addresses. Offers the daemon
+  /// refuses (the name is another buffer's already, a cap) are left out and returned as
+  /// "name: why"; those buffers, and every unsealed or writable one, stay mapped in their
+  /// handles but are no entry of the daemon any more (their release sends nothing, and a
+  /// get asks the daemon). Against the same instance it only takes this client's holds
+  /// again.
+  /// @throws store_error daemon_gone (nothing listens, or the daemon went away during the
+  ///         offers), denied (this uid), unsupported_version.
+  /// @throws vmm::ipc::protocol_error a reply is malformed.
+  /// @throws vmm::os_error mapping the version table, or exporting a chunk's descriptor, failed.
+  /// @throws vmm::invalid_argument the socket path is unusable.
+  std::vector<std::string> reconnect();
 
   /// Creates `name` with `size` bytes at `where`; a writable handle. The creation is
   /// uncommitted until seal(): if this client's connection closes first, the name goes.
@@ -273,6 +307,7 @@ class client {
 
  private:
   std::shared_ptr<detail::client_state> state_;
+  std::unique_ptr<detail::restart_watcher> watcher_;  // reoffer_after_restart; goes first
 };
 
 }  // namespace vmm::store

@@ -15,8 +15,9 @@
 /// descriptors, but hello's reply, which carries the version table's descriptor when
 /// daemon_info::version_slots is not 0. A reply that carries memory (create, get, refresh) is
 /// followed by a manifest sent with vmm::ipc::send_manifest (its descriptors travel there,
-/// and the importer checks every byte of it). Requests never carry descriptors: the daemon
-/// closes a connection whose request does.
+/// and the importer checks every byte of it). Requests carry no descriptors but offer and
+/// offer_more (one per chunk of the frame, at most max_offer_chunks): the daemon closes a
+/// connection whose other request does, or whose frame's count differs from its chunks'.
 ///
 /// The version table. A read-only shared memory of version_slots u64 words (a sealed memfd):
 /// the daemon bumps the word of an entry's slot whenever the entry is removed, sealed,
@@ -24,19 +25,20 @@
 /// the word's value. A client that maps an entry already and reads that value still knows
 /// the entry unchanged: it takes a hold with a hold request (no reply) instead of a get.
 ///
-/// Wire format, version 3. Little-endian, no padding.
+/// Wire format, version 4. Little-endian, no padding.
 ///
 ///   request
 ///     0  4 magic    "VMMS" (0x534d4d56 read as a little-endian u32)
-///     4  2 version  3
+///     4  2 version  4
 ///     6  2 op       operation
 ///     8  .. body    by op, exactly (trailing bytes are refused):
 ///        hello       nothing
 ///        create      location kind u8 (0 device, 2 os host), flags u8 (bit 0: one chunk,
 ///                    below; the others 0), 2 bytes 0, location id i32, size u64, max size
-///                    u64 (0: the daemon's default), name. One chunk: the buffer's first
-///                    size is mapped as one physical chunk (for what never grows, such as a
-///                    tensor set: one handle to import)
+///                    u64 (0: the daemon's default), name. One chunk: the size is mapped
+///                    as one physical chunk, and each grow maps exactly its growth as one
+///                    more (a tensor set: one handle to import, or chunks that end where
+///                    its tensors end)
 ///        seal        name
 ///        get         access u8 (1 read-only, 2 read-write), 7 bytes 0, cached entry u64,
 ///                    cached generation u64, cached end u64 (all 0: nothing cached), name
@@ -51,12 +53,22 @@
 ///                    table (tensors.hpp) the creator wrote at [offset, offset + bytes) of
 ///                    the buffer, every tensor inside [0, offset)
 ///        tensors     entry u64 (one this client holds): the table of its tensor set
+///        offer       location kind u8, flags u8 (bit 0: a tensor set), 2 bytes 0, location
+///                    id i32, size u64, origin instance u64, origin entry u64, generation
+///                    u64, table offset u64, table bytes u64, chunks in all u32, chunks here
+///                    k u32 (at most max_offer_chunks), name, k x chunk size u64. Sealed
+///                    memory that a client maps, offered back to a restarted daemon; the
+///                    frame carries the k chunks' descriptors (on the OS provider, memfds),
+///                    in order. The ok reply is empty while chunks are missing, then a
+///                    hold_reply (no hold taken)
+///        offer_more  chunks here k u32, k x chunk size u64: the next chunks of the offer
+///                    this connection began, with their k descriptors
 ///     a name is u16 length, then that many bytes: 1 to max_name_bytes of valid UTF-8 with
 ///     no control character (below 0x20, or 0x7f)
 ///
 ///   reply
 ///     0  4 magic    "VMMR" (0x524d4d56)
-///     4  2 version  3
+///     4  2 version  4
 ///     6  2 status   0 ok, else an error (status below)
 ///     8  .. body:   error: u16 length + message (UTF-8, at most 4096 bytes);
 ///                   ok: by the request's op (reply structs below, encoded field by field)
@@ -81,12 +93,14 @@ namespace vmm::store {
 inline constexpr std::uint32_t request_magic = 0x534d4d56;
 inline constexpr std::uint32_t reply_magic = 0x524d4d56;
 /// The version this library writes and the only one it reads.
-inline constexpr std::uint16_t protocol_version = 3;
+inline constexpr std::uint16_t protocol_version = 4;
 /// The longest name, in bytes.
 inline constexpr std::size_t max_name_bytes = 255;
 /// The largest request payload: every request fits in far less. Larger frames are refused
 /// before their payload is read.
 inline constexpr std::size_t max_request_bytes = 1024;
+/// The most chunks (and descriptors) one offer or offer_more frame carries.
+inline constexpr std::size_t max_offer_chunks = 64;
 /// The longest error message a reply carries.
 inline constexpr std::size_t max_error_bytes = 4096;
 
@@ -107,6 +121,8 @@ enum class operation : std::uint16_t {
   hold = 13,
   seal_set = 14,
   tensors = 15,
+  offer = 16,
+  offer_more = 17,
 };
 
 /// The outcome of a request, as the daemon reports it.
@@ -139,14 +155,18 @@ struct request {
   location where;                               ///< create
   std::uint64_t size = 0;                       ///< create, grow
   std::uint64_t max_size = 0;                   ///< create
-  bool one_chunk = false;                       ///< create: its size as one chunk
+  bool one_chunk = false;                       ///< create: its size (and each grow) as one chunk
   access_mode access = access_mode::read_only;  ///< get
   std::uint64_t entry = 0;                      ///< get (cached), refresh, release, hold
   std::uint64_t generation = 0;                 ///< get (cached), refresh
   std::uint64_t end = 0;                        ///< get (cached), refresh
   std::uint32_t pid = 0;                        ///< grant
   std::uint64_t table_offset = 0;               ///< seal_set
-  std::uint64_t table_bytes = 0;                ///< seal_set
+  std::uint64_t table_bytes = 0;                ///< seal_set, offer
+  bool tensor_set = false;                      ///< offer: a tensor set, its table at table_offset
+  std::uint64_t origin = 0;                     ///< offer: the instance of the daemon it came from
+  std::uint32_t chunk_total = 0;                ///< offer: chunks of the whole offer
+  std::vector<std::uint64_t> chunk_sizes;       ///< offer, offer_more: this frame's chunks
   friend bool operator==(const request&, const request&) = default;
 };
 

@@ -51,9 +51,12 @@
 /// Trust. Connections are accepted only from the uids allowed (SO_PEERCRED; by default the
 /// daemon's own uid); others get a denied reply and are closed. A request is one frame of at
 /// most max_request_bytes, checked whole before anything happens (decode_request); a frame
-/// whose header claims more or announces descriptors is refused before its payload is read,
-/// and descriptors that come with a request are dropped unopened (the receive has no room
-/// for them) and refused. A request that breaks the protocol gets a bad_request (or
+/// whose header claims more or announces more than max_offer_chunks descriptors is refused
+/// before its payload is read. The receive has room for that many descriptors and no more
+/// (the kernel closes the rest, and the request is refused); they are kept only for offer and
+/// offer_more, whose chunks they are, and closed at once with a refusal for any other
+/// request. An offer's memory is imported read-only with the importer's checks and its table
+/// checked before any entry is made. A request that breaks the protocol gets a bad_request (or
 /// unsupported_version) reply, and its connection is closed once that reply is written. One
 /// connection's misbehaviour never changes another's state, nor delays another's replies.
 ///
@@ -156,7 +159,7 @@ class server {
   // Reads what has arrived of `client`'s next request, and serves it once it is whole.
   void receive(connection& client);
   // Answers one whole request.
-  void serve(connection& client, std::span<const std::byte> payload);
+  void serve(connection& client, std::span<const std::byte> payload, std::vector<unique_fd> fds);
   // Sends an error reply, then closes the connection.
   void refuse(connection& client, status code, const std::string& why);
   // Queues a reply (with `reply_fds`, descriptors the server keeps open, and the manifest

@@ -13,11 +13,22 @@
 ///     vmm::store::tensor_view embed = set.at("embed.weight");  // const data, dtype, shape
 ///
 /// A set is one store buffer (client.hpp) and a table of its tensors (tensors.hpp). The
-/// buffer holds the tensors, each at a multiple of tensor_alignment in the table's order,
-/// then the encoded table; seal_set hands the daemon the table's place, and the daemon
-/// checks and keeps a copy before sealing. A get is a read-only get of the buffer (so a
-/// repeated get is local, as for every buffer) and one request for the table of the entry
-/// it holds, so the table always describes the memory mapped.
+/// buffer holds the tensors, in the table's order, then the encoded table; seal_set hands
+/// the daemon the table's place, and the daemon checks and keeps a copy before sealing.
+/// Every byte that no tensor and no table covers is zero.
+///
+/// Layouts (tensor_set_options::layout). one_chunk, the default: each tensor at the next
+/// multiple of tensor_alignment, the whole set one physical chunk, so that a first get
+/// imports one handle. per_tensor: chunks that end where tensors end (lay_out_per_tensor):
+/// a tensor of a granule or more has physical memory of its own, which is what sharing a
+/// tensor's memory with another set, or replacing it in one process, needs (a mapping
+/// starts at a chunk's first byte: the driver maps a handle only from offset 0). The
+/// buffer is created with one chunk and grown by one chunk per boundary (create_options::
+/// one_chunk: every create and grow maps exactly its growth as one chunk).
+///
+/// A get is a read-only get of the buffer (so a repeated get is local, as for every
+/// buffer) and one request for the table of the entry it holds, so the table always
+/// describes the memory mapped.
 ///
 /// Writing. tensor_set_builder creates the buffer and lays the tensors out; the caller fills
 /// each tensor's range, and commit() writes the table and seals. A builder not committed
@@ -49,6 +60,17 @@ struct tensor_source {
   const void* data = nullptr;
 };
 
+/// How a set's tensors lie in its memory: see the file comment.
+enum class set_layout : std::uint8_t {
+  one_chunk,   ///< packed, one physical chunk: the fastest first get
+  per_tensor,  ///< a chunk per tensor of a granule or more, small ones packed by the granule
+};
+
+/// How to put a set.
+struct tensor_set_options {
+  set_layout layout = set_layout::one_chunk;
+};
+
 /// A tensor of a set as this process maps it: read-only.
 struct tensor_view {
   const void* data = nullptr;
@@ -78,6 +100,10 @@ class tensor_set {
   ///         as client::create and client::seal_set; the name is removed again.
   static tensor_set put(client& store, std::string_view name, std::span<const tensor_source> tensors,
                         location where, stream_ref stream = {});
+  /// put() laid out as `options` say.
+  /// @throws as put() above.
+  static tensor_set put(client& store, std::string_view name, std::span<const tensor_source> tensors,
+                        location where, tensor_set_options options, stream_ref stream = {});
   /// Gets `name` read-only with its table.
   /// @throws store_error not_found, invalid (a plain buffer); daemon_gone.
   /// @throws vmm::ipc::protocol_error, vmm::out_of_memory, vmm::invalid_argument,
@@ -132,12 +158,16 @@ class tensor_set {
 /// A tensor set being written: see the file comment. Move-only.
 class tensor_set_builder {
  public:
-  /// Lays `tensors` out (their offsets and bytes are set here) and creates `name` at
-  /// `where`, large enough for them and their table.
+  /// Lays `tensors` out as options.layout says (their offsets and bytes are set here) and
+  /// creates `name` at `where`, large enough for them and their table, its padding zeroed.
   /// @throws vmm::invalid_argument the table breaks a rule (tensors.hpp); nothing was sent.
+  /// @throws vmm::driver_unavailable `where` is a GPU and there is no usable driver here.
   /// @throws store_error, vmm::ipc::protocol_error, vmm::out_of_memory, vmm::driver_error
-  ///         as client::create.
-  tensor_set_builder(client& store, std::string_view name, std::vector<tensor_info> tensors, location where);
+  ///         as client::create, client::grow and buffer::refresh; a per_tensor set whose
+  ///         chunks the daemon did not make end at the layout's boundaries is
+  ///         vmm::ipc::protocol_error. The name is removed again after any of these.
+  tensor_set_builder(client& store, std::string_view name, std::vector<tensor_info> tensors, location where,
+                     tensor_set_options options = {});
   tensor_set_builder(tensor_set_builder&&) noexcept = default;
   tensor_set_builder& operator=(tensor_set_builder&&) = delete;
   /// Removes the name when not committed. Never throws.

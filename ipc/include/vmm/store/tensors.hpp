@@ -104,6 +104,18 @@ struct tensor_info {
 /// @throws vmm::invalid_argument a dtype is unknown, or a size overflows.
 std::uint64_t lay_out(std::span<tensor_info> table);
 
+/// Lays `table` out for a set of chunks that end where tensors end (tensor_set_options'
+/// set_layout::per_tensor): every tensor of at least `granularity` bytes starts at a
+/// multiple of `granularity`, its range rounded up to whole granules and a chunk of its own;
+/// consecutive smaller tensors are packed, each at a multiple of tensor_alignment, into
+/// chunks of one granule (a tensor that would cross the granule's end starts the next
+/// one). Sets every tensor's `bytes` and `offset`; returns the end of every chunk in order,
+/// each a multiple of `granularity` (empty when no tensor has a byte). The table goes after
+/// the last, in a chunk of its own.
+/// @throws vmm::invalid_argument a dtype is unknown, a size overflows, or `granularity` is
+///         not a non-zero multiple of tensor_alignment.
+std::vector<std::uint64_t> lay_out_per_tensor(std::span<tensor_info> table, std::uint64_t granularity);
+
 /// The wire form of `table` (it is not checked: the daemon encodes only checked tables).
 [[nodiscard]] std::vector<std::byte> encode(std::span<const tensor_info> table);
 /// Parses a table and checks it against a set of `extent` bytes.

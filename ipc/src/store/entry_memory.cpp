@@ -1,0 +1,72 @@
+#include "entry_memory.hpp"
+
+#include <vmm/error.hpp>
+#include <vmm/ipc/manifest.hpp>
+#include <vmm/provider.hpp>
+#include <vmm/stream_executor.hpp>
+
+#include <fmt/format.h>
+
+namespace vmm::store::detail {
+
+entry_memory entry_memory::adopt(location where, std::uint64_t size,
+                                 std::span<const std::uint64_t> chunk_sizes, std::vector<unique_fd> fds) {
+  ipc::manifest offered;
+  offered.kind = ipc::manifest_kind::whole;
+  offered.grant = access_mode::read_only;
+  offered.where = where;
+  offered.buffer_id = 1;  // the daemon's own name of this import: it is never grown
+  offered.granularity = provider_for(where)->capabilities().granularity;
+  std::uint64_t end = 0;
+  for (std::size_t i = 0; i < chunk_sizes.size(); ++i) {
+    if (chunk_sizes[i] > UINT64_MAX - end)
+      throw ipc::bad_manifest(
+          fmt::format("chunk {} of {}: the sizes overflow 64 bits", i, chunk_sizes.size()));
+    offered.chunks.push_back({end, chunk_sizes[i], where, handle_kind::posix_fd, {}});
+    end += chunk_sizes[i];
+  }
+  offered.max_size = end;
+  offered.end = end;
+  offered.size = size;
+  ipc::validate(offered);  // sizes of the granularity, size within the chunks, ...
+  return entry_memory(ipc::imported_buffer(offered, std::move(fds),
+                                           {.access = access_mode::read_only, .max_size_limit = end}),
+                      size);
+}
+
+growable_buffer& entry_memory::buffer() {
+  if (!made_) throw invalid_argument("vmm-store: an offered entry has no growable buffer");
+  return *made_;
+}
+
+location entry_memory::where() const {
+  return provider()->capabilities().where;
+}
+
+std::vector<std::byte> entry_memory::read(std::uint64_t offset, std::uint64_t bytes) const {
+  std::vector<std::byte> copy(bytes);
+  if (!copy.empty()) {
+    stream_executor& executor = provider()->executor();
+    executor.copy(copy.data(), static_cast<const std::byte*>(data()) + offset, copy.size(), {});
+    executor.synchronize({});
+  }
+  return copy;
+}
+
+bool entry_memory::describes(const ipc::manifest& sent) const noexcept {
+  // An offered entry's export names every byte it maps in use (export_chunks).
+  return sent.end == capacity() && sent.size == (made_ ? size() : capacity());
+}
+
+ipc::exported_manifest entry_memory::export_whole(ipc::exporter& out, access_mode grant) const {
+  if (made_) return out.export_buffer(*made_, {.grant = grant});
+  return out.export_chunks(adopted_->chunks(), {.grant = grant});
+}
+
+ipc::exported_manifest entry_memory::export_growth(ipc::exporter& out, const ipc::manifest& last,
+                                                   access_mode grant) const {
+  if (!made_) throw invalid_argument("vmm-store: an offered entry never grows");
+  return out.export_growth(*made_, last, {.grant = grant});
+}
+
+}  // namespace vmm::store::detail
