@@ -386,6 +386,44 @@ TYPED_TEST(tensor_set_test, a_killed_daemon_leaves_sets_mapped_and_a_restart_is_
 
 // The daemon SIGKILLed while two processes hold a set laid out per tensor (more chunks than
 // one offer frame carries); a new daemon gets it back from both, and a third process gets it.
+TYPED_TEST(tensor_set_test, a_private_overlay_is_not_offered_after_a_restart_and_its_release_stays_quiet) {
+  store::client store = this->connect();
+  const std::size_t g = provider_for(TypeParam::where())->capabilities().granularity;
+  this->bytes_.reserve(2);
+  this->bytes_.push_back(pattern(g, 91));
+  this->bytes_.push_back(pattern(g, 92));
+  const std::vector<store::tensor_source> one = {
+      {.name = "w", .type = dtype::u8, .shape = {g}, .data = this->bytes_[0].data()}};
+  const std::vector<store::tensor_source> two = {
+      {.name = "w", .type = dtype::u8, .shape = {g}, .data = this->bytes_[1].data()}};
+  // "mine" first: its entry id in the old daemon is the one "shared" gets in the new.
+  store::tensor_set mine = store::tensor_set::put(store, "mine", two, TypeParam::where());
+  store::tensor_set shared = store::tensor_set::put(store, "shared", one, TypeParam::where());
+  const std::vector<std::string> names = {"w"};
+  (void)mine.make_private(names);
+  auto* written = static_cast<std::uint8_t*>(mine.data_writable("w"));
+  const std::vector<std::uint8_t> ours(g, 0x5a);
+  write_bytes(*mine.memory().provider(), reinterpret_cast<std::uintptr_t>(written), ours);
+
+  ::kill(this->daemon_->process().pid(), SIGKILL);
+  (void)this->daemon_->process().wait();
+  this->start_daemon({});
+  EXPECT_EQ(store.reconnect(), std::vector<std::string>{});
+  // The private copy holds this process's bytes: only the shared set comes back.
+  const std::vector<store::buffer_info> listed = store.list();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].name, "shared");
+  EXPECT_EQ(read_bytes(*mine.memory().provider(), reinterpret_cast<std::uintptr_t>(written), g), ours);
+  // Its handle names no entry of the new daemon: letting go of it sends nothing, and the
+  // connection serves on (an entry id of the old daemon could name another buffer here).
+  mine = store::tensor_set();
+  EXPECT_EQ(store.stat("shared").holders, 1u);
+  EXPECT_EQ(store.statistics().holds, 1u);
+  shared = store::tensor_set();
+  store.drop_cache();
+  EXPECT_EQ(store.statistics().holds, 0u);
+}
+
 TYPED_TEST(tensor_set_test, a_restarted_daemon_gets_a_set_back_from_the_clients_that_map_it) {
   store::client store = this->connect();
   const std::size_t g = provider_for(TypeParam::where())->capabilities().granularity;

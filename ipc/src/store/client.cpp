@@ -45,6 +45,9 @@ struct client_state {
   daemon_info daemon;
   version_table versions;  // the daemon's, read-only; empty when it offers none
   std::map<std::pair<std::string, access_mode>, std::shared_ptr<cached_import>> cache;
+  // The imports kept out of the cache (own mappings, private overlays): reconnect() must
+  // take their holds again or forget their entries too, and never offers them.
+  std::vector<std::weak_ptr<cached_import>> uncached;
   std::uint64_t clock = 0;
   // reoffer_after_restart: a byte here whenever connect() made a new socket.
   unique_fd changed_read, changed_write;
@@ -121,6 +124,7 @@ struct client_state {
     try {
       if (got.sent == delivery::whole) {
         auto fresh = std::make_shared<cached_import>();
+        if (uncached) keep_uncached(fresh);
         fresh->uncached = uncached;
         fresh->name = name;
         fresh->entry = got.entry;
@@ -149,6 +153,12 @@ struct client_state {
     if (!cached->uncached) cache[{name, access}] = cached;
     evict();
     return cached;
+  }
+
+  // Adds `import` to `uncached`, first dropping the entries whose imports are gone.
+  void keep_uncached(const std::shared_ptr<cached_import>& import) {
+    std::erase_if(this->uncached, [](const std::weak_ptr<cached_import>& i) { return i.expired(); });
+    this->uncached.push_back(import);
   }
 
   // Drops the least recently used imports that no handle holds, beyond options.cached_imports.
@@ -213,8 +223,20 @@ struct client_state {
       for (const auto& [key, import] : cache)
         for (long i = 1; i < import.use_count(); ++i)
           tell(request{.op = operation::hold, .entry = import->entry});
+      for (const std::weak_ptr<cached_import>& weak : this->uncached)
+        if (const std::shared_ptr<cached_import> import = weak.lock(); import && import->entry != 0)
+          for (long i = 1; i < import.use_count(); ++i)
+            tell(request{.op = operation::hold, .entry = import->entry});
       return refused;
     }
+    // A new daemon. What is out of the cache is not offered (a private overlay holds this
+    // process's own bytes): its handles map it still and release nothing.
+    for (const std::weak_ptr<cached_import>& weak : this->uncached)
+      if (const std::shared_ptr<cached_import> import = weak.lock()) {
+        import->entry = 0;
+        import->slot = no_version_slot;
+      }
+    this->uncached.clear();
     // A new daemon: what was sealed is offered back; the rest is no entry any more.
     for (auto it = cache.begin(); it != cache.end();) {
       detail::cached_import& import = *it->second;
@@ -474,11 +496,15 @@ std::size_t buffer::make_private(std::span<const ipc::byte_span> spans, stream_r
         fmt::format("vmm-store: {} other handle(s) of this process map \"{}\" at the same addresses, which a "
                     "private overlay would change for them too: get it with get_options::own_mapping",
                     others, import_->name));
+  // Room for it among the uncached imports first: nothing may fail once it is private.
+  std::erase_if(state_->uncached, [](const std::weak_ptr<detail::cached_import>& i) { return i.expired(); });
+  if (!import_->uncached) state_->uncached.reserve(state_->uncached.size() + 1);
   const std::size_t made = import_->mapped.make_private(spans, stream);
   if (import_->mapped.private_bytes() != 0 && !import_->uncached) {
     // Private now: no later get of this process may find it. Erasing allocates nothing, nor
     // does a push_back into reserved room.
     import_->uncached = true;
+    state_->uncached.push_back(import_);
     if (cached) state_->cache.erase(found);
   }
   return made;
