@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "continuation.hpp"
-#include "deadline.hpp"
+#include "vmm/ipc/detail/continuation.hpp"
+#include "vmm/ipc/detail/deadline.hpp"
 
 namespace vmm::ipc {
 namespace {

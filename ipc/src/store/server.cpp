@@ -24,9 +24,9 @@
 #include <new>
 #include <random>
 
-#include "../continuation.hpp"
-#include "../deadline.hpp"
-#include "os/system.hpp"
+#include "vmm/ipc/detail/continuation.hpp"
+#include "vmm/ipc/detail/deadline.hpp"
+#include "vmm/detail/system.hpp"
 #include "version_table.hpp"
 
 namespace vmm::store {
@@ -38,25 +38,6 @@ struct refusal {
   status code;
   std::string message;
 };
-
-// What a growable buffer's geometric policy maps to hold `required` bytes after `capacity`:
-// an upper bound of what resize() maps (its fallbacks only take smaller chunks).
-// A chunk smaller than the need is the policy's largest, and every chunk until the last is
-// that size too: those are added at once, so that a request of any size costs a few steps.
-std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::size_t g, std::size_t max) {
-  const chunk_policy policy = chunk_policy::geometric();
-  while (capacity < required && capacity < max) {
-    const std::size_t step = policy.next_chunk(capacity, required, g);
-    const std::size_t needed = round_up(required - capacity, g);
-    if (step < needed) {
-      const std::size_t before_last = (needed - 1) / step;
-      capacity = before_last > (max - capacity) / step ? max : capacity + before_last * step;
-      continue;
-    }
-    capacity += std::min(step, max - capacity);
-  }
-  return capacity;
-}
 
 // Not std::filesystem: its error_code overloads are noexcept yet allocate, and a daemon out
 // of memory would terminate in them.
@@ -553,7 +534,8 @@ class server::dispatch {
       throw refusal{status::invalid, fmt::format("vmm-store: size {} is past the max size {}", r.size, max)};
     // One chunk: chunks of the size itself, so the size is one physical handle to import.
     const std::size_t one = std::max<std::size_t>(round_up(r.size, g), g);
-    const std::size_t capacity = r.one_chunk ? std::min(one, max) : predicted_capacity(0, r.size, g, max);
+    const std::size_t capacity =
+        r.one_chunk ? std::min(one, max) : chunk_policy::geometric().capacity_after(0, r.size, g, max);
     check_caps(r.name, 0, capacity, true);
     growable_buffer buffer(
         pool,
@@ -675,7 +657,7 @@ class server::dispatch {
     const std::size_t mapped = e.buffer.capacity();
     const std::size_t capacity =
         e.fixed_chunk == 0 || r.size <= mapped
-            ? predicted_capacity(mapped, r.size, g, e.buffer.max_size())
+            ? chunk_policy::geometric().capacity_after(mapped, r.size, g, e.buffer.max_size())
             : std::min(e.buffer.max_size(), mapped + round_up(r.size - mapped, e.fixed_chunk));
     check_caps(e.name, e.buffer.capacity(), std::max(capacity, e.buffer.capacity()), e.charged_to == c_.id);
     e.buffer.resize(r.size);

@@ -3,6 +3,9 @@
 // take one. A caller gives a timeout (fd_channel.hpp); a step of several messages (a
 // manifest and its continuations) turns it into one deadline and passes that to every
 // message, so that the timeout bounds the whole step and not each message of it.
+//
+// Internal (vmm/ipc/detail/): installed for vmm::store, which builds on it, and not part of
+// vmm::ipc's interface: it may change in any release without notice.
 
 #include <vmm/ipc/fd_channel.hpp>
 
