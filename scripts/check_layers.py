@@ -36,6 +36,11 @@ target through its installed headers (what a target above needs of one below and
 interface of it lives in an installed internal header: vmm/include/vmm/detail/,
 ipc/include/vmm/ipc/detail/).
 
+Headers and sources mirror each other: an out-of-line member of a class that an installed
+header (vmm/include, ipc/include) declares at namespace scope is defined in a source of that
+header's name (vmm/src/.../NAME.cpp, ipc/src/.../NAME.cpp for NAME.hpp), so that a reader
+finds a header's code by its name.
+
 Exit status: 0 when the layering holds and the document agrees, 1 when a file breaks it or
 belongs to no layer, or the document's table differs (each problem on its own line, naming the
 file and what differs), 2 on bad usage.
@@ -75,7 +80,7 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     # the library's version (its header is generated into the build tree from cmake/).
     ("base", 0,
      concept("error", "location", "stream_ref", "byte_size", "version")
-     + ["vmm/include/vmm/detail/cleanup.hpp", "vmm/include/vmm/detail/enum_names.hpp"]),
+     + ["vmm/include/vmm/detail/cleanup.hpp", "vmm/src/cleanup.cpp", "vmm/include/vmm/detail/enum_names.hpp"]),
     # libcuda, loaded at run time: one X-macro table of entry points; and the driver calls of
     # sharing between processes, which vmm::ipc asks for through an internal header.
     ("driver", 1, ["vmm/src/driver/", "vmm/include/vmm/detail/driver_sharing.hpp"]),
@@ -148,6 +153,12 @@ TABLE_END = "<!-- layers:end -->"
 SOURCE_SUFFIXES = (".hpp", ".h", ".cpp", ".cu", ".cuh")
 INCLUDE_DIRECTORIES = ("vmm/include", "ipc/include", "vmm/src", "vmm/tools")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+INSTALLED_HEADERS = ("vmm/include/", "ipc/include/")
+SOURCE_FOLDERS = ("vmm/src/", "ipc/src/")
+# A class at namespace scope (column 0; a forward declaration ends in ';' and is none).
+CLASS = re.compile(r"^(?:class|struct)\s+(\w+)\b[^;]*$", re.M)
+# An out-of-line member definition at namespace scope: `... name::member(`, at column 0.
+MEMBER_DEFINITION = re.compile(r"^(?![\s#/])[^;(){}=]*?\b(\w+)::(~?\w+|operator[^\s(]*)\s*\(", re.M)
 
 
 @dataclass(frozen=True)
@@ -247,7 +258,7 @@ def check_finer(path: str, number: int, shown: str, target: str) -> list[problem
 
 
 def check(root: Path) -> list[problem]:
-    problems: list[problem] = []
+    problems: list[problem] = check_mirrors(root, source_files(root))
     for path in source_files(root):
         own = layer_of(path)
         if own is None:
@@ -275,6 +286,33 @@ def check(root: Path) -> list[problem]:
                     path, number,
                     f"includes {shown} ({target}): layer {own.name} (rank {own.rank}) may not "
                     f"include layer {other.name} (rank {other.rank}), which is above it"))
+    return problems
+
+
+def check_mirrors(root: Path, files: list[str]) -> list[problem]:
+    """Members of an installed header's classes defined in a source of another name."""
+    declared: dict[str, list[str]] = {}  # class -> the installed headers declaring it
+    for path in files:
+        if path.startswith(INSTALLED_HEADERS) and path.endswith(".hpp"):
+            for match in CLASS.finditer((root / path).read_text(encoding="utf-8", errors="replace")):
+                declared.setdefault(match.group(1), []).append(path)
+    problems: list[problem] = []
+    for path in files:
+        if not (path.startswith(SOURCE_FOLDERS) and path.endswith(".cpp")):
+            continue
+        text = (root / path).read_text(encoding="utf-8", errors="replace")
+        reported: set[str] = set()
+        for match in MEMBER_DEFINITION.finditer(text):
+            owner = match.group(1)
+            headers = declared.get(owner, [])
+            if not headers or owner in reported:
+                continue
+            if all(PurePosixPath(h).stem != PurePosixPath(path).stem for h in headers):
+                reported.add(owner)
+                number = text.count("\n", 0, match.start()) + 1
+                names = " or ".join(f"{PurePosixPath(h).stem}.cpp" for h in headers)
+                problems.append(problem(path, number, f"defines members of {owner} ({', '.join(headers)}): "
+                                                      f"a header's code lives in the source of its name, {names}"))
     return problems
 
 
@@ -476,6 +514,24 @@ def self_test() -> int:
         expect(any("ipc/src/store/server.cpp:1" in f and "private source of vmm::ipc, from vmm::store" in f
                    for f in found), f"the store's include of ipc/src is reported: {found}")
         expect(run_quietly(root) == 1, "a private include across targets exits 1")
+
+        (root / "python/native/allocator.cpp").unlink()
+        (root / "ipc/src/handoff.cpp").unlink()
+        (root / "ipc/src/store/server.cpp").unlink()
+
+        # A member of an installed header's class defined in a source of another name is
+        # reported; in the source of the header's name it is not.
+        (root / "vmm/include/vmm/ring_buffer.hpp").write_text("namespace vmm {\nclass ring_buffer {\n};\n}\n",
+                                                              encoding="utf-8")
+        member = "namespace vmm {\nvoid ring_buffer::push(int value) {}\n}\n"
+        (root / "vmm/src/chunk_view.cpp").write_text(member, encoding="utf-8")
+        found = [str(p) for p in check(root)]
+        expect(len(found) == 1 and "vmm/src/chunk_view.cpp:2" in found[0] and "ring_buffer" in found[0]
+               and "ring_buffer.cpp" in found[0], f"a member defined in another source is reported: {found}")
+        expect(run_quietly(root) == 1, "a header's member in another source exits 1")
+        (root / "vmm/src/chunk_view.cpp").unlink()
+        (root / "vmm/src/ring_buffer.cpp").write_text(member, encoding="utf-8")
+        expect(check(root) == [], f"the member in its own source is clean: {[str(p) for p in check(root)]}")
 
     # The classification itself: longest match wins, folders and files.
     expect(layer_of("vmm/src/driver/device.cpp") == layer("driver", 1), "driver folder")

@@ -12,7 +12,7 @@
 #include <random>
 
 #include "vmm/ipc/detail/continuation.hpp"
-#include "vmm/ipc/detail/deadline.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
 #include "vmm/detail/system.hpp"
 
 namespace vmm::ipc {

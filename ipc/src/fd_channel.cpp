@@ -39,7 +39,7 @@
 #include <array>
 #include <cstring>
 
-#include "vmm/ipc/detail/deadline.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
 #include "vmm/detail/system.hpp"
 
 namespace vmm::ipc {

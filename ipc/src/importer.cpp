@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "vmm/ipc/detail/continuation.hpp"
-#include "vmm/ipc/detail/deadline.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
 
 namespace vmm::ipc {
 namespace {

@@ -48,7 +48,7 @@
 #include <utility>
 
 #include "vmm/detail/cleanup.hpp"
-#include "vmm/ipc/detail/deadline.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
 #include "vmm/ipc/detail/little_endian.hpp"
 #include "vmm/detail/retirement.hpp"
 

@@ -25,7 +25,7 @@
 #include <random>
 
 #include "vmm/ipc/detail/continuation.hpp"
-#include "vmm/ipc/detail/deadline.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
 #include "vmm/detail/system.hpp"
 #include "version_table.hpp"
 

@@ -18,7 +18,8 @@ driver_handle_bytes export_fabric_handle(int device, std::uint64_t allocation, s
   VMM_DRIVER_CHECK(
       cuMemExportToShareableHandle,
       [&] { return fmt::format("cuMemExportToShareableHandle(size={}, fabric) on gpu {}", size, device); },
-      static_cast<void*>(&exported), CUmemGenericAllocationHandle{allocation}, CU_MEM_HANDLE_TYPE_FABRIC, 0ULL);
+      static_cast<void*>(&exported), CUmemGenericAllocationHandle{allocation}, CU_MEM_HANDLE_TYPE_FABRIC,
+      0ULL);
   driver_handle_bytes result;
   static_assert(sizeof exported == sizeof result);
   std::memcpy(result.data(), &exported, sizeof exported);

@@ -21,7 +21,8 @@ using driver_handle_bytes = std::array<std::byte, 64>;
 // bytes, made with fabric handles) as a fabric handle.
 // Throws driver_unavailable without a driver; driver_error (or out_of_memory,
 // invalid_argument) when the driver refuses.
-[[nodiscard]] driver_handle_bytes export_fabric_handle(int device, std::uint64_t allocation, std::size_t size);
+[[nodiscard]] driver_handle_bytes export_fabric_handle(int device, std::uint64_t allocation,
+                                                       std::size_t size);
 
 // cuMemImportFromShareableHandle of the fabric handle `handle` (`size` bytes): the
 // allocation handle, which the caller owns (release_allocation_handle). Throws as above.
