@@ -106,7 +106,7 @@ LAYERS: list[tuple[str, int, list[str]]] = [
     ("buffers", 5,
      concept("growable_buffer", "device_vector", "chunk_view", "ring_buffer", "ring_buffer_view",
              "striped_buffer", "stripe_layout", "host_device", "memory_resource", "memory_registration", "append",
-             "append_view", "cuda_mr", "replicated_buffer")
+             "append_view", "cuda_mr", "resource_like", "replicated_buffer")
      + ["vmm/src/peer_access.hpp", "vmm/src/broadcast_plan.hpp", "vmm/src/resource/", "vmm/src/growth_worker.hpp",
         "vmm/src/growth_worker.cpp"]),
     # Sharing between processes.
