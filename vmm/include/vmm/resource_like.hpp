@@ -28,12 +28,12 @@ namespace vmm {
 /// `allocate_sync(bytes, alignment)` gives a void*, `deallocate_sync(ptr, bytes, alignment)`
 /// never throws, and resources compare with ==.
 template <class Resource>
-concept synchronous_resource_like =
-    std::equality_comparable<Resource> && requires(Resource& r, void* ptr, std::size_t bytes, std::size_t alignment) {
-      { r.allocate_sync(bytes, alignment) } -> std::same_as<void*>;
-      r.deallocate_sync(ptr, bytes, alignment);
-      requires noexcept(r.deallocate_sync(ptr, bytes, alignment));
-    };
+concept synchronous_resource_like = std::equality_comparable<Resource> &&
+    requires(Resource& r, void* ptr, std::size_t bytes, std::size_t alignment) {
+  { r.allocate_sync(bytes, alignment) } -> std::same_as<void*>;
+  r.deallocate_sync(ptr, bytes, alignment);
+  requires noexcept(r.deallocate_sync(ptr, bytes, alignment));
+};
 
 /// Allocates and frees in stream order as well (CCCL 3.1's cuda::mr::resource):
 /// `allocate(stream, bytes, alignment)` gives memory `stream`'s later work may use, and
@@ -41,10 +41,10 @@ concept synchronous_resource_like =
 /// queued on `stream` before it.
 template <class Resource>
 concept resource_like = synchronous_resource_like<Resource> &&
-                        requires(Resource& r, stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) {
-                          { r.allocate(stream, bytes, alignment) } -> std::same_as<void*>;
-                          r.deallocate(stream, ptr, bytes, alignment);
-                          requires noexcept(r.deallocate(stream, ptr, bytes, alignment));
-                        };
+    requires(Resource& r, stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) {
+  { r.allocate(stream, bytes, alignment) } -> std::same_as<void*>;
+  r.deallocate(stream, ptr, bytes, alignment);
+  requires noexcept(r.deallocate(stream, ptr, bytes, alignment));
+};
 
 }  // namespace vmm
