@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <random>
 
-#include "continuation.hpp"
-#include "deadline.hpp"
-#include "os/system.hpp"
+#include "vmm/ipc/detail/continuation.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
+#include "vmm/detail/system.hpp"
 
 namespace vmm::ipc {
 namespace {

@@ -6,10 +6,8 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
+#include <vmm/detail/driver_sharing.hpp>
 
-#include "driver/device.hpp"
-#include "driver/driver_api.hpp"
 #include "gpu_context.hpp"
 
 namespace vmm::ipc {
@@ -21,20 +19,8 @@ fabric_handle export_fabric(const physical_allocation& memory) {
     throw invalid_argument(fmt::format("export_fabric: {} memory has no fabric handles: {}",
                                        to_string(provider.capabilities().where),
                                        provider.capabilities().fabric_unavailable_reason));
-  const int device = context_device(provider);
-  driver::primary_context context(device);
-  driver::scoped_context current(context.get());
-  CUmemFabricHandle exported{};
-  VMM_DRIVER_CHECK(
-      cuMemExportToShareableHandle,
-      [&] {
-        return fmt::format("cuMemExportToShareableHandle(size={}, fabric) on gpu {}", memory.size(), device);
-      },
-      static_cast<void*>(&exported), CUmemGenericAllocationHandle{memory.get()}, CU_MEM_HANDLE_TYPE_FABRIC,
-      0ULL);
   fabric_handle result;
-  static_assert(sizeof exported == sizeof result.bytes);
-  std::memcpy(result.bytes.data(), &exported, sizeof exported);
+  result.bytes = detail::export_fabric_handle(context_device(provider), memory.get(), memory.size());
   return result;
 }
 
@@ -50,20 +36,11 @@ physical_allocation import_fabric(const std::shared_ptr<memory_provider>& provid
     throw invalid_argument(fmt::format("import_fabric: {} memory cannot take fabric handles here: {}",
                                        to_string(provider->capabilities().where),
                                        provider->capabilities().fabric_unavailable_reason));
-  const int device = context_device(*provider);
-  CUmemFabricHandle imported_from{};
-  std::memcpy(&imported_from, handle.bytes.data(), sizeof imported_from);
-  driver::primary_context context(device);
-  driver::scoped_context current(context.get());
-  CUmemGenericAllocationHandle imported = 0;
-  VMM_DRIVER_CHECK(
-      cuMemImportFromShareableHandle,
-      [&] { return fmt::format("cuMemImportFromShareableHandle(fabric, size={}) on gpu {}", size, device); },
-      &imported, static_cast<void*>(&imported_from), CU_MEM_HANDLE_TYPE_FABRIC);
+  const std::uint64_t imported = detail::import_fabric_handle(context_device(*provider), handle.bytes, size);
   try {
     return physical_allocation::adopt(provider, imported, size);
   } catch (...) {
-    (void)driver::try_call(driver::api().cuMemRelease, imported);
+    detail::release_allocation_handle(imported);
     throw;
   }
 }

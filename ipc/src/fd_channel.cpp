@@ -39,8 +39,8 @@
 #include <array>
 #include <cstring>
 
-#include "deadline.hpp"
-#include "os/system.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
+#include "vmm/detail/system.hpp"
 
 namespace vmm::ipc {
 namespace {

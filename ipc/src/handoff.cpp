@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "vmm/detail/enum_names.hpp"
-#include "little_endian.hpp"
+#include "vmm/ipc/detail/little_endian.hpp"
 
 namespace vmm::ipc {
 namespace {

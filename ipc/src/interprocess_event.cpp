@@ -6,11 +6,10 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
+#include <vmm/detail/driver_sharing.hpp>
+
 #include <utility>
 
-#include "driver/device.hpp"
-#include "driver/driver_api.hpp"
 #include "gpu_context.hpp"
 
 namespace vmm::ipc {
@@ -35,23 +34,9 @@ interprocess_event::interprocess_event(const std::shared_ptr<memory_provider>& p
     handle_ = host_event_token();
     return;
   }
-  const int device = context_device(*provider);
-  driver::primary_context context(device);
-  driver::scoped_context current(context.get());
-  CUevent event = nullptr;
-  VMM_DRIVER_CHECK(
-      cuEventCreate,
-      [&] { return fmt::format("cuEventCreate(INTERPROCESS | DISABLE_TIMING) on gpu {}", device); }, &event,
-      static_cast<unsigned>(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
-  CUipcEventHandle exported{};
-  if (const CUresult result = driver::try_call(driver::api().cuIpcGetEventHandle, &exported, event);
-      result != CUDA_SUCCESS) {
-    (void)driver::try_call(driver::api().cuEventDestroy, event);
-    driver::throw_error(result, fmt::format("cuIpcGetEventHandle() on gpu {}", device));
-  }
-  static_assert(sizeof exported == sizeof handle_.bytes);
-  std::memcpy(handle_.bytes.data(), &exported, sizeof exported);
-  event_ = reinterpret_cast<event_handle>(event);
+  const detail::interprocess_event_made made = detail::create_interprocess_event(context_device(*provider));
+  handle_.bytes = made.handle;
+  event_ = made.event;
 }
 
 interprocess_event::interprocess_event(stream_executor& executor, event_handle event,
@@ -74,16 +59,8 @@ interprocess_event interprocess_event::open(const std::shared_ptr<memory_provide
         fmt::format("interprocess_event::open: the handle is a host event's token, but {} memory needs a GPU "
                     "event",
                     to_string(provider->capabilities().where)));
-  const int device = context_device(*provider);
-  CUipcEventHandle opened{};
-  std::memcpy(&opened, handle.bytes.data(), sizeof opened);
-  driver::primary_context context(device);
-  driver::scoped_context current(context.get());
-  CUevent event = nullptr;
-  VMM_DRIVER_CHECK(
-      cuIpcOpenEventHandle, [&] { return fmt::format("cuIpcOpenEventHandle() on gpu {}", device); }, &event,
-      opened);
-  return interprocess_event(provider->executor(), reinterpret_cast<event_handle>(event), handle, false);
+  const event_handle event = detail::open_interprocess_event(context_device(*provider), handle.bytes);
+  return interprocess_event(provider->executor(), event, handle, false);
 }
 
 interprocess_event::interprocess_event(interprocess_event&& other) noexcept

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "little_endian.hpp"
+#include "vmm/ipc/detail/little_endian.hpp"
 
 namespace vmm::ipc {
 namespace {

@@ -48,8 +48,8 @@
 #include <utility>
 
 #include "vmm/detail/cleanup.hpp"
-#include "deadline.hpp"
-#include "little_endian.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
+#include "vmm/ipc/detail/little_endian.hpp"
 #include "vmm/detail/retirement.hpp"
 
 namespace vmm::ipc {

@@ -1,5 +1,5 @@
 /// @file
-/// The second process of ipc_fd_channel_test: usage `fd_peer SOCKET_PATH`.
+/// The second process of tests/ipc/fd_channel_test.cpp: usage `fd_peer SOCKET_PATH`.
 ///
 /// Connects to SOCKET_PATH, receives one message carrying exactly one descriptor (a file,
 /// typically a memfd), and then:

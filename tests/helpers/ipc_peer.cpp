@@ -1,4 +1,4 @@
-// The second process of tests/ipc_sharing_test.cpp. It talks to the test over the Unix
+// The second process of tests/ipc/ipc_sharing_test.cpp. It talks to the test over the Unix
 // socket it inherits as descriptor 3 (tests/helpers/ipc_peer_protocol.hpp).
 //
 // Usage: ipc_peer <os_host|device|pinned_host> <granularity, 0: the default provider> <mode> [args]

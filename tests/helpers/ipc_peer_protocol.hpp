@@ -1,5 +1,5 @@
 #pragma once
-// What tests/ipc_sharing_test.cpp and its second process, tests/helpers/ipc_peer.cpp, say to
+// What tests/ipc/ipc_sharing_test.cpp and its second process, tests/helpers/ipc_peer.cpp, say to
 // each other besides manifests: the peer's report of what it sees, and a bare "go on".
 // Both ends run on one host from one build: plain structs in host byte order.
 

@@ -1,4 +1,4 @@
-// The second process of tests/resource_sharing_test.cpp: it imports another process's
+// The second process of tests/ipc/resource_sharing_test.cpp: it imports another process's
 // memory_resource and does what the test asks (tests/helpers/resource_peer_protocol.hpp),
 // over the Unix socket it inherits as descriptor 3.
 //

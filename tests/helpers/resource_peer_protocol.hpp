@@ -1,5 +1,5 @@
 #pragma once
-// What tests/resource_sharing_test.cpp and its second process, tests/helpers/resource_peer.cpp,
+// What tests/ipc/resource_sharing_test.cpp and its second process, tests/helpers/resource_peer.cpp,
 // say to each other besides the resource and pointer messages: commands to the peer and
 // its report of what it sees. Both ends run on one host from one build: plain structs in
 // host byte order. Spawning the peer: peer_process of ipc_peer_protocol.hpp.

@@ -1,4 +1,4 @@
-// A client process of tests/store_test.cpp: it talks to a vmm-store daemon through
+// A client process of tests/store/store_test.cpp: it talks to a vmm-store daemon through
 // vmm::store::client and reports to the test over the socket it inherits as descriptor 3
 // (tests/helpers/store_peer_protocol.hpp).
 //
@@ -22,7 +22,7 @@
 //                            client::reconnect() and report again (size: the offers refused);
 //                            then hold the set until the test closes the socket
 //   soak <peer> <cycles> <seed> <dies at cycle | -1> <how>
-//                            tests/store_soak_test.cpp: `cycles` create / get / grow / release
+//                            tests/store/store_soak_test.cpp: `cycles` create / get / grow / release
 //                            / remove cycles, each checking the bytes it reads (also those of
 //                            the test's sealed buffer "shared", pattern(0x5eed)); reports the
 //                            cycles done and the mismatches (checksum = mismatches, size =
@@ -107,7 +107,7 @@ void write_pattern(const vmm::store::buffer& held, std::size_t from, std::size_t
   std::abort();
 }
 
-// How a soak peer dies (tests/store_soak_test.cpp draws one per victim).
+// How a soak peer dies (tests/store/store_soak_test.cpp draws one per victim).
 enum class soak_death : int {
   cut_request = 0,         // half a create frame on a connection of its own
   unread_reply = 1,        // a whole create request whose reply it never reads

@@ -1,5 +1,5 @@
 #pragma once
-// What tests/store_test.cpp (and tests/store_soak_test.cpp) and their processes say to each
+// What tests/store/store_test.cpp (and tests/store/store_soak_test.cpp) and their processes say to each
 // other: the child processes themselves (a vmm-store daemon, tests/helpers/store_peer.cpp),
 // started with posix_spawn with one end of a socket pair as descriptor 3, the peer's report
 // of what it sees, and the temporary directory the daemon's socket lives in.
@@ -31,7 +31,7 @@ extern char** environ;
 namespace vmm::testing {
 
 inline constexpr int store_child_fd = 3;
-// The size of the sealed buffer "shared" of tests/store_soak_test.cpp, which every soak peer
+// The size of the sealed buffer "shared" of tests/store/store_soak_test.cpp, which every soak peer
 // reads in every cycle (pattern(0x5eed)).
 inline constexpr std::size_t soak_shared_bytes = 3 * 4096 + 17;
 

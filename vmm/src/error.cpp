@@ -38,26 +38,3 @@ std::string printable(std::string_view text, std::size_t limit) {
 }
 
 }  // namespace vmm
-
-#include <exception>
-#include <string>
-
-#include "vmm/detail/cleanup.hpp"
-
-namespace vmm::detail {
-
-void report_current_exception(const char* context) noexcept {
-  constexpr int cuda_error_deinitialized = 4;
-  try {
-    throw;
-  } catch (const driver_error& error) {
-    if (error.result() == cuda_error_deinitialized) return;
-    report_cleanup_failure((std::string(context) + ": " + error.what()).c_str());
-  } catch (const std::exception& error) {
-    report_cleanup_failure((std::string(context) + ": " + error.what()).c_str());
-  } catch (...) {
-    report_cleanup_failure(context);
-  }
-}
-
-}  // namespace vmm::detail

@@ -2,7 +2,7 @@
 // Test-only fault injection: makes the Nth call of chosen OS functions or of any driver
 // entry point fail, so that tests can sweep N over an operation and prove that every
 // failure point leaves a documented exception, the strong guarantee where documented, and
-// nothing leaked. Every OS call vmm makes goes through vmm::os (os/system.hpp) and every
+// nothing leaked. Every OS call vmm makes goes through vmm::os (vmm/detail/system.hpp) and every
 // driver call through driver::check / driver::try_call, which ask fail_here() first.
 //
 // Disarmed (the normal state) the cost is one relaxed atomic load per call. Arming is

@@ -22,6 +22,24 @@ std::size_t chunk_policy::next_chunk(std::size_t mapped, std::size_t required,
   return std::min(std::max({needed, amortized, granularity}), largest);
 }
 
+// A chunk smaller than the need is the policy's largest, and so is every chunk until the
+// last: those are counted at once, so that a request of any size costs a few steps.
+std::size_t chunk_policy::capacity_after(std::size_t mapped, std::size_t required, std::size_t granularity,
+                                         std::size_t max_size) const {
+  std::size_t capacity = mapped;
+  while (capacity < required && capacity < max_size) {
+    const std::size_t step = next_chunk(capacity, required, granularity);
+    const std::size_t needed = round_up(required - capacity, granularity);
+    if (step < needed) {
+      const std::size_t before_last = (needed - 1) / step;
+      capacity = before_last > (max_size - capacity) / step ? max_size : capacity + before_last * step;
+      continue;
+    }
+    capacity += std::min(step, max_size - capacity);
+  }
+  return capacity;
+}
+
 void chunk_policy::check() const {
   if (parameter_ == 0)
     throw invalid_argument(fixed_ ? "chunk_policy::fixed(0): a chunk size must be at least 1 byte"

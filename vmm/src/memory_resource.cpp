@@ -2,10 +2,16 @@
 
 #include "vmm/memory_resource.hpp"
 
+#include "vmm/resource_like.hpp"
+
 #include "resource/resource_state.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm {
+
+// The names CCCL 3.1's resource concepts ask for, checked without any CCCL header.
+static_assert(resource_like<memory_resource>);
+
 namespace {
 
 std::shared_ptr<chunk_pool> require(std::shared_ptr<chunk_pool> pool) {

@@ -8,7 +8,7 @@
 
 #include <limits>
 
-#include "../little_endian.hpp"
+#include "vmm/ipc/detail/little_endian.hpp"
 #include "vmm/detail/enum_names.hpp"
 
 namespace vmm::store {

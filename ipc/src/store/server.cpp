@@ -22,11 +22,11 @@
 #include <new>
 #include <random>
 
-#include "../continuation.hpp"
-#include "../deadline.hpp"
-#include "os/system.hpp"
 #include "daemon_os.hpp"
 #include "entry_memory.hpp"
+#include "vmm/detail/system.hpp"
+#include "vmm/ipc/detail/continuation.hpp"
+#include "vmm/ipc/detail/fd_channel.hpp"
 #include "version_table.hpp"
 
 namespace vmm::store {
@@ -38,25 +38,6 @@ struct refusal {
   status code;
   std::string message;
 };
-
-// What a growable buffer's geometric policy maps to hold `required` bytes after `capacity`:
-// an upper bound of what resize() maps (its fallbacks only take smaller chunks).
-// A chunk smaller than the need is the policy's largest, and every chunk until the last is
-// that size too: those are added at once, so that a request of any size costs a few steps.
-std::size_t predicted_capacity(std::size_t capacity, std::size_t required, std::size_t g, std::size_t max) {
-  const chunk_policy policy = chunk_policy::geometric();
-  while (capacity < required && capacity < max) {
-    const std::size_t step = policy.next_chunk(capacity, required, g);
-    const std::size_t needed = round_up(required - capacity, g);
-    if (step < needed) {
-      const std::size_t before_last = (needed - 1) / step;
-      capacity = before_last > (max - capacity) / step ? max : capacity + before_last * step;
-      continue;
-    }
-    capacity += std::min(step, max - capacity);
-  }
-  return capacity;
-}
 
 // One message of a reply on its way out, `sent` bytes of its frame written. Its descriptors
 // belong to `keeps`, a manifest of an entry the connection holds (so its chunks live), kept
@@ -531,8 +512,8 @@ class server::dispatch {
     // One chunk: the size is one physical handle to import, and each grow maps exactly its
     // growth as one more (a fixed policy of the whole range, mapped exactly: no fallback to
     // smaller chunks either).
-    const std::size_t capacity =
-        r.one_chunk ? std::min(round_up(r.size, g), max) : predicted_capacity(0, r.size, g, max);
+    const std::size_t capacity = r.one_chunk ? std::min(round_up(r.size, g), max)
+                                             : chunk_policy::geometric().capacity_after(0, r.size, g, max);
     check_caps(r.name, 0, capacity, true);
     growable_buffer buffer(
         pool,
@@ -731,8 +712,9 @@ class server::dispatch {
     growable_buffer& buffer = e.memory.buffer();  // sealed: an offered entry never gets here
     const std::size_t g = buffer.provider()->capabilities().granularity;
     const std::size_t mapped = e.memory.capacity();
-    const std::size_t capacity = e.exact_chunks ? std::max(mapped, round_up(r.size, g))
-                                                : predicted_capacity(mapped, r.size, g, e.memory.max_size());
+    const std::size_t capacity =
+        e.exact_chunks ? std::max(mapped, round_up(r.size, g))
+                       : chunk_policy::geometric().capacity_after(mapped, r.size, g, e.memory.max_size());
     check_caps(e.name, e.memory.capacity(), std::max(capacity, e.memory.capacity()), e.charged_to == c_.id);
     if (e.exact_chunks) buffer.reserve_exact(r.size, buffer.stream());
     buffer.resize(r.size);

@@ -15,7 +15,7 @@
 #include <memory>
 #include <utility>
 
-#include "os/system.hpp"
+#include "vmm/detail/system.hpp"
 
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1; older C libraries lack the name

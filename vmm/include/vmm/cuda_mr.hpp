@@ -24,6 +24,10 @@
 /// for device_accessible. host_accessible is not declared: device memory is not
 /// host-dereferenceable, and a property cannot depend on the location.
 ///
+/// Code that wants no CCCL header, or the CCCL 3.1 names (allocate_sync, allocate(stream,
+/// bytes, alignment)), checks memory_resource against vmm/resource_like.hpp's concepts instead:
+/// they need no macro.
+///
 /// Only for code compiled with the CUDA toolkit's headers (nvcc, or a host compiler given
 /// the toolkit's include directories): <cuda/memory_resource> needs <cuda_runtime_api.h>.
 /// The library itself never includes this header.

@@ -99,6 +99,14 @@ class chunk_policy {
   /// The chunk to map when growing from `mapped` bytes to at least `required` bytes.
   [[nodiscard]] std::size_t next_chunk(std::size_t mapped, std::size_t required,
                                        std::size_t granularity) const;
+  /// The capacity that growing from `mapped` bytes to at least `required` bytes reaches when
+  /// every chunk is the one next_chunk() picks and none maps past `max_size`: what
+  /// growable_buffer::resize maps while memory lasts, and an upper bound of what it maps
+  /// otherwise (its fallbacks only take smaller chunks). `mapped` is a multiple of
+  /// `granularity` (> 0), as a buffer's capacity is.
+  /// @throws vmm::invalid_argument a parameter of the policy is 0 (as check()).
+  [[nodiscard]] std::size_t capacity_after(std::size_t mapped, std::size_t required, std::size_t granularity,
+                                           std::size_t max_size) const;
   [[nodiscard]] bool is_fixed() const noexcept { return fixed_; }
   /// Throws vmm::invalid_argument naming the policy when a parameter is 0.
   void check() const;

@@ -1,4 +1,4 @@
-#include "os/system.hpp"
+#include "vmm/detail/system.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -15,7 +15,7 @@
 #include <limits>
 #include <string>
 
-#include "os/system.hpp"
+#include "vmm/detail/system.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm::detail {

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "os/system.hpp"
+#include "vmm/detail/system.hpp"
 #include "providers/os_host_provider.hpp"
 #include "vmm/error.hpp"
 

@@ -2,6 +2,9 @@
 // The continuation messages of a manifest's transport (vmm/ipc/manifest.hpp): exactly 8
 // payload bytes, manifest_continuation_magic and the continuation's number, both u32
 // little-endian. Written by send_manifest, read by the importer.
+//
+// Internal (vmm/ipc/detail/): installed for vmm::store, which builds on it, and not part of
+// vmm::ipc's interface: it may change in any release without notice.
 
 #include <vmm/ipc/manifest.hpp>
 
@@ -16,7 +19,7 @@
 
 #include <algorithm>
 
-#include "little_endian.hpp"
+#include "vmm/ipc/detail/little_endian.hpp"
 
 namespace vmm::ipc::detail {
 

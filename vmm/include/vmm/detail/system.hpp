@@ -4,6 +4,9 @@
 // result (-1 and errno on failure). Nothing else in vmm calls these functions of libc
 // directly, so a test can make the Nth of them fail (fault_injection.hpp), and the rest of
 // the code never sees a platform #ifdef.
+//
+// Internal (vmm/detail/): installed for vmm::ipc and vmm::store, which build on it, and
+// not part of vmm's interface: it may change in any release without notice.
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,6 +1,9 @@
 #pragma once
 // Fixed-width integers in the little-endian byte order of vmm's wire formats (manifests,
 // hand-off messages), whatever the host's order. Callers check the bounds first.
+//
+// Internal (vmm/ipc/detail/): installed for vmm::store, which builds on it, and not part of
+// vmm::ipc's interface: it may change in any release without notice.
 
 #include <cstddef>
 #include <cstdint>

@@ -174,7 +174,7 @@ class descriptor_limit {
   rlimit saved_{};
 };
 
-TEST(FdChannel, RoundTripCarriesPayloadAndThreeDescriptors) {
+TEST(fd_channel, round_trip_carries_payload_and_three_descriptors) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("alpha");
   auto [pipe_read, pipe_write] = make_pipe();
@@ -207,7 +207,7 @@ TEST(FdChannel, RoundTripCarriesPayloadAndThreeDescriptors) {
   EXPECT_EQ(std::string_view(from_copy.data(), from_copy.size()), "to copy");
 }
 
-TEST(FdChannel, LargePayloadFromAnotherThreadArrivesWhole) {
+TEST(fd_channel, large_payload_from_another_thread_arrives_whole) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   constexpr std::size_t payload_size = std::size_t{8} << 20;
   int send_buffer = 0;
@@ -269,7 +269,7 @@ class interrupting_signal {
   struct sigaction saved_ {};
 };
 
-TEST(FdChannel, SignalsInterruptingBothEndsNeitherCorruptNorRepeat) {
+TEST(fd_channel, signals_interrupting_both_ends_neither_corrupt_nor_repeat) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   constexpr int message_count = 16;
   std::vector<std::byte> payload(std::size_t{2} << 20);
@@ -327,7 +327,7 @@ TEST(FdChannel, SignalsInterruptingBothEndsNeitherCorruptNorRepeat) {
   }
 }
 
-TEST(FdChannel, QueuedMessagesKeepTheirOwnDescriptors) {
+TEST(fd_channel, queued_messages_keep_their_own_descriptors) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const first = make_memfd("first");
   unique_fd const second = make_memfd("second");
@@ -354,7 +354,7 @@ TEST(FdChannel, QueuedMessagesKeepTheirOwnDescriptors) {
   EXPECT_TRUE(three.fds.empty());
 }
 
-TEST(FdChannel, EmptyPayloadWithoutDescriptorsKeepsFraming) {
+TEST(fd_channel, empty_payload_without_descriptors_keeps_framing) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   vmm::ipc::send_message(sender.get(), {}, {});
   vmm::ipc::send_message(sender.get(), to_bytes("after"), {});
@@ -366,7 +366,7 @@ TEST(FdChannel, EmptyPayloadWithoutDescriptorsKeepsFraming) {
   EXPECT_EQ(to_string(after.payload), "after");
 }
 
-TEST(FdChannel, MaximumDescriptorCountRoundTrips) {
+TEST(fd_channel, maximum_descriptor_count_round_trips) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("many");
   std::vector<int> const fds(vmm::ipc::max_fds_per_message, memfd.get());
@@ -380,7 +380,7 @@ TEST(FdChannel, MaximumDescriptorCountRoundTrips) {
                           [&](const unique_fd& fd) { return inode_of(fd.get()) == expected; }));
 }
 
-TEST(FdChannel, WrongDescriptorCountIsRejectedAndClosesWhatArrived) {
+TEST(fd_channel, wrong_descriptor_count_is_rejected_and_closes_what_arrived) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("one");
   std::array<int, 1> const fds{memfd.get()};
@@ -392,7 +392,7 @@ TEST(FdChannel, WrongDescriptorCountIsRejectedAndClosesWhatArrived) {
   EXPECT_EQ(open_fd_count(), before);
 }
 
-TEST(FdChannel, PeerClosingBeforeAnyByteRaisesPeerClosed) {
+TEST(fd_channel, peer_closing_before_any_byte_raises_peer_closed) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   vmm::ipc::send_message(sender.get(), to_bytes("last"));
   sender.reset();
@@ -408,7 +408,7 @@ TEST(FdChannel, PeerClosingBeforeAnyByteRaisesPeerClosed) {
   }
 }
 
-TEST(FdChannel, PeerClosingMidPayloadNamesTheCounts) {
+TEST(fd_channel, peer_closing_mid_payload_names_the_counts) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("orphan");
   std::array<int, 1> const fds{memfd.get()};
@@ -432,7 +432,7 @@ TEST(FdChannel, PeerClosingMidPayloadNamesTheCounts) {
   EXPECT_EQ(open_fd_count(), before);
 }
 
-TEST(FdChannel, PeerClosingMidHeaderNamesTheCounts) {
+TEST(fd_channel, peer_closing_mid_header_names_the_counts) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   std::vector<std::byte> frame = header_bytes(vmm::ipc::frame_magic, 0, 0);
   frame.resize(5);
@@ -443,7 +443,7 @@ TEST(FdChannel, PeerClosingMidHeaderNamesTheCounts) {
                               "peer closed after 5 of 16 header bytes");
 }
 
-TEST(FdChannel, BadMagicIsRejectedAndClosesTheDescriptors) {
+TEST(fd_channel, bad_magic_is_rejected_and_closes_the_descriptors) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("bad");
   std::array<int, 2> const fds{memfd.get(), memfd.get()};
@@ -455,7 +455,7 @@ TEST(FdChannel, BadMagicIsRejectedAndClosesTheDescriptors) {
   EXPECT_EQ(open_fd_count(), before);
 }
 
-TEST(FdChannel, OversizedDeclaredPayloadIsRejectedAndClosesTheDescriptors) {
+TEST(fd_channel, oversized_declared_payload_is_rejected_and_closes_the_descriptors) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("big");
   std::array<int, 1> const fds{memfd.get()};
@@ -468,7 +468,7 @@ TEST(FdChannel, OversizedDeclaredPayloadIsRejectedAndClosesTheDescriptors) {
   EXPECT_EQ(open_fd_count(), before);
 }
 
-TEST(FdChannel, HeaderDescriptorCountMustMatchWhatArrived) {
+TEST(fd_channel, header_descriptor_count_must_match_what_arrived) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("count");
   std::array<int, 1> const fds{memfd.get()};
@@ -480,7 +480,7 @@ TEST(FdChannel, HeaderDescriptorCountMustMatchWhatArrived) {
   EXPECT_EQ(open_fd_count(), before);
 }
 
-TEST(FdChannel, DescriptorsAfterTheFirstReadAreRejectedAndClosed) {
+TEST(fd_channel, descriptors_after_the_first_read_are_rejected_and_closed) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("late");
   std::array<int, 1> const first_fds{memfd.get()};
@@ -494,7 +494,7 @@ TEST(FdChannel, DescriptorsAfterTheFirstReadAreRejectedAndClosed) {
   EXPECT_EQ(open_fd_count(), before);
 }
 
-TEST(FdChannel, TruncatedDescriptorsAreAnErrorAndLeakNothing) {
+TEST(fd_channel, truncated_descriptors_are_an_error_and_leak_nothing) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("truncated");
   std::array<int, 3> const fds{memfd.get(), memfd.get(), memfd.get()};
@@ -528,7 +528,7 @@ TEST(FdChannel, TruncatedDescriptorsAreAnErrorAndLeakNothing) {
   }
 }
 
-TEST(FdChannel, SendRefusesTooManyDescriptorsOrTooLargeAPayload) {
+TEST(fd_channel, send_refuses_too_many_descriptors_or_too_large_a_payload) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("limits");
   std::vector<int> const too_many(vmm::ipc::max_fds_per_message + 1, memfd.get());
@@ -544,7 +544,7 @@ TEST(FdChannel, SendRefusesTooManyDescriptorsOrTooLargeAPayload) {
   EXPECT_EQ(to_string(vmm::ipc::receive_message(receiver.get(), 0).payload), "valid");
 }
 
-TEST(FdChannel, SendToAClosedPeerIsEpipeNotSigpipe) {
+TEST(fd_channel, send_to_a_closed_peer_is_epipe_not_sigpipe) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   receiver.reset();
   try {
@@ -573,7 +573,7 @@ void expect_timeout(Receive&& receive, std::string_view expected_text) {
   }
 }
 
-TEST(FdChannel, PeerStoppingMidPayloadTimesOutAndClosesWhatArrived) {
+TEST(fd_channel, peer_stopping_mid_payload_times_out_and_closes_what_arrived) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("stalled");
   std::array<int, 2> const fds{memfd.get(), memfd.get()};
@@ -587,7 +587,7 @@ TEST(FdChannel, PeerStoppingMidPayloadTimesOutAndClosesWhatArrived) {
   EXPECT_EQ(open_fd_count(), before);
 }
 
-TEST(FdChannel, PeerStoppingMidHeaderTimesOut) {
+TEST(fd_channel, peer_stopping_mid_header_times_out) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   std::vector<std::byte> frame = header_bytes(vmm::ipc::frame_magic, 0, 0);
   frame.resize(5);
@@ -597,7 +597,7 @@ TEST(FdChannel, PeerStoppingMidHeaderTimesOut) {
                  "timed out with 5 of 16 header bytes received");
 }
 
-TEST(FdChannel, PeerSendingNothingTimesOut) {
+TEST(fd_channel, peer_sending_nothing_times_out) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   try {
     (void)vmm::ipc::receive_message(receiver.get(), {}, short_timeout);
@@ -614,7 +614,7 @@ TEST(FdChannel, PeerSendingNothingTimesOut) {
   }
 }
 
-TEST(FdChannel, ZeroTimeoutTakesOnlyWhatHasArrived) {
+TEST(fd_channel, zero_timeout_takes_only_what_has_arrived) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   using std::chrono::milliseconds;
   expect_timeout([&] { (void)vmm::ipc::receive_message(receiver.get(), {}, milliseconds{0}); },
@@ -623,7 +623,7 @@ TEST(FdChannel, ZeroTimeoutTakesOnlyWhatHasArrived) {
   EXPECT_EQ(to_string(vmm::ipc::receive_message(receiver.get(), 0, milliseconds{0}).payload), "queued");
 }
 
-TEST(FdChannel, NoTimeoutCarriesMessagesAsBefore) {
+TEST(fd_channel, no_timeout_carries_messages_as_before) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   unique_fd const memfd = make_memfd("unbounded");
   std::array<int, 1> const fds{memfd.get()};
@@ -633,7 +633,7 @@ TEST(FdChannel, NoTimeoutCarriesMessagesAsBefore) {
   EXPECT_EQ(read_file(received.fds.at(0).get()), "unbounded");
 }
 
-TEST(FdChannel, SignalsDuringTheWaitDoNotPostponeTheDeadline) {
+TEST(fd_channel, signals_during_the_wait_do_not_postpone_the_deadline) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   interrupting_signal const handler;
   interruptions = 0;
@@ -661,7 +661,7 @@ TEST(FdChannel, SignalsDuringTheWaitDoNotPostponeTheDeadline) {
   expect_timeout([&] { std::rethrow_exception(failure); }, "0 of 16 header bytes");
 }
 
-TEST(FdChannel, SendToAPeerThatNeverReadsTimesOut) {
+TEST(fd_channel, send_to_a_peer_that_never_reads_times_out) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   constexpr std::size_t payload_size = std::size_t{8} << 20;
   int send_buffer = 0;
@@ -675,7 +675,7 @@ TEST(FdChannel, SendToAPeerThatNeverReadsTimesOut) {
                  " of " + std::to_string(sizeof(frame_header) + payload_size) + " bytes sent");
 }
 
-TEST(FdChannel, NonBlockingSocketsCarryALargeMessageWhole) {
+TEST(fd_channel, non_blocking_sockets_carry_a_large_message_whole) {
   auto [sender, receiver] = vmm::ipc::make_socket_pair();
   for (int const fd : {sender.get(), receiver.get()}) {
     ASSERT_EQ(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK), 0) << std::strerror(errno);
@@ -713,7 +713,7 @@ TEST(FdChannel, NonBlockingSocketsCarryALargeMessageWhole) {
   EXPECT_EQ(read_file(received->fds.at(0).get()), "non-blocking");
 }
 
-TEST(FdChannel, ANegativeSocketIsEbadfAtOnce) {
+TEST(fd_channel, a_negative_socket_is_ebadf_at_once) {
   // poll() would skip it and wait out the whole timeout.
   for (auto const& call : std::array<std::function<void()>, 2>{
            [] { (void)vmm::ipc::receive_message(-1, {}, vmm::ipc::no_timeout); },
@@ -727,7 +727,7 @@ TEST(FdChannel, ANegativeSocketIsEbadfAtOnce) {
   }
 }
 
-TEST(FdChannel, UnixSocketPathsAreValidated) {
+TEST(fd_channel, unix_socket_paths_are_validated) {
   std::string const long_path = "/tmp/" + std::string(200, 'p');
   expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::listen_unix(long_path); }, "is 205 bytes");
   expect_error<vmm::invalid_argument>([&] { (void)vmm::ipc::connect_unix(long_path); }, "is 205 bytes");
@@ -742,7 +742,7 @@ TEST(FdChannel, UnixSocketPathsAreValidated) {
   }
 }
 
-TEST(FdChannel, ListenConnectAcceptCarryMessagesBothWays) {
+TEST(fd_channel, listen_connect_accept_carry_messages_both_ways) {
   temporary_directory const directory;
   std::string const path = (directory.path() / "channel.sock").string();
   unique_fd const listener = vmm::ipc::listen_unix(path);
@@ -812,7 +812,7 @@ unique_fd accept_from(child_process& child, int listen_fd) {
   return vmm::ipc::accept_unix(listen_fd);
 }
 
-TEST(FdChannel, SecondProcessReadsTheMemfdAndReplies) {
+TEST(fd_channel, second_process_reads_the_memfd_and_replies) {
   temporary_directory const directory;
   std::string const path = (directory.path() / "peer.sock").string();
   unique_fd const listener = vmm::ipc::listen_unix(path);

@@ -103,6 +103,23 @@ TYPED_TEST(growable_buffers, a_fixed_policy_maps_chunks_of_that_size) {
   EXPECT_EQ(buffer.capacity(), 6 * g);
 }
 
+// What the policy says a grow maps is what it maps: small and large grows, grows of several
+// of the largest chunks, a grow stopped by the maximum, and a fixed policy, from a fresh pool.
+TYPED_TEST(growable_buffers, capacity_after_is_the_capacity_a_grow_maps) {
+  const std::size_t g = this->granularity_;
+  const std::size_t max = 200 * g;
+  for (const chunk_policy policy :
+       {chunk_policy::geometric(), chunk_policy::geometric(8, 4 * g), chunk_policy::fixed(3 * g)}) {
+    // A pool of its own: chunks another buffer gave back may be of other sizes.
+    growable_buffer buffer(chunk_pool::create(this->provider_), {.max_size = max, .policy = policy});
+    for (const std::size_t size : {std::size_t{1}, g + 1, 5 * g, 37 * g + 3, 150 * g, 200 * g}) {
+      const std::size_t predicted = policy.capacity_after(buffer.capacity(), size, g, max);
+      buffer.resize(size);
+      EXPECT_EQ(buffer.capacity(), predicted) << "size " << size << ", fixed " << policy.is_fixed();
+    }
+  }
+}
+
 TYPED_TEST(growable_buffers, a_failed_grow_leaves_the_buffer_exactly_as_it_was) {
   const std::size_t g = this->granularity_;
   this->pool_->set_cap(8 * g);
@@ -239,6 +256,20 @@ TEST(chunk_policies, geometric_chunks_grow_with_the_size_up_to_the_largest_chunk
   EXPECT_EQ(small.next_chunk(0, 64 * m, 8 * m), 8 * m);  // never below one granule
   EXPECT_THROW((void)chunk_policy::geometric(8, 0).next_chunk(0, m, 2 * m), invalid_argument);
   EXPECT_EQ(chunk_policy::fixed(3 * m).next_chunk(0, 64 * m, 2 * m), 4 * m);
+}
+
+// The capacity a grow reaches: several of the largest chunks at once, never past the maximum,
+// nothing for a grow that the mapped bytes hold already.
+TEST(chunk_policies, capacity_after_counts_the_chunks_the_policy_picks) {
+  constexpr std::size_t m = std::size_t{1} << 20;
+  const chunk_policy policy = chunk_policy::geometric();
+  EXPECT_EQ(policy.capacity_after(0, 1, 2 * m, 1024 * m), 2 * m);
+  EXPECT_EQ(policy.capacity_after(0, 1000 * m, 2 * m, 4096 * m), 1000 * m);      // 3 x 256 MiB, then the rest
+  EXPECT_EQ(policy.capacity_after(256 * m, 258 * m, 2 * m, 4096 * m), 288 * m);  // 1/8 of the new size
+  EXPECT_EQ(policy.capacity_after(0, 1000 * m, 2 * m, 64 * m), 64 * m);          // stopped by the maximum
+  EXPECT_EQ(policy.capacity_after(8 * m, 6 * m, 2 * m, 64 * m), 8 * m);          // held already
+  EXPECT_EQ(chunk_policy::fixed(3 * m).capacity_after(0, 9 * m, 2 * m, 64 * m), 12 * m);
+  EXPECT_THROW((void)chunk_policy::geometric(8, 0).capacity_after(0, m, 2 * m, 64 * m), invalid_argument);
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
 #pragma once
-// The moment a conversation step gives up waiting for its peer, and the channel calls that
-// take one. A caller gives a timeout (fd_channel.hpp); a step of several messages (a
+// The channel calls of fd_channel.hpp under a deadline (implemented with them, in
+// fd_channel.cpp), and the deadline: the moment a conversation step gives up waiting for its
+// peer. A caller gives a timeout (fd_channel.hpp); a step of several messages (a
 // manifest and its continuations) turns it into one deadline and passes that to every
 // message, so that the timeout bounds the whole step and not each message of it.
+//
+// Internal (vmm/ipc/detail/): installed for vmm::store, which builds on it, and not part of
+// vmm::ipc's interface: it may change in any release without notice.
 
 #include <vmm/ipc/fd_channel.hpp>
 
