@@ -250,6 +250,10 @@ struct client_state {
         } catch (const store_error& error) {
           if (error.code() == store_error::daemon_gone) throw;
           refused.push_back(fmt::format("{}: {}", import.name, error.what()));
+        } catch (const driver_error& error) {
+          refused.push_back(fmt::format("{}: cannot be offered: {}", import.name, error.what()));
+        } catch (const os_error& error) {
+          refused.push_back(fmt::format("{}: cannot be offered: {}", import.name, error.what()));
         }
       }
       if (kept) {
@@ -278,15 +282,19 @@ struct client_state {
                   .tensor_set = import.table_bytes != 0,
                   .origin = origin,
                   .chunk_total = static_cast<std::uint32_t>(chunks.size())};
+    // Every descriptor before the first frame: an export that fails sends nothing, so the
+    // connection never stands inside an offer. (A GPU's driver refuses to export a handle
+    // this process imported: such memory cannot be offered, and reconnect() says so.)
+    std::vector<unique_fd> owned;
+    owned.reserve(chunks.size());
+    for (const shared_chunk& chunk : chunks) owned.push_back(chunk->memory().export_fd());
     std::vector<std::byte> body;
     for (std::size_t at = 0; at < chunks.size(); at += max_offer_chunks) {
       request frame = at == 0 ? first : request{.op = operation::offer_more};
-      std::vector<unique_fd> owned;
       std::vector<int> fds;
       for (std::size_t i = at; i < std::min(chunks.size(), at + max_offer_chunks); ++i) {
         frame.chunk_sizes.push_back(chunks[i]->size());
-        owned.push_back(chunks[i]->memory().export_fd());
-        fds.push_back(owned.back().get());
+        fds.push_back(owned[i].get());
       }
       body = exchange(frame, nullptr, fds);
       if (!body.empty()) break;  // complete (or offered already by another client)

@@ -225,15 +225,17 @@ class client {
   /// instance), offers it every sealed buffer this client maps read-only or caches (a
   /// tensor set with its table: the daemon checks it), and takes a hold again for each of
   /// their live handles. Handles and imports keep their addresses. Offers the daemon
-  /// refuses (the name is another buffer's already, a cap) are left out and returned as
-  /// "name: why"; those buffers, and every unsealed or writable one, stay mapped in their
+  /// refuses (the name is another buffer's already, a cap), and memory this process cannot
+  /// export again (a GPU's driver refuses to export a handle the process imported, so on
+  /// GPUs no import can be offered yet), are left out and returned as "name: why"; those
+  /// buffers, and every unsealed or writable one, stay mapped in their
   /// handles but are no entry of the daemon any more (their release sends nothing, and a
   /// get asks the daemon). Against the same instance it only takes this client's holds
   /// again.
   /// @throws store_error daemon_gone (nothing listens, or the daemon went away during the
   ///         offers), denied (this uid), unsupported_version.
   /// @throws vmm::ipc::protocol_error a reply is malformed.
-  /// @throws vmm::os_error mapping the version table, or exporting a chunk's descriptor, failed.
+  /// @throws vmm::os_error mapping the version table failed.
   /// @throws vmm::invalid_argument the socket path is unusable.
   std::vector<std::string> reconnect();
 
