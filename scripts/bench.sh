@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark in one command, merged into one JSON file:
 #   bash scripts/bench.sh [--quick] [--out DIR] [--build-dir DIR] [--budget SECONDS] [--no-build]
+#                         [--only REGEX]
 #
 # Builds (benchmarks on, tests and samples off) in --build-dir ($VMM_BENCH_BUILD, default
 # build-bench), then runs
@@ -27,6 +28,11 @@
 #   than 200 s are left).
 #   Expected on an H100: build 1-2 min, the programs 2-3 min, torch_allocators.py 2.5 min.
 #   Without a GPU (2 cores): about 100 s once built. bench.json's context has the times.
+# --only REGEX: runs only the parts whose name matches (grep -E): a program's name
+#   (vmm_bench_grow), vmm_replay for the traces, torch_allocators. For a full run split over
+#   several shorter sessions: each writes its own DIR/bench-logs.tar.gz; unpack them into one
+#   directory and merge it (python3 scripts/bench_report.py --merge WORK OUT.json). The last
+#   part's context.txt is the one kept.
 # Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
 #   (6-8 min on an H100 alone): expect 15-25 min; no budget unless --budget is given.
 # vmm_bench_grow, vmm_bench_driver and vmm_bench_growth_ahead (issue 16's rows) run 5
@@ -43,6 +49,7 @@ out=bench-out
 build=${VMM_BENCH_BUILD:-build-bench}
 budget=""
 do_build=1
+only=""
 while (($#)); do
   case $1 in
     --quick) quick=1 ;;
@@ -50,6 +57,7 @@ while (($#)); do
     --build-dir) build=$2; shift ;;
     --budget) budget=$2; shift ;;
     --no-build) do_build=0 ;;
+    --only) only=$2; shift ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -58,6 +66,8 @@ done
 [ -n "$budget" ] || { [ "$quick" = 1 ] && budget=480 || budget=0; }
 
 start=$(date +%s)
+# Whether the part named $1 is to run (--only).
+wanted() { [ -z "$only" ] || grep -Eq -- "$only" <<<"$1"; }
 elapsed() { echo $(( $(date +%s) - start )); }
 # Seconds left of the budget (a large number without one).
 left() { if [ "$budget" -gt 0 ]; then echo $(( budget - $(elapsed) )); else echo 100000; fi; }
@@ -162,6 +172,7 @@ if [ "$quick" = 1 ]; then program_cap=150; else program_cap=1800; fi
 for program in "$build"/bench/vmm_bench_*; do
   [ -x "$program" ] && [ -f "$program" ] || continue
   name=$(basename "$program")
+  wanted "$name" || continue
   args=(--benchmark_out="$work/programs/$name.json" --benchmark_out_format=json)
   if [ "$quick" = 1 ]; then
     args+=(--benchmark_min_time=0.05)
@@ -183,7 +194,7 @@ trace_peak_live() {
                       $1 == "f" { live -= size[$2]; delete size[$2] } END { printf "%.0f\n", peak }'
 }
 for trace in bench/data/*.trace.gz; do
-  [ -f "$trace" ] || continue
+  [ -f "$trace" ] && wanted vmm_replay || continue
   name=$(basename "$trace" .trace.gz)
   base="$work/replay/$name"
   location_args=(--location gpu0)
@@ -200,7 +211,9 @@ done
 # ---- PyTorch's allocators against vmm -------------------------------------------------------
 torch_python=""
 torch_why="no Python with torch and a CUDA device found (tried \$VMM_BENCH_PYTHON, python3, /opt/torch/.venv/bin/python3)"
-if [ "$gpu" = 1 ]; then
+if ! wanted torch_allocators; then
+  :
+elif [ "$gpu" = 1 ]; then
   for candidate in "${VMM_BENCH_PYTHON:-}" python3 /opt/torch/.venv/bin/python3; do
     [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 || continue
     if "$candidate" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -232,7 +245,7 @@ if [ -n "$torch_python" ]; then
   if [ "$quick" = 1 ]; then torch_args+=(--quick --timeout 240); fi
   echo "bench.sh: torch_allocators.py with $torch_python (${torch_args[*]:3})"
   run_timed 3600 "$work/torch/torch_allocators" "$torch_python" "${torch_args[@]}"
-else
+elif wanted torch_allocators; then  # a part left out by --only leaves no record to merge
   printf 'skipped\t0\t%s\n' "$torch_why" >"$work/torch/torch_allocators.status"
   echo "bench.sh: torch_allocators.py skipped: $torch_why"
 fi
