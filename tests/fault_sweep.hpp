@@ -103,6 +103,8 @@ inline const char* site_name(std::uint32_t site) {
       return "poll";
     case fault::driver:
       return "driver";
+    case fault::provider_export:
+      return "provider export";
     default:
       return "?";
   }

@@ -106,6 +106,7 @@ imported_buffer::imported_buffer(unmapped, const manifest& description, import_o
       base_offset_(description.base_offset),
       max_size_limit_(options.max_size_limit),
       access_(options.access),
+      keep_descriptors_(options.keep_descriptors),
       stream_(options.stream) {
   validate(description);
   if (description.kind != manifest_kind::whole)
@@ -143,6 +144,7 @@ imported_buffer::imported_buffer(imported_buffer&& other) noexcept
       max_size_limit_(std::exchange(other.max_size_limit_, 0)),
       size_(std::exchange(other.size_, 0)),
       access_(std::exchange(other.access_, access_mode::none)),
+      keep_descriptors_(std::exchange(other.keep_descriptors_, false)),
       stream_(std::exchange(other.stream_, stream_ref())),
       private_chunks_(std::exchange(other.private_chunks_, {})) {}
 
@@ -158,6 +160,7 @@ imported_buffer& imported_buffer::operator=(imported_buffer&& other) noexcept {
     max_size_limit_ = std::exchange(other.max_size_limit_, 0);
     size_ = std::exchange(other.size_, 0);
     access_ = std::exchange(other.access_, access_mode::none);
+    keep_descriptors_ = std::exchange(other.keep_descriptors_, false);
     stream_ = std::exchange(other.stream_, stream_ref());
     private_chunks_ = std::exchange(other.private_chunks_, {});
   }
@@ -205,8 +208,10 @@ void imported_buffer::map_chunks(const manifest& description, fd_source& fds) {
         grants.push_back({who, access_});
     physical_allocation memory;
     if (chunk.handle == handle_kind::posix_fd) {
-      const unique_fd fd = fds.take();  // closed once imported
-      memory = physical_allocation::import_fd(std::move(provider), fd.get(), chunk.size);
+      unique_fd fd = fds.take();  // kept by the allocation, or closed here once imported
+      memory = keep_descriptors_
+                   ? physical_allocation::import_fd(std::move(provider), std::move(fd), chunk.size)
+                   : physical_allocation::import_fd(std::move(provider), fd.get(), chunk.size);
     } else {
       memory = import_fabric(provider, chunk.fabric, chunk.size);
     }

@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <string>
 
+#include "fault_injection.hpp"  // vmm/src: test-only fault injection
 #include "memory_io.hpp"
+#include "process_resources.hpp"
 #include "provider_kinds.hpp"
 #include "vmm/address_range.hpp"
 #include "vmm/error.hpp"
@@ -14,6 +19,8 @@
 
 namespace vmm::testing {
 namespace {
+
+namespace fault = vmm::detail::fault;
 
 template <class Kind>
 class primitives : public provider_test<Kind> {};
@@ -143,6 +150,92 @@ TYPED_TEST(primitives, moved_from_objects_are_empty_and_own_nothing) {
   mapping other = std::move(mapped);
   EXPECT_EQ(mapped.address(), 0u);  // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(other.address(), moved.address());
+}
+
+// An import that keeps its fd exports a duplicate of it and never asks the provider, whose
+// export is made to fail here as a GPU's driver refuses to export a handle the process
+// imported; the duplicate names the same memory, and every descriptor closes with its owner.
+TYPED_TEST(primitives, an_import_that_keeps_its_fd_exports_it_where_the_provider_would_refuse) {
+  if (this->provider_->capabilities().export_kind != handle_kind::posix_fd)
+    GTEST_SKIP() << "the memory travels as " << to_string(this->provider_->capabilities().export_kind)
+                 << ", not as a posix fd";
+  const std::size_t g = this->granularity_;
+  const std::size_t fds_before = open_fd_count();
+  {
+    physical_allocation memory(this->provider_, g);
+    physical_allocation imported = physical_allocation::import_fd(this->provider_, memory.export_fd(), g);
+    EXPECT_TRUE(imported.keeps_descriptor());
+    EXPECT_FALSE(memory.keeps_descriptor());
+    fault::arm(fault::provider_export, 1, EINVAL);
+    unique_fd exported;
+    std::string failure;
+    try {
+      exported = imported.export_fd();
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+    const std::uint64_t asked = fault::calls();
+    // The control: the same fault refuses the export of memory that keeps no descriptor.
+    EXPECT_THROW((void)memory.export_fd(), os_error);
+    const bool fired = fault::fired();
+    fault::disarm();
+    EXPECT_EQ(failure, "");
+    EXPECT_EQ(asked, 0u) << "the provider was asked to export";
+    EXPECT_TRUE(fired);
+    ASSERT_GE(exported.get(), 0);
+
+    physical_allocation again = physical_allocation::import_fd(this->provider_, exported.get(), g);
+    exported.reset();
+    address_range range(this->provider_, 2 * g);
+    mapping first(imported, range.address(), access_mode::read_write);
+    mapping second(again, range.address() + g, access_mode::read_write);
+    const auto bytes = pattern(g, 13);
+    write_bytes(*this->provider_, range.address(), bytes);
+    EXPECT_EQ(read_bytes(*this->provider_, range.address() + g, g), bytes);
+    imported.reset();  // closes its descriptor; the mapping keeps the memory
+    EXPECT_FALSE(imported.keeps_descriptor());
+    EXPECT_EQ(read_bytes(*this->provider_, range.address() + g, g), bytes);
+  }
+  EXPECT_EQ(open_fd_count(), fds_before);
+}
+
+// A duplicate that fails names the call and, at the descriptor limit, says so; an import
+// that fails closes the fd it was given. Nothing leaks either way.
+TYPED_TEST(primitives, a_kept_fd_that_cannot_be_duplicated_or_imported_is_an_error_and_leaks_nothing) {
+  if (this->provider_->capabilities().export_kind != handle_kind::posix_fd)
+    GTEST_SKIP() << "the memory travels as " << to_string(this->provider_->capabilities().export_kind)
+                 << ", not as a posix fd";
+  const std::size_t g = this->granularity_;
+  const std::size_t fds_before = open_fd_count();
+  {
+    physical_allocation memory(this->provider_, g);
+    const physical_allocation imported =
+        physical_allocation::import_fd(this->provider_, memory.export_fd(), g);
+    fault::arm(fault::fcntl, 1, EMFILE);
+    std::string message;
+    int code = 0;
+    try {
+      (void)imported.export_fd();
+    } catch (const os_error& error) {
+      message = error.what();
+      code = error.code().value();
+    }
+    const bool fired = fault::fired();
+    fault::disarm();
+    EXPECT_TRUE(fired);
+    EXPECT_EQ(code, EMFILE);
+    EXPECT_NE(message.find("F_DUPFD_CLOEXEC"), std::string::npos) << message;
+    EXPECT_NE(message.find("RLIMIT_NOFILE"), std::string::npos) << message;
+    EXPECT_TRUE(imported.keeps_descriptor());
+    EXPECT_GE(imported.export_fd().get(), 0);  // the failure passed: the descriptor is still kept
+
+    // No memory at all (a pipe): refused, the fd given closed with the refusal.
+    int ends[2] = {-1, -1};
+    ASSERT_EQ(::pipe(ends), 0);
+    const unique_fd write_end(ends[1]);
+    EXPECT_ANY_THROW((void)physical_allocation::import_fd(this->provider_, unique_fd(ends[0]), g));
+  }
+  EXPECT_EQ(open_fd_count(), fds_before);
 }
 
 // A write through a read-only mapping must fail: a fault on the host, an error on the GPU.

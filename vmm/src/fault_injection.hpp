@@ -3,7 +3,8 @@
 // entry point fail, so that tests can sweep N over an operation and prove that every
 // failure point leaves a documented exception, the strong guarantee where documented, and
 // nothing leaked. Every OS call vmm makes goes through vmm::os (vmm/detail/system.hpp) and every
-// driver call through driver::check / driver::try_call, which ask fail_here() first.
+// driver call through driver::check / driver::try_call, which ask fail_here() first; a
+// provider's export as a whole can fail too (provider_export).
 //
 // Disarmed (the normal state) the cost is one relaxed atomic load per call. Arming is
 // process-wide: sweeps run single-threaded; calls from other threads count too.
@@ -27,6 +28,11 @@ enum site : std::uint32_t {
   poll = 1u << 9,
   driver = 1u << 10,  // any CUDA driver entry point
   all_os = (1u << 10) - 1,
+  // memory_provider::export_fd as a whole, once its arguments are checked: the refusal a
+  // GPU's driver gives for a handle the process imported, on any provider (an os_error with
+  // the injected errno). In no sweep's mask: an export that must not reach the provider is
+  // what it tests.
+  provider_export = 1u << 11,
 };
 
 // Counts calls at `sites` from now on; the `nth` (1-based) fails with `error` (an errno for

@@ -1,11 +1,16 @@
 #include "vmm/physical_allocation.hpp"
 
+#include <fcntl.h>
+#include <fmt/format.h>
+
+#include <cerrno>
 #include <memory>
 #include <new>
 #include <utility>
 
 #include "vmm/detail/cleanup.hpp"
 #include "vmm/detail/retirement.hpp"
+#include "vmm/detail/system.hpp"
 #include "vmm/error.hpp"
 
 namespace vmm {
@@ -67,6 +72,13 @@ physical_allocation physical_allocation::import_fd(std::shared_ptr<memory_provid
   return physical_allocation(std::move(provider), handle, size);
 }
 
+physical_allocation physical_allocation::import_fd(std::shared_ptr<memory_provider> provider, unique_fd fd,
+                                                   std::size_t size) {
+  physical_allocation result = import_fd(std::move(provider), fd.get(), size);
+  result.descriptor_ = std::move(fd);
+  return result;
+}
+
 physical_allocation physical_allocation::adopt(std::shared_ptr<memory_provider> provider,
                                                physical_handle handle, std::size_t size) {
   provider = require(std::move(provider));
@@ -76,7 +88,19 @@ physical_allocation physical_allocation::adopt(std::shared_ptr<memory_provider> 
 
 unique_fd physical_allocation::export_fd() const {
   if (provider() == nullptr) throw invalid_argument("physical_allocation: export of an empty allocation");
-  return provider()->export_fd(get());
+  if (!descriptor_) return provider()->export_fd(get());
+  // The driver cannot export an imported handle: a duplicate of the descriptor it came from.
+  unique_fd copy(os::fcntl(descriptor_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!copy) {
+    const int error = errno;
+    throw os_error(
+        error,
+        fmt::format("physical_allocation: export of {} bytes imported from fd {} (fcntl "
+                    "F_DUPFD_CLOEXEC of the kept descriptor) failed{}",
+                    size(), descriptor_.get(),
+                    error == EMFILE ? ": the process's descriptor limit (RLIMIT_NOFILE) is reached" : ""));
+  }
+  return copy;
 }
 
 bool physical_allocation::destroy(const std::shared_ptr<memory_provider>& provider, physical_handle handle,

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "fault_injection.hpp"
 #include "vmm/detail/enum_names.hpp"
 #include "providers/driver_provider.hpp"
 #include "providers/os_host_provider.hpp"
@@ -98,6 +99,8 @@ unique_fd memory_provider::export_fd(physical_handle handle) {
                                            : "the device has no shareable handle type"));
   std::lock_guard lock(space_->mutex_);
   (void)space_->handle_size(name_.c_str(), handle);
+  if (int injected = 0; detail::fault::fail_here(detail::fault::provider_export, injected))
+    throw os_error(injected, fmt::format("{}: export of handle {} (an injected fault)", name_, handle));
   return unique_fd(do_export_fd(handle));
 }
 

@@ -128,8 +128,10 @@ struct client_state {
         fresh->uncached = uncached;
         fresh->name = name;
         fresh->entry = got.entry;
-        fresh->mapped =
-            ipc::imported_buffer::receive(socket.get(), {.access = access, .timeout = options.timeout});
+        // What reconnect() may offer keeps its descriptors: the driver cannot export them.
+        const bool offerable = options.keep_descriptors && access == access_mode::read_only && !uncached;
+        fresh->mapped = ipc::imported_buffer::receive(
+            socket.get(), {.access = access, .timeout = options.timeout, .keep_descriptors = offerable});
         cached = std::move(fresh);
       } else {
         if (!cached || cached->entry != got.entry)
@@ -283,8 +285,10 @@ struct client_state {
                   .origin = origin,
                   .chunk_total = static_cast<std::uint32_t>(chunks.size())};
     // Every descriptor before the first frame: an export that fails sends nothing, so the
-    // connection never stands inside an offer. (A GPU's driver refuses to export a handle
-    // this process imported: such memory cannot be offered, and reconnect() says so.)
+    // connection never stands inside an offer. The import kept its descriptors
+    // (client_options::keep_descriptors), which export_fd() duplicates: a GPU's driver
+    // refuses to export a handle this process imported. Without them such memory cannot be
+    // offered, and reconnect() says so.
     std::vector<unique_fd> owned;
     owned.reserve(chunks.size());
     for (const shared_chunk& chunk : chunks) owned.push_back(chunk->memory().export_fd());

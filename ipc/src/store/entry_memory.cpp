@@ -29,9 +29,11 @@ entry_memory entry_memory::adopt(location where, std::uint64_t size,
   offered.end = end;
   offered.size = size;
   ipc::validate(offered);  // sizes of the granularity, size within the chunks, ...
-  return entry_memory(ipc::imported_buffer(offered, std::move(fds),
-                                           {.access = access_mode::read_only, .max_size_limit = end}),
-                      size);
+  return entry_memory(
+      ipc::imported_buffer(
+          offered, std::move(fds),
+          {.access = access_mode::read_only, .max_size_limit = end, .keep_descriptors = true}),
+      size);
 }
 
 growable_buffer& entry_memory::buffer() {

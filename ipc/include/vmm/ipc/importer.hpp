@@ -19,7 +19,18 @@
 /// before it maps anything. Any failure throws with nothing mapped, nothing reserved, and
 /// every received fd closed (each fd is owned from the moment it arrives, and is closed as
 /// soon as its handle is imported: an import of thousands of chunks holds at most
-/// max_fds_per_message received fds at a time).
+/// max_fds_per_message received fds at a time; with import_options::keep_descriptors each
+/// chunk keeps its fd instead).
+///
+/// Exporting again. A process that must hand imported memory on (vmm-store: a client
+/// offering it back to a restarted daemon, the daemon serving what it was offered) imports
+/// with import_options::keep_descriptors: each posix-fd chunk's allocation keeps the fd it
+/// came from, and its export_fd() duplicates it, since the CUDA driver refuses to export a
+/// handle the process imported (vmm/physical_allocation.hpp). The cost is one open
+/// descriptor per posix-fd chunk for as long as the chunk is mapped (on OS host memory, where
+/// the imported handle is a descriptor too, two). A process at its RLIMIT_NOFILE fails the
+/// import with vmm::os_error EMFILE, whichever call ran out (the kernel truncating a
+/// message's descriptors, or a duplicate), and nothing stays imported.
 ///
 /// Read-only. A manifest's grant is the most access an importer may map; imported_buffer
 /// refuses to map more, and a read-only mapping faults on writes (PROT_READ on the host,
@@ -99,6 +110,10 @@ struct import_options {
   /// message included; the handles it imports between them count against it too.
   /// no_timeout waits without end.
   std::chrono::milliseconds timeout = default_timeout;
+  /// Keep each posix-fd chunk's descriptor in its allocation, growth included, so that the
+  /// chunks can be exported again (see "Exporting again" in the file comment): one open
+  /// descriptor per chunk while it is mapped. false: each is closed once imported.
+  bool keep_descriptors = false;
 };
 
 /// Bytes [offset, offset + length) of an import.
@@ -113,7 +128,7 @@ class imported_buffer {
   /// Nothing imported.
   imported_buffer() noexcept;
   /// Imports a whole manifest with its fds (one per posix-fd chunk, in order), which it
-  /// closes as it goes.
+  /// closes as it goes (or keeps: import_options::keep_descriptors).
   /// @throws vmm::ipc::bad_manifest the manifest is a growth manifest.
   /// @throws vmm::invalid_argument the fd count differs from the manifest's, the access
   ///         asked exceeds the grant, a location has no provider here, the granularity
@@ -142,7 +157,8 @@ class imported_buffer {
   /// destroyed and the range freed once the stream has passed.
   ~imported_buffer();
 
-  /// Maps the chunks of a growth manifest after what is mapped, with its fds.
+  /// Maps the chunks of a growth manifest after what is mapped, with its fds (kept as the
+  /// import's options say).
   /// Strong guarantee: on failure the import is exactly as it was, the fds closed.
   /// @throws vmm::ipc::bad_manifest not a growth manifest of this buffer (buffer id,
   ///         location, granularity, max size or base offset differ), or it does not start
@@ -191,6 +207,8 @@ class imported_buffer {
   [[nodiscard]] const std::vector<shared_chunk>& chunks() const noexcept { return run_.chunks(); }
   /// The access the mappings grant.
   [[nodiscard]] access_mode access() const noexcept { return access_; }
+  /// Whether each posix-fd chunk keeps its descriptor (import_options::keep_descriptors).
+  [[nodiscard]] bool keeps_descriptors() const noexcept { return keep_descriptors_; }
   /// The exporter's name for the buffer.
   [[nodiscard]] std::uint64_t buffer_id() const noexcept { return buffer_id_; }
   /// Where this import starts in the exporter's buffer.
@@ -227,6 +245,7 @@ class imported_buffer {
   std::size_t max_size_limit_ = 0;
   std::size_t size_ = 0;
   access_mode access_ = access_mode::none;
+  bool keep_descriptors_ = false;
   stream_ref stream_;
   std::vector<bool> private_chunks_;  // by chunk index; past its end: shared
 };

@@ -101,6 +101,13 @@ struct client_options {
   /// Called on that thread after each automatic reconnect, with what reconnect() returned
   /// (the offers refused). Must not throw.
   std::function<void(const std::vector<std::string>&)> on_reconnect;
+  /// Keep a descriptor of every chunk this client maps read-only through the cache, so that
+  /// reconnect() can offer the memory to a restarted daemon: the CUDA driver refuses to
+  /// export a handle the process imported, and the kept descriptor is exported instead.
+  /// Costs one open descriptor per such chunk while it is mapped (docs/store.md,
+  /// "Lifetimes"). false: none kept; after a restart, GPU memory cannot be offered
+  /// (reconnect() names each such buffer).
+  bool keep_descriptors = true;
 };
 
 /// How to create.
@@ -226,10 +233,11 @@ class client {
   /// tensor set with its table: the daemon checks it), and takes a hold again for each of
   /// their live handles. Handles and imports keep their addresses. Offers the daemon
   /// refuses (the name is another buffer's already, a cap), and memory this process cannot
-  /// export again (a GPU's driver refuses to export a handle the process imported, so on
-  /// GPUs no import can be offered yet), are left out and returned as "name: why"; those
-  /// buffers, and every unsealed or writable one, stay mapped in their
-  /// handles but are no entry of the daemon any more (their release sends nothing, and a
+  /// export again (a chunk's descriptor cannot be duplicated, or, with
+  /// client_options::keep_descriptors false, a GPU's driver refuses to export a handle the
+  /// process imported), are left out and returned as "name: why"; those buffers, and every
+  /// unsealed or writable one, stay mapped in their handles but are no entry of the daemon
+  /// any more (their release sends nothing, and a
   /// get asks the daemon). Against the same instance it only takes this client's holds
   /// again.
   /// @throws store_error daemon_gone (nothing listens, or the daemon went away during the
