@@ -150,10 +150,11 @@ class resource_stream_order : public gpu_test {
     flags_.emplace(1);
   }
 
-  // Whether a kernel on one stream runs while a kernel on another is held. The tests of a
-  // block freed under a running kernel that let another stream work meanwhile need it:
-  // compute-sanitizer serializes kernel launches, and there the other stream's kernel waits
-  // for the held one, which runs to its cap. Measured once, by the first test that asks.
+  // Whether a kernel on one stream runs and ends while a kernel on another is held. The tests
+  // of a block freed under a running kernel that let another stream work meanwhile need it.
+  // compute-sanitizer serializes kernels: there a launch returns only once its kernel has
+  // ended, so the held kernel runs to its cap before the other is even queued. Measured once,
+  // by the first test that asks.
   bool kernels_overlap() {
     static const bool overlap = [this] {
       cuda_stream a;
@@ -167,6 +168,7 @@ class resource_stream_order : public gpu_test {
         fill(other, 1, b.get());
         for (int waited_ms = 0; waited_ms < 1000 && !(ran = !busy(b.get())); ++waited_ms)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ran = ran && busy(a.get());  // b's kernel ended while a's was still held
       }  // released and waited for
       b.synchronize();
       resource->deallocate(a.get(), held, page_);
