@@ -308,9 +308,10 @@ command add_load(CLI::App& app) {
                             UINT64_MAX, "");
   sub->add_option("--readers", s->readers, "Threads reading the file at once (0: half the cores, 1 to 8)")
       ->check(CLI::Range(std::size_t{0}, vmm::store::max_safetensors_readers));
-  sub->add_flag("--dedup", s->dedup,
-                "Lay the set out per tensor and share each tensor whose bytes another set loaded with --dedup "
-                "holds (the daemon reads every byte once)");
+  sub->add_flag(
+      "--dedup", s->dedup,
+      "Lay the set out per tensor and share each tensor whose bytes another set loaded with --dedup "
+      "holds (the daemon reads every byte once)");
   return {sub, [s, sub] {
             if (sub->count("FILE") == 0) return vmm::tools::usage_error(*sub, "load: FILE is required");
             if (sub->count("--name") == 0) return vmm::tools::usage_error(*sub, "load: --name is required");

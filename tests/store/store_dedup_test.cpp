@@ -89,8 +89,8 @@ class dedup_test : public provider_test<Kind> {
   store::client connect() { return store::client({.socket_path = socket_}); }
 
   // Puts `tensors` as the set `name`, laid out per tensor, with de-duplication or without.
-  store::tensor_set put(store::client& store, const std::string& name, const std::vector<tensor_spec>& tensors,
-                        bool deduplicate = true) {
+  store::tensor_set put(store::client& store, const std::string& name,
+                        const std::vector<tensor_spec>& tensors, bool deduplicate = true) {
     std::vector<std::vector<std::uint8_t>> data;
     std::vector<store::tensor_source> sources;
     data.reserve(tensors.size());
@@ -113,7 +113,8 @@ class dedup_test : public provider_test<Kind> {
   // The bytes of a tensor as this process maps it.
   std::vector<std::uint8_t> read_here(const store::tensor_set& set, const std::string& tensor) {
     const store::tensor_view view = set.at(tensor);
-    return read_bytes(*set.memory().provider(), reinterpret_cast<std::uintptr_t>(view.data), view.info->bytes);
+    return read_bytes(*set.memory().provider(), reinterpret_cast<std::uintptr_t>(view.data),
+                      view.info->bytes);
   }
   static std::uint64_t checksum_of(const tensor_spec& t) {
     const std::vector<std::uint8_t> bytes = pattern(t.bytes, t.seed);

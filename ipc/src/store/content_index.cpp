@@ -12,7 +12,6 @@
 #include <xxhash.h>
 
 namespace vmm::store::detail {
-namespace {
 
 // Host-readable views of mapped memory, one piece at a time: the memory itself where the host
 // reads it in place, else a copy in a staging buffer of this reader's (at most
@@ -37,10 +36,11 @@ class piece_reader {
   std::vector<std::byte> staging_;
 };
 
-// Whether the `bytes` at `a` and at `b` (both mapped through `provider`) are equal.
-bool equal_bytes(const std::byte* a, const std::byte* b, std::size_t bytes, memory_provider& provider) {
-  piece_reader first(provider);
-  piece_reader second(provider);
+namespace {
+
+// Whether the `bytes` at `a` and at `b` are equal, each read through its reader.
+bool equal_bytes(const std::byte* a, const std::byte* b, std::size_t bytes, piece_reader& first,
+                 piece_reader& second) {
   for (std::size_t at = 0; at < bytes; at += staging_piece_bytes) {
     const std::size_t n = std::min(staging_piece_bytes, bytes - at);
     const std::span<const std::byte> x = first.read(a + at, n);
@@ -52,7 +52,7 @@ bool equal_bytes(const std::byte* a, const std::byte* b, std::size_t bytes, memo
 
 }  // namespace
 
-content_hash content_index::hash(const std::byte* data, std::size_t bytes, memory_provider& provider) const {
+content_hash content_index::hash(const std::byte* data, std::size_t bytes, piece_reader& reader) const {
   if (hashes_alike_) return {};
   struct state_deleter {
     void operator()(XXH3_state_t* state) const noexcept { XXH3_freeState(state); }
@@ -60,9 +60,9 @@ content_hash content_index::hash(const std::byte* data, std::size_t bytes, memor
   const std::unique_ptr<XXH3_state_t, state_deleter> state(XXH3_createState());
   if (!state) throw std::bad_alloc();
   XXH3_128bits_reset(state.get());
-  piece_reader reader(provider);
   for (std::size_t at = 0; at < bytes; at += staging_piece_bytes) {
-    const std::span<const std::byte> piece = reader.read(data + at, std::min(staging_piece_bytes, bytes - at));
+    const std::span<const std::byte> piece =
+        reader.read(data + at, std::min(staging_piece_bytes, bytes - at));
     XXH3_128bits_update(state.get(), piece.data(), piece.size());
   }
   const XXH128_hash_t digest = XXH3_128bits_digest(state.get());
@@ -76,13 +76,15 @@ deduplicated_chunks content_index::deduplicate(std::span<const shared_chunk> chu
   found.hashes.reserve(chunks.size());
   const location where = provider->capabilities().where;
   found.where = where;
+  piece_reader reader(*provider);       // this entry's bytes
+  piece_reader other(*provider);        // a candidate's
   std::set<const pooled_chunk*> taken;  // a chunk of the index replaces one chunk of this entry at most
   std::size_t offset = 0;
   for (shared_chunk& chunk : found.chunks) {
     const std::byte* mine = base + offset;
     const std::size_t size = chunk->size();
     offset += size;
-    found.hashes.push_back(hash(mine, size, *provider));
+    found.hashes.push_back(hash(mine, size, reader));
     const auto [first, last] = by_content_.equal_range(key{where, size, found.hashes.back()});
     for (auto it = first; it != last; ++it) {
       shared_chunk candidate = it->second.lock();
@@ -91,7 +93,7 @@ deduplicated_chunks content_index::deduplicate(std::span<const shared_chunk> chu
       mapped_range view(provider, size);
       view.push_back(candidate);
       view.set_access(0, size, access_mode::read_only);
-      if (!equal_bytes(mine, static_cast<const std::byte*>(view.data()), size, *provider)) continue;
+      if (!equal_bytes(mine, static_cast<const std::byte*>(view.data()), size, reader, other)) continue;
       taken.insert(candidate.get());
       chunk = std::move(candidate);
       ++found.replaced;
@@ -140,7 +142,8 @@ std::uint64_t content_index::leave_one(std::uint64_t entry, const shared_chunk& 
 std::size_t content_index::shared_bytes(std::span<const shared_chunk> chunks) const noexcept {
   std::size_t shared = 0;
   for (const shared_chunk& chunk : chunks)
-    if (const auto known = records_.find(chunk.get()); known != records_.end() && known->second.users.size() > 1)
+    if (const auto known = records_.find(chunk.get());
+        known != records_.end() && known->second.users.size() > 1)
       shared += chunk->size();
   return shared;
 }

@@ -39,6 +39,8 @@
 
 namespace vmm::store::detail {
 
+class piece_reader;
+
 // The most bytes read at once from memory the host cannot read in place.
 inline constexpr std::size_t staging_piece_bytes = std::size_t{64} << 20;
 
@@ -98,7 +100,7 @@ class content_index {
   // Takes `entry` off `chunk`'s record; returns the entry that pays for it now where `entry`
   // did and another maps it, else 0.
   std::uint64_t leave_one(std::uint64_t entry, const shared_chunk& chunk) noexcept;
-  [[nodiscard]] content_hash hash(const std::byte* data, std::size_t bytes, memory_provider& provider) const;
+  [[nodiscard]] content_hash hash(const std::byte* data, std::size_t bytes, piece_reader& reader) const;
 
   bool hashes_alike_;
   std::multimap<key, std::weak_ptr<const pooled_chunk>> by_content_;

@@ -60,7 +60,8 @@ location entry_memory::where() const {
 }
 
 std::vector<shared_chunk> entry_memory::chunks() const {
-  if (made_) return made_->capacity() == 0 ? std::vector<shared_chunk>{} : made_->chunks(0, made_->capacity());
+  if (made_)
+    return made_->capacity() == 0 ? std::vector<shared_chunk>{} : made_->chunks(0, made_->capacity());
   return fixed_.chunks();
 }
 

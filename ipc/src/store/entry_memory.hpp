@@ -47,12 +47,8 @@ class entry_memory {
   // The daemon-made buffer. Throws vmm::invalid_argument for fixed memory.
   [[nodiscard]] growable_buffer& buffer();
   [[nodiscard]] std::size_t size() const noexcept { return made_ ? made_->size() : fixed_size_; }
-  [[nodiscard]] std::size_t capacity() const noexcept {
-    return made_ ? made_->capacity() : fixed_.mapped();
-  }
-  [[nodiscard]] std::size_t max_size() const noexcept {
-    return made_ ? made_->max_size() : fixed_.mapped();
-  }
+  [[nodiscard]] std::size_t capacity() const noexcept { return made_ ? made_->capacity() : fixed_.mapped(); }
+  [[nodiscard]] std::size_t max_size() const noexcept { return made_ ? made_->max_size() : fixed_.mapped(); }
   [[nodiscard]] location where() const;
   [[nodiscard]] const std::shared_ptr<memory_provider>& provider() const noexcept {
     return made_ ? made_->provider() : fixed_.provider();

@@ -88,9 +88,9 @@ struct server::entry {
   explicit entry(detail::entry_memory m) : memory(std::move(m)) {}
   [[nodiscard]] bool may_write(pid_t pid) const { return pid == creator_pid || writers.contains(pid); }
   [[nodiscard]] buffer_info info(const detail::content_index& contents) const {
-    return {name,    id,      memory.where(), memory.size(), memory.capacity(),
-            memory.max_size(),       holders, sealed,         tensors,       named_bytes,
-            charged, contents.shared_bytes(indexed)};
+    return {
+        name,    id,     memory.where(), memory.size(), memory.capacity(), memory.max_size(),
+        holders, sealed, tensors,        named_bytes,   charged,           contents.shared_bytes(indexed)};
   }
 };
 
