@@ -160,6 +160,9 @@ TYPED_TEST(dedup_test, a_fine_tune_stores_only_the_chunks_it_changed) {
   const store::daemon_statistics both = store.statistics();
   EXPECT_EQ(both.bytes, capacity + g);
   EXPECT_EQ(both.capacity, 2 * capacity);
+  // The fine-tune's own copies of what it shares went back to the pool: nothing in the daemon
+  // (no cached manifest, no exported descriptor) keeps them in use.
+  EXPECT_EQ(both.pool_used, capacity + g);
   const store::buffer_info info = store.stat("tuned");
   EXPECT_EQ(info.capacity, capacity);
   EXPECT_EQ(info.stored_bytes, g);
@@ -296,6 +299,36 @@ TYPED_TEST(dedup_test, the_cap_counts_stored_bytes_after_the_seal) {
     EXPECT_NE(std::string(error.what()).find("--cap"), std::string::npos) << error.what();
   }
   EXPECT_EQ(store.statistics().bytes, capacity + 2 * g);
+}
+
+TYPED_TEST(dedup_test, the_next_set_is_counted_to_its_client_when_the_payer_ends) {
+  const std::size_t g = this->g_;
+  std::size_t capacity = 0;
+  {
+    store::client probe = this->connect();
+    capacity = this->put(probe, "probe", this->base()).memory().capacity();
+  }
+  this->start_daemon({"--client-cap", std::to_string(capacity + g)});
+  store::client first = this->connect();
+  store::client second = this->connect();
+  std::optional<store::tensor_set> base = this->put(first, "base", this->base());
+  const store::tensor_set tuned = this->put(second, "tuned", this->fine_tune());  // counted: g
+  {
+    // The second client's creations hold g: room for 2g more under its cap.
+    store::buffer more = second.create("more", 2 * g, TypeParam::where());
+  }
+  second.remove("more");
+  first.remove("base");
+  base.reset();  // the base ends: the fine-tune is counted for all it maps, with no refusal
+  EXPECT_EQ(second.stat("tuned").stored_bytes, capacity);
+  try {
+    (void)second.create("more", 2 * g, TypeParam::where());
+    ADD_FAILURE() << "a create past the client cap was accepted";
+  } catch (const store::store_error& error) {
+    EXPECT_TRUE(error.is(store::status::cap_exceeded)) << error.what();
+    EXPECT_NE(std::string(error.what()).find("--client-cap"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(this->read_elsewhere("tuned", "layer.0"), this->checksum_of(this->fine_tune()[1]));
 }
 
 TYPED_TEST(dedup_test, without_the_flag_nothing_is_shared) {
