@@ -18,7 +18,7 @@ vmm_apt_install_missing() {
 
 vmm_install_missing() {
   vmm_apt_install_missing cmake ninja-build g++ libfmt-dev libgtest-dev libbenchmark-dev libcli11-dev \
-    nlohmann-json3-dev python3 || return 1
+    nlohmann-json3-dev libxxhash-dev python3 || return 1
   # The Python package (pip install . offline, and its ctest python.pip_install_and_pytest):
   # pybind11 and Python's headers for the module, pip, setuptools and wheel for pip's build,
   # venv for the fresh environment, pytest and numpy for its tests, matplotlib for those of

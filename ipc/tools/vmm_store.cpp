@@ -155,7 +155,9 @@ json as_json(const vmm::store::buffer_info& info) {
           {"holders", info.holders},
           {"sealed", info.sealed},
           {"tensors", info.tensors},
-          {"named_bytes", info.named_bytes}};
+          {"named_bytes", info.named_bytes},
+          {"stored_bytes", info.stored_bytes},
+          {"shared_bytes", info.shared_bytes}};
 }
 
 command add_ls(CLI::App& app) {
@@ -174,14 +176,21 @@ command add_ls(CLI::App& app) {
               print_json({{"buffers", std::move(buffers)}});
               return vmm::tools::exit_done;
             }
-            fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", "NAME", "SIZE", "CAPACITY", "LOCATION",
-                       "TENSORS", "HOLDERS", "STATE");
-            for (const auto& info : infos)
-              fmt::print("{:<32} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", info.name,
+            fmt::print("{:<32} {:>12} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", "NAME", "SIZE", "CAPACITY",
+                       "STORED", "LOCATION", "TENSORS", "HOLDERS", "STATE");
+            std::uint64_t named = 0;
+            std::uint64_t stored = 0;
+            for (const auto& info : infos) {
+              fmt::print("{:<32} {:>12} {:>12} {:>12} {:<12} {:>7} {:>7} {}\n", info.name,
                          vmm::format_byte_size(info.size), vmm::format_byte_size(info.capacity),
-                         vmm::to_string(info.where), info.tensors == 0 ? "-" : std::to_string(info.tensors),
-                         info.holders, info.sealed ? "sealed" : "open");
-            fmt::print("{} buffer{}\n", infos.size(), infos.size() == 1 ? "" : "s");
+                         vmm::format_byte_size(info.stored_bytes), vmm::to_string(info.where),
+                         info.tensors == 0 ? "-" : std::to_string(info.tensors), info.holders,
+                         info.sealed ? "sealed" : "open");
+              named += info.capacity;
+              stored += info.stored_bytes;
+            }
+            fmt::print("{} buffer{}, {} named, {} stored\n", infos.size(), infos.size() == 1 ? "" : "s",
+                       vmm::format_byte_size(named), vmm::format_byte_size(stored));
             return vmm::tools::exit_done;
           }};
 }
@@ -206,10 +215,12 @@ command add_stat(CLI::App& app) {
         }
         fmt::print(
             "name      {}\nentry     {}\nlocation  {}\nsize      {} ({} bytes)\ncapacity  {}\nmax size  {}\n"
-            "holders   {}\nstate     {}\ntensors   {} ({} named)\n",
+            "holders   {}\nstate     {}\ntensors   {} ({} named)\nstored    {} ({} shared with other "
+            "buffers)\n",
             info.name, info.entry, vmm::to_string(info.where), vmm::format_byte_size(info.size), info.size,
             vmm::format_byte_size(info.capacity), vmm::format_byte_size(info.max_size), info.holders,
-            info.sealed ? "sealed" : "open", info.tensors, vmm::format_byte_size(info.named_bytes));
+            info.sealed ? "sealed" : "open", info.tensors, vmm::format_byte_size(info.named_bytes),
+            vmm::format_byte_size(info.stored_bytes), vmm::format_byte_size(info.shared_bytes));
         return vmm::tools::exit_done;
       }};
 }
@@ -248,6 +259,7 @@ command add_stats(CLI::App& app) {
                                  {"named_entries", counters.named_entries},
                                  {"holds", counters.holds},
                                  {"bytes", counters.bytes},
+                                 {"capacity", counters.capacity},
                                  {"pool_used", counters.pool_used},
                                  {"pool_reserved", counters.pool_reserved},
                                  {"cached_exports", counters.cached_exports},
@@ -280,6 +292,7 @@ command add_load(CLI::App& app) {
     std::string where = "host";
     std::uint64_t chunk = vmm::store::load_options{}.chunk_bytes;
     std::size_t readers = 0;
+    bool dedup = false;
   };
   auto s = std::make_shared<settings>();
   CLI::App* sub = add_client_command(
@@ -295,6 +308,10 @@ command add_load(CLI::App& app) {
                             UINT64_MAX, "");
   sub->add_option("--readers", s->readers, "Threads reading the file at once (0: half the cores, 1 to 8)")
       ->check(CLI::Range(std::size_t{0}, vmm::store::max_safetensors_readers));
+  sub->add_flag(
+      "--dedup", s->dedup,
+      "Lay the set out per tensor and share each tensor whose bytes another set loaded with --dedup "
+      "holds (the daemon reads every byte once)");
   return {sub, [s, sub] {
             if (sub->count("FILE") == 0) return vmm::tools::usage_error(*sub, "load: FILE is required");
             if (sub->count("--name") == 0) return vmm::tools::usage_error(*sub, "load: --name is required");
@@ -302,12 +319,14 @@ command add_load(CLI::App& app) {
             vmm::store::load_options options{.where = vmm::tools::parse_location(s->where),
                                              .chunk_bytes = static_cast<std::size_t>(s->chunk),
                                              .readers = s->readers};
+            if (s->dedup) options.set = {.layout = vmm::store::set_layout::per_tensor, .deduplicate = true};
             if (::isatty(STDERR_FILENO) == 1) options.progress = draw_progress;
             const vmm::store::tensor_set set = vmm::store::load_safetensors(store, s->file, s->name, options);
             const vmm::store::buffer_info info = store.stat(s->name);
-            fmt::print("loaded {}: {} tensors, {} named, {} stored at {}\n", s->name, info.tensors,
-                       vmm::format_byte_size(info.named_bytes), vmm::format_byte_size(info.capacity),
-                       vmm::to_string(info.where));
+            fmt::print("loaded {}: {} tensors, {} named, capacity {} ({} stored, {} shared) at {}\n", s->name,
+                       info.tensors, vmm::format_byte_size(info.named_bytes),
+                       vmm::format_byte_size(info.capacity), vmm::format_byte_size(info.stored_bytes),
+                       vmm::format_byte_size(info.shared_bytes), vmm::to_string(info.where));
             return vmm::tools::exit_done;
           }};
 }

@@ -144,7 +144,7 @@ void bind_store(py::module_& m) {
       .def(
           "put",
           [](python_client& self, const std::string& name, const std::vector<tensor_row>& rows,
-             const std::string& location) {
+             const std::string& location, bool dedup) {
             std::vector<vmm::store::tensor_source> sources;
             sources.reserve(rows.size());
             for (const auto& [tensor, dtype, shape, data] : rows)
@@ -153,12 +153,17 @@ void bind_store(py::module_& m) {
                    .type = dtype_named(dtype),
                    .shape = shape,
                    .data = reinterpret_cast<const void*>(data)});  // NOLINT(performance-no-int-to-ptr)
+            // De-duplication shares chunks: the layout that gives each large tensor its own.
+            const vmm::store::tensor_set_options options =
+                dedup ? vmm::store::tensor_set_options{.layout = vmm::store::set_layout::per_tensor,
+                                                       .deduplicate = true}
+                      : vmm::store::tensor_set_options{};
             return std::make_shared<python_set>(python_set{
-                vmm::store::tensor_set::put(self.client, name, sources, parse_location(location))});
+                vmm::store::tensor_set::put(self.client, name, sources, parse_location(location), options)});
           },
-          py::arg("name"), py::arg("tensors"), py::arg("location"),
-          "Puts (name, dtype, shape, address) rows as the sealed set `name` at `location`; returns it "
-          "read-only.")
+          py::arg("name"), py::arg("tensors"), py::arg("location"), py::arg("dedup") = false,
+          "Puts (name, dtype, shape, address) rows as the sealed set `name` at `location` (dedup: laid "
+          "out per tensor and de-duplicated); returns it read-only.")
       .def(
           "get",
           [](python_client& self, const std::string& name, const std::vector<std::string>& private_names) {
@@ -192,11 +197,49 @@ void bind_store(py::module_& m) {
               row["sealed"] = info.sealed;
               row["tensors"] = info.tensors;
               row["named_bytes"] = info.named_bytes;
+              row["stored_bytes"] = info.stored_bytes;
+              row["shared_bytes"] = info.shared_bytes;
               rows.append(row);
             }
             return rows;
           },
-          "Every named buffer and set, as dicts of vmm-store ls --json's fields.");
+          "Every named buffer and set, as dicts of vmm-store ls --json's fields.")
+      .def(
+          "stat",
+          [](python_client& self, const std::string& name) {
+            const vmm::store::buffer_info info = self.client.stat(name);
+            py::dict row;
+            row["name"] = info.name;
+            row["location"] = name_of(info.where);
+            row["size"] = info.size;
+            row["capacity"] = info.capacity;
+            row["holders"] = info.holders;
+            row["sealed"] = info.sealed;
+            row["tensors"] = info.tensors;
+            row["named_bytes"] = info.named_bytes;
+            row["stored_bytes"] = info.stored_bytes;
+            row["shared_bytes"] = info.shared_bytes;
+            return row;
+          },
+          py::arg("name"), "One buffer or set, as a dict of list()'s fields.")
+      .def(
+          "statistics",
+          [](python_client& self) {
+            const vmm::store::daemon_statistics s = self.client.statistics();
+            py::dict row;
+            row["connections"] = s.connections;
+            row["entries"] = s.entries;
+            row["named_entries"] = s.named_entries;
+            row["holds"] = s.holds;
+            row["bytes"] = s.bytes;
+            row["capacity"] = s.capacity;
+            row["pool_used"] = s.pool_used;
+            row["pool_reserved"] = s.pool_reserved;
+            row["cached_exports"] = s.cached_exports;
+            row["open_fds"] = s.open_fds;
+            return row;
+          },
+          "The daemon's counters, as a dict of vmm-store stats --json's fields.");
 
   py::class_<python_daemon>(m, "StoreDaemon", "A vmm-store daemon serving on a thread of this process.")
       .def(py::init<const std::string&, std::uint64_t>(), py::arg("path"), py::arg("cap"))

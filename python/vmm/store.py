@@ -78,9 +78,14 @@ class Client:
     def __init__(self, path=None):
         self._native = _vmm.StoreClient(path or "")
 
-    def put(self, name, state_dict, *, location="os_host"):
+    def put(self, name, state_dict, *, location="os_host", dedup=False):
         """Copies every tensor of ``state_dict`` ({name: torch tensor or numpy array, each
         contiguous}) into the new sealed set ``name`` at ``location``; returns it as get() does.
+
+        ``dedup=True``: the set is laid out per tensor and de-duplicated (docs/store.md,
+        "De-duplication"): every tensor whose bytes another set put with ``dedup=True`` holds
+        shares that set's memory, stored and counted once (``stat(name)["stored_bytes"]``).
+        The daemon reads every byte once more to find them.
 
         Raises:
             vmm.InvalidArgumentError: a tensor is not contiguous, a dtype or name is refused.
@@ -88,7 +93,7 @@ class Client:
         """
         keep = dict(state_dict)  # the sources stay alive during the copy
         rows = [_row(str(key), value) for key, value in keep.items()]
-        return _tensors_of(self._native.put(str(name), rows, location), "torch")
+        return _tensors_of(self._native.put(str(name), rows, location, bool(dedup)), "torch")
 
     def get(self, name, *, as_="torch", private=()):
         """The set ``name`` as {tensor name: torch tensor} (``as_="numpy"``: read-only numpy
@@ -127,8 +132,23 @@ class Client:
 
     def list(self):
         """Every named buffer and set: dicts of name, location, size, capacity, holders,
-        sealed, tensors, named_bytes."""
+        sealed, tensors, named_bytes, stored_bytes, shared_bytes."""
         return self._native.list()
+
+    def stat(self, name):
+        """One buffer or set, as a dict of list()'s fields: ``capacity`` is the memory behind
+        it, ``stored_bytes`` what the daemon counts to it (less where it shares chunks with
+        another de-duplicated set), ``shared_bytes`` the part another live set maps too.
+
+        Raises:
+            vmm.Error: no such name, or the daemon is gone.
+        """
+        return self._native.stat(str(name))
+
+    def stats(self):
+        """The daemon's counters (``vmm-store stats --json``): ``bytes`` is what it stores
+        (each shared chunk once), ``capacity`` what its buffers name together."""
+        return self._native.statistics()
 
 
 def _private_names(private):

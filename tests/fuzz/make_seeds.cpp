@@ -473,6 +473,18 @@ void tensor_set_seeds() {
                       .table_bytes = table_bytes},
                      {.op = store::operation::tensors, .entry = 1},
                      {.op = store::operation::list}}));
+  // Two buffers of equal bytes (fresh memory: zeros) sealed with de-duplication share their
+  // chunk; the first removed, the second is counted for it.
+  write_seed(
+      "store_message", "two-buffers-deduplicated",
+      script({{.op = store::operation::hello},
+              {.op = store::operation::create, .name = "a", .where = vmm::location::os_host(), .size = 4096},
+              {.op = store::operation::seal, .name = "a", .deduplicate = true},
+              {.op = store::operation::create, .name = "b", .where = vmm::location::os_host(), .size = 4096},
+              {.op = store::operation::seal, .name = "b", .deduplicate = true},
+              {.op = store::operation::remove, .name = "a"},
+              {.op = store::operation::stat, .name = "b"},
+              {.op = store::operation::statistics}}));
   // An offer of one granule (kind 2: one memfd attached), then a get of it; and an offer in
   // two frames (two memfds, then one), as a client does after a daemon restart.
   const auto offered = [&](const store::request& r, std::uint8_t memfds) {

@@ -197,3 +197,28 @@ def test_a_restarted_daemon_gets_the_set_back_from_a_client_that_reconnects(tmp_
         for name, tensor in source.items():
             assert torch.equal(again[name], tensor)
         assert held["norm.weight"].data_ptr() == address
+
+
+def test_dedup_puts_store_shared_tensors_once(daemon):
+    client = vmm.store.Client(daemon.path)
+    granule = 2 << 20  # the OS provider's: a tensor of a granule has a chunk of its own
+    count = granule // 4
+    embed = numpy.arange(count, dtype="float32")
+    base = {"embed": embed, "layer": numpy.full(count, 1.5, dtype="float32")}
+    tuned = {"embed": embed.copy(), "layer": numpy.full(count, 2.5, dtype="float32")}
+    client.put("base", base, dedup=True)
+    capacity = client.stat("base")["capacity"]
+    assert client.stats()["bytes"] == capacity
+    client.put("tuned", tuned, dedup=True)
+    # Only the changed layer is stored again (the embedding and the table's chunk are shared).
+    row = client.stat("tuned")
+    assert (row["capacity"], row["stored_bytes"], row["shared_bytes"]) == (capacity, granule, capacity - granule)
+    counters = client.stats()
+    assert (counters["bytes"], counters["capacity"]) == (capacity + granule, 2 * capacity)
+    got = vmm.store.Client(daemon.path).get("tuned", as_="numpy")
+    numpy.testing.assert_array_equal(got["embed"], embed)
+    numpy.testing.assert_array_equal(got["layer"], tuned["layer"])
+    # Without dedup nothing is shared.
+    client.put("copy", tuned)
+    assert client.stat("copy")["shared_bytes"] == 0
+    assert client.stats()["bytes"] == capacity + granule + client.stat("copy")["capacity"]

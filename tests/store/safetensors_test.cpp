@@ -240,5 +240,50 @@ TYPED_TEST(safetensors_load_test, the_load_command_loads_and_ls_lists_the_set) {
   EXPECT_TRUE(WIFEXITED(again) && WEXITSTATUS(again) == 1) << again;  // the name is taken
 }
 
+TYPED_TEST(safetensors_load_test, load_with_dedup_shares_the_tensors_two_files_have_alike) {
+  const std::size_t g = provider_for(TypeParam::where())->capabilities().granularity;
+  // An embedding of a granule (a chunk of its own, laid out per tensor), then 16 bytes.
+  const std::string header =
+      fmt::format(R"({{"embed": {{"dtype": "U8", "shape": [{0}], "data_offsets": [0, {0}]}},)"
+                  R"( "w": {{"dtype": "U8", "shape": [16], "data_offsets": [{0}, {1}]}}}})",
+                  g, g + 16);
+  std::vector<std::uint8_t> base = pattern(g + 16, 3);
+  std::vector<std::uint8_t> tuned = base;
+  for (std::size_t i = g; i < g + 16; ++i) tuned[i] ^= 0xff;  // only "w" differs
+  const std::string where = TypeParam::where().kind == memory_kind::os_host ? "host" : "gpu0";
+  const auto load = [&](const std::string& file, const std::vector<std::uint8_t>& data,
+                        const std::string& name, bool dedup) {
+    std::vector<std::string> argv{VMM_STORE_PATH,
+                                  "load",
+                                  write_safetensors(this->file(file), header, data),
+                                  "--name",
+                                  name,
+                                  "--socket",
+                                  this->daemon_->socket(),
+                                  "--location",
+                                  where};
+    if (dedup) argv.push_back("--dedup");
+    child_process tool(argv);
+    const int status = tool.wait();
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << name << ": " << status;
+  };
+  load("base.safetensors", base, "base", true);
+  load("tuned.safetensors", tuned, "tuned", true);
+  load("copy.safetensors", tuned, "copy", false);
+  store::client store = this->connect();
+  const store::buffer_info a = store.stat("base");
+  const store::buffer_info b = store.stat("tuned");
+  const store::buffer_info c = store.stat("copy");
+  EXPECT_GE(b.shared_bytes, g);  // the embedding's chunk at least
+  EXPECT_LT(b.shared_bytes, b.capacity);
+  EXPECT_EQ(b.stored_bytes, b.capacity - b.shared_bytes);
+  EXPECT_EQ(c.shared_bytes, 0u);  // loaded without --dedup
+  EXPECT_EQ(store.statistics().bytes, a.capacity + b.stored_bytes + c.capacity);
+  const store::tensor_set got = store::tensor_set::get(store, "tuned");
+  EXPECT_EQ(
+      read_bytes(*got.memory().provider(), reinterpret_cast<std::uintptr_t>(got.memory().data()), g + 16),
+      tuned);
+}
+
 }  // namespace
 }  // namespace vmm::testing

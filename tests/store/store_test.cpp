@@ -564,6 +564,45 @@ TEST(store_protocol, hold_and_its_versions_round_trip) {
   EXPECT_THROW((void)store::decode_hold_reply(short_reply), ipc::protocol_error);
 }
 
+TEST(store_protocol, seal_flags_and_the_stored_bytes_round_trip) {
+  for (const store::operation op : {store::operation::seal, store::operation::seal_set}) {
+    SCOPED_TRACE(static_cast<int>(op));
+    const store::request asked{
+        .op = op, .name = "set", .table_offset = 4096, .table_bytes = 64, .deduplicate = true};
+    store::request expected = asked;
+    if (op == store::operation::seal) expected.table_offset = expected.table_bytes = 0;  // seal has no table
+    std::vector<std::byte> bytes = store::encode(asked);
+    EXPECT_EQ(bytes[8], std::byte{1});  // the flags byte, right after the header
+    EXPECT_EQ(store::decode_request(bytes), expected);
+    bytes[8] = std::byte{0};
+    EXPECT_FALSE(store::decode_request(bytes).deduplicate);
+    bytes[8] = std::byte{2};
+    EXPECT_THROW((void)store::decode_request(bytes), ipc::protocol_error);  // not 0 or 1
+    bytes[8] = std::byte{1};
+    bytes[15] = std::byte{1};
+    EXPECT_THROW((void)store::decode_request(bytes), ipc::protocol_error);  // a reserved byte
+  }
+  const store::buffer_info info{.name = "ft",
+                                .entry = 2,
+                                .size = 100,
+                                .capacity = 8192,
+                                .max_size = 8192,
+                                .holders = 1,
+                                .sealed = true,
+                                .tensors = 3,
+                                .named_bytes = 90,
+                                .stored_bytes = 4096,
+                                .shared_bytes = 4096};
+  EXPECT_EQ(store::decode_buffer_info(store::encode(info)), info);
+  const std::vector<store::buffer_info> two = {info, info};
+  EXPECT_EQ(store::decode_buffer_infos(store::encode(two)), two);
+  std::vector<std::byte> short_info = store::encode(info);
+  short_info.pop_back();
+  EXPECT_THROW((void)store::decode_buffer_info(short_info), ipc::protocol_error);
+  const store::daemon_statistics counters{.entries = 2, .bytes = 12288, .capacity = 16384, .open_fds = 9};
+  EXPECT_EQ(store::decode_daemon_statistics(store::encode(counters)), counters);
+}
+
 class store_daemon : public ::testing::Test {
  protected:
   temporary_directory directory_;
@@ -915,9 +954,12 @@ TEST_F(store_daemon, the_command_line_client_lists_stats_and_removes) {
   EXPECT_EQ(stat["max_size"], expected.max_size);
   EXPECT_EQ(stat["holders"], expected.holders);
   EXPECT_EQ(stat["sealed"], true);
+  EXPECT_EQ(stat["stored_bytes"], expected.capacity);  // nothing shared
+  EXPECT_EQ(stat["shared_bytes"], 0u);
   const nlohmann::json counters = json_of("stats");
   EXPECT_EQ(counters["named_entries"], 1u) << counters.dump();
   EXPECT_EQ(counters["bytes"], expected.capacity) << counters.dump();
+  EXPECT_EQ(counters["capacity"], expected.capacity) << counters.dump();
   EXPECT_EQ(counters["entries"], store.statistics().entries) << counters.dump();
   EXPECT_TRUE(exited_cleanly(run({"rm", "cli"})));
   const int missing = run({"stat", "cli"});

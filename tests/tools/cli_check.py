@@ -85,7 +85,7 @@ def main():
             result = run(store, "stats", "--socket", socket, "--json")
             counters = json.loads(result.stdout or "{}")
             expect(result.returncode == 0 and list(counters) == [
-                "connections", "entries", "named_entries", "holds", "bytes", "pool_used", "pool_reserved",
+                "connections", "entries", "named_entries", "holds", "bytes", "capacity", "pool_used", "pool_reserved",
                 "cached_exports", "open_fds"] and counters["entries"] == 0 and counters["connections"] == 1,
                 f"stats --json: exit {result.returncode}, {result.stdout!r}")
             result = run(store, "stats", "--socket", socket)

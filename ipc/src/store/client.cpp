@@ -629,18 +629,21 @@ buffer_info client::grow(std::string_view name, std::size_t size) {
       state_->exchange(request{.op = operation::grow, .name = std::string(name), .size = size}));
 }
 
-void client::seal(std::string_view name) {
+void client::seal(std::string_view name, seal_options options) {
   std::lock_guard lock(state_->mutex);
-  (void)state_->exchange(request{.op = operation::seal, .name = std::string(name)});
+  (void)state_->exchange(
+      request{.op = operation::seal, .name = std::string(name), .deduplicate = options.deduplicate});
   state_->cache.erase({std::string(name), access_mode::read_write});
 }
 
-void client::seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes) {
+void client::seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes,
+                      seal_options options) {
   std::lock_guard lock(state_->mutex);
   (void)state_->exchange(request{.op = operation::seal_set,
                                  .name = std::string(name),
                                  .table_offset = table_offset,
-                                 .table_bytes = table_bytes});
+                                 .table_bytes = table_bytes,
+                                 .deduplicate = options.deduplicate});
   state_->cache.erase({std::string(name), access_mode::read_write});
 }
 

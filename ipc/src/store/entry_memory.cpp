@@ -1,6 +1,7 @@
 #include "entry_memory.hpp"
 
 #include <vmm/error.hpp>
+#include <vmm/ipc/importer.hpp>
 #include <vmm/ipc/manifest.hpp>
 #include <vmm/provider.hpp>
 #include <vmm/stream_executor.hpp>
@@ -8,6 +9,19 @@
 #include <fmt/format.h>
 
 namespace vmm::store::detail {
+
+entry_memory::entry_memory(const std::shared_ptr<memory_provider>& provider,
+                           std::span<const shared_chunk> chunks, std::size_t size)
+    : fixed_size_(size) {
+  std::size_t total = 0;
+  for (const shared_chunk& chunk : chunks) total += chunk ? chunk->size() : 0;
+  if (chunks.empty() || total < size)
+    throw invalid_argument(
+        fmt::format("vmm-store: {} chunks of {} bytes hold no {} bytes in use", chunks.size(), total, size));
+  fixed_ = mapped_range(provider, total);
+  for (const shared_chunk& chunk : chunks) fixed_.push_back(chunk);
+  fixed_.set_access(0, total, access_mode::read_only);
+}
 
 entry_memory entry_memory::adopt(location where, std::uint64_t size,
                                  std::span<const std::uint64_t> chunk_sizes, std::vector<unique_fd> fds) {
@@ -29,15 +43,16 @@ entry_memory entry_memory::adopt(location where, std::uint64_t size,
   offered.end = end;
   offered.size = size;
   ipc::validate(offered);  // sizes of the granularity, size within the chunks, ...
-  return entry_memory(
-      ipc::imported_buffer(
-          offered, std::move(fds),
-          {.access = access_mode::read_only, .max_size_limit = end, .keep_descriptors = true}),
-      size);
+  // The importer checks every descriptor; its chunks then live on in this entry's own
+  // mapping, one mechanism for every fixed list of chunks.
+  const ipc::imported_buffer imported(
+      offered, std::move(fds),
+      {.access = access_mode::read_only, .max_size_limit = end, .keep_descriptors = true});
+  return entry_memory(imported.provider(), imported.chunks(), size);
 }
 
 growable_buffer& entry_memory::buffer() {
-  if (!made_) throw invalid_argument("vmm-store: an offered entry has no growable buffer");
+  if (!made_) throw invalid_argument("vmm-store: a sealed entry of fixed chunks has no growable buffer");
   return *made_;
 }
 
@@ -45,29 +60,35 @@ location entry_memory::where() const {
   return provider()->capabilities().where;
 }
 
+std::vector<shared_chunk> entry_memory::chunks() const {
+  if (made_)
+    return made_->capacity() == 0 ? std::vector<shared_chunk>{} : made_->chunks(0, made_->capacity());
+  return fixed_.chunks();
+}
+
 std::vector<std::byte> entry_memory::read(std::uint64_t offset, std::uint64_t bytes) const {
   std::vector<std::byte> copy(bytes);
   if (!copy.empty()) {
     stream_executor& executor = provider()->executor();
-    executor.copy(copy.data(), static_cast<const std::byte*>(data()) + offset, copy.size(), {});
+    executor.copy(copy.data(), data() + offset, copy.size(), {});
     executor.synchronize({});
   }
   return copy;
 }
 
 bool entry_memory::describes(const ipc::manifest& sent) const noexcept {
-  // An offered entry's export names every byte it maps in use (export_chunks).
+  // A fixed entry's export names every byte it maps in use (export_chunks).
   return sent.end == capacity() && sent.size == (made_ ? size() : capacity());
 }
 
 ipc::exported_manifest entry_memory::export_whole(ipc::exporter& out, access_mode grant) const {
   if (made_) return out.export_buffer(*made_, {.grant = grant});
-  return out.export_chunks(adopted_->chunks(), {.grant = grant});
+  return out.export_chunks(fixed_.chunks(), {.grant = grant});
 }
 
 ipc::exported_manifest entry_memory::export_growth(ipc::exporter& out, const ipc::manifest& last,
                                                    access_mode grant) const {
-  if (!made_) throw invalid_argument("vmm-store: an offered entry never grows");
+  if (!made_) throw invalid_argument("vmm-store: a sealed entry of fixed chunks never grows");
   return out.export_growth(*made_, last, {.grant = grant});
 }
 

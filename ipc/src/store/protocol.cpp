@@ -147,6 +147,18 @@ location get_location(reader& in, const char* what, bool* flag = nullptr,
   return location{static_cast<memory_kind>(kind), id};
 }
 
+// seal's and seal_set's flags (bit 0: de-duplicate) and 7 bytes 0.
+void put_seal_flags(writer& out, bool deduplicate) {
+  out.put<std::uint8_t>(deduplicate ? 1 : 0);
+  for (int i = 0; i < 7; ++i) out.put<std::uint8_t>(0);
+}
+
+bool get_seal_flags(reader& in) {
+  const bool deduplicate = in.get_flag("de-duplicate");
+  in.zeros(7);
+  return deduplicate;
+}
+
 }  // namespace
 
 const char* to_string(status code) noexcept {
@@ -246,7 +258,11 @@ std::vector<std::byte> encode(const request& message) {
     case operation::grant:
       out.put<std::uint32_t>(message.pid);
       break;
+    case operation::seal:
+      put_seal_flags(out, message.deduplicate);
+      break;
     case operation::seal_set:
+      put_seal_flags(out, message.deduplicate);
       out.put<std::uint64_t>(message.table_offset).put<std::uint64_t>(message.table_bytes);
       break;
     case operation::tensors:
@@ -327,7 +343,11 @@ request decode_request(std::span<const std::byte> bytes) {
     case operation::grant:
       message.pid = in.get<std::uint32_t>();
       break;
+    case operation::seal:
+      message.deduplicate = get_seal_flags(in);
+      break;
     case operation::seal_set:
+      message.deduplicate = get_seal_flags(in);
       message.table_offset = in.get<std::uint64_t>();
       message.table_bytes = in.get<std::uint64_t>();
       if (message.table_bytes > max_table_bytes)
@@ -395,6 +415,7 @@ std::vector<std::byte> encode(const buffer_info& info) {
   out.put<std::uint64_t>(info.size).put<std::uint64_t>(info.capacity).put<std::uint64_t>(info.max_size);
   out.put<std::uint32_t>(info.holders).put<std::uint8_t>(info.sealed ? 1 : 0);
   out.put<std::uint32_t>(info.tensors).put<std::uint64_t>(info.named_bytes);
+  out.put<std::uint64_t>(info.stored_bytes).put<std::uint64_t>(info.shared_bytes);
   return out.take();
 }
 
@@ -423,8 +444,8 @@ std::vector<std::byte> encode(const hold_reply& reply) {
 
 std::vector<std::byte> encode(const daemon_statistics& c) {
   writer out;
-  for (const std::uint64_t value : {c.connections, c.entries, c.named_entries, c.holds, c.bytes, c.pool_used,
-                                    c.pool_reserved, c.cached_exports, c.open_fds})
+  for (const std::uint64_t value : {c.connections, c.entries, c.named_entries, c.holds, c.bytes, c.capacity,
+                                    c.pool_used, c.pool_reserved, c.cached_exports, c.open_fds})
     out.put<std::uint64_t>(value);
   return out.take();
 }
@@ -467,6 +488,8 @@ buffer_info read_info(reader& in) {
   info.sealed = in.get_flag("sealed");
   info.tensors = in.get<std::uint32_t>();
   info.named_bytes = in.get<std::uint64_t>();
+  info.stored_bytes = in.get<std::uint64_t>();
+  info.shared_bytes = in.get<std::uint64_t>();
   return info;
 }
 }  // namespace
@@ -481,8 +504,8 @@ buffer_info decode_buffer_info(std::span<const std::byte> body) {
 std::vector<buffer_info> decode_buffer_infos(std::span<const std::byte> body) {
   reader in(body, "list reply");
   const std::uint32_t count = in.get<std::uint32_t>();
-  // Each entry takes at least 60 bytes: a count past what the body can hold is a lie.
-  if (count > body.size() / 60)
+  // Each entry takes at least 76 bytes: a count past what the body can hold is a lie.
+  if (count > body.size() / 76)
     throw protocol_error(fmt::format("vmm-store list reply: {} entries in {} bytes", count, body.size()));
   std::vector<buffer_info> infos;
   infos.reserve(count);
@@ -567,8 +590,8 @@ std::vector<tensor_info> decode_tensor_table(std::span<const std::byte> bytes, s
 daemon_statistics decode_daemon_statistics(std::span<const std::byte> body) {
   reader in(body, "statistics reply");
   daemon_statistics c;
-  for (std::uint64_t* field : {&c.connections, &c.entries, &c.named_entries, &c.holds, &c.bytes, &c.pool_used,
-                               &c.pool_reserved, &c.cached_exports, &c.open_fds})
+  for (std::uint64_t* field : {&c.connections, &c.entries, &c.named_entries, &c.holds, &c.bytes, &c.capacity,
+                               &c.pool_used, &c.pool_reserved, &c.cached_exports, &c.open_fds})
     *field = in.get<std::uint64_t>();
   in.finish();
   return c;

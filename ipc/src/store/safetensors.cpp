@@ -305,7 +305,7 @@ tensor_set load_safetensors(client& store, const std::string& path, std::string_
     table.push_back({.name = t.name, .type = t.type, .shape = t.shape});
     total += t.bytes;
   }
-  tensor_set_builder builder(store, name, std::move(table), options.where);
+  tensor_set_builder builder(store, name, std::move(table), options.where, options.set);
   const std::size_t chunk = static_cast<std::size_t>(
       std::min<std::uint64_t>(options.chunk_bytes, std::max<std::uint64_t>(total, 1)));
   const std::vector<piece> pieces = pieces_of(header, chunk);

@@ -22,6 +22,7 @@
 #include <new>
 #include <random>
 
+#include "content_index.hpp"
 #include "daemon_os.hpp"
 #include "entry_memory.hpp"
 #include "vmm/detail/system.hpp"
@@ -67,7 +68,7 @@ struct server::entry {
   std::uint64_t charged_to = 0;  // the connection whose client cap counts it (0: none)
   std::uint32_t holders = 0;
   std::uint32_t slot = no_version_slot;  // its word in the version table
-  std::size_t charged = 0;               // capacity counted in bytes_ (and the charged connection's)
+  std::size_t charged = 0;               // bytes counted in bytes_ (and the charged connection's)
   bool exact_chunks = false;             // one-chunk creations: every create and grow maps one chunk
   detail::entry_memory memory;           // made here, or offered back by a client (entry_memory.hpp)
   // An offered entry: the daemon instance and entry it came from (0: made here).
@@ -81,12 +82,15 @@ struct server::entry {
   std::vector<std::byte> table;
   std::uint32_t tensors = 0;
   std::uint64_t named_bytes = 0;
+  // A de-duplicated entry: the chunks it entered the content index with (content_index.hpp).
+  std::vector<shared_chunk> indexed;
 
   explicit entry(detail::entry_memory m) : memory(std::move(m)) {}
   [[nodiscard]] bool may_write(pid_t pid) const { return pid == creator_pid || writers.contains(pid); }
-  [[nodiscard]] buffer_info info() const {
-    return {name,    id,     memory.where(), memory.size(), memory.capacity(), memory.max_size(),
-            holders, sealed, tensors,        named_bytes};
+  [[nodiscard]] buffer_info info(const detail::content_index& contents) const {
+    return {
+        name,    id,     memory.where(), memory.size(), memory.capacity(), memory.max_size(),
+        holders, sealed, tensors,        named_bytes,   charged,           contents.shared_bytes(indexed)};
   }
 };
 
@@ -131,7 +135,8 @@ struct server::connection {
 server::server(server_options options)
     : options_(std::move(options)),
       versions_(
-          std::make_unique<detail::version_table>(detail::version_table::create(options_.version_slots))) {
+          std::make_unique<detail::version_table>(detail::version_table::create(options_.version_slots))),
+      contents_(std::make_unique<detail::content_index>(options_.test_hash_collisions)) {
   std::random_device random;
   info_.instance = (std::uint64_t{random()} << 32) ^ random() ^ detail::realtime_ns();
   info_.started_ns = detail::realtime_ns();
@@ -289,6 +294,15 @@ void server::destroy_if_unused(std::uint64_t entry_id) noexcept {
   if (e.charged_to != 0)
     if (const auto owner = connections_.find(e.charged_to); owner != connections_.end())
       owner->second->charged -= e.charged;
+  // Its shared chunks that it was counted for: the next entry that maps each is, from now on.
+  contents_->leave(e.id, e.indexed, [&](std::uint64_t next, std::size_t bytes) {
+    entry& payer = *entries_.at(next);
+    payer.charged += bytes;
+    bytes_ += bytes;
+    if (payer.charged_to != 0)
+      if (const auto owner = connections_.find(payer.charged_to); owner != connections_.end())
+        owner->second->charged += bytes;
+  });
   entries_.erase(found);  // gives the chunks back to the pool; closes the cached manifests' fds
   exporter_.purge();      // closes the exporter's fds of those chunks
 }
@@ -347,11 +361,11 @@ class server::dispatch {
         return grant(r);
       case operation::list: {
         std::vector<buffer_info> infos;
-        for (const auto& [name, id] : d_.names_) infos.push_back(d_.entries_.at(id)->info());
+        for (const auto& [name, id] : d_.names_) infos.push_back(d_.entries_.at(id)->info(*d_.contents_));
         return encode(infos);
       }
       case operation::stat:
-        return encode(named(r.name).info());
+        return encode(named(r.name).info(*d_.contents_));
       case operation::remove: {
         entry& e = named(r.name);
         d_.names_.erase(e.name);
@@ -414,6 +428,17 @@ class server::dispatch {
           fmt::format("vmm-store: \"{}\" needs {} more bytes, past the per-client cap (--client-cap {} "
                       "bytes; this client's buffers hold {})",
                       name, more, d_.options_.client_cap, c_.charged)};
+  }
+
+  // Counts `bytes` to `e` from now on, fewer or more than before.
+  void recharge(entry& e, std::size_t bytes) {
+    connection* owner = nullptr;
+    if (e.charged_to != 0)
+      if (const auto found = d_.connections_.find(e.charged_to); found != d_.connections_.end())
+        owner = found->second.get();
+    d_.bytes_ = d_.bytes_ - e.charged + bytes;
+    if (owner != nullptr) owner->charged = owner->charged - e.charged + bytes;
+    e.charged = bytes;
   }
 
   void charge(entry& e, std::size_t capacity) {
@@ -541,10 +566,33 @@ class server::dispatch {
   std::vector<std::byte> seal(const request& r) {
     entry& e = named(r.name);
     check_writer(e, "seal");
+    if (r.deduplicate) deduplicate(e);
     e.sealed = true;
     d_.versions_->bump(e.slot);
     e.whole.erase(access_mode::read_write);
     return {};
+  }
+
+  // Shares `e`'s chunks with those of equal bytes of other de-duplicated entries, and enters
+  // the rest into the index (server.hpp, "De-duplication"). A failure leaves `e` as it was.
+  void deduplicate(entry& e) {
+    const std::vector<shared_chunk> own = e.memory.chunks();
+    if (own.empty()) return;
+    detail::deduplicated_chunks found = d_.contents_->deduplicate(own, e.memory.data(), e.memory.provider());
+    std::optional<detail::entry_memory> composed;
+    if (found.replaced != 0) composed.emplace(e.memory.provider(), found.chunks, e.memory.size());
+    e.indexed = found.chunks;
+    const std::size_t paid = d_.contents_->enter(e.id, found);
+    if (composed) {
+      // Its own chunks that were replaced go back to the pool once nothing holds them: the
+      // cached manifests (and the exporter's descriptors) of the old memory go too, so that no
+      // later get describes it.
+      e.memory = std::move(*composed);
+      e.whole.clear();
+      e.generations.clear();
+      d_.exporter_.purge();
+    }
+    recharge(e, paid);
   }
 
   // Seals a tensor set: its table is copied out of the buffer (the creator may still write
@@ -720,7 +768,7 @@ class server::dispatch {
     buffer.resize(r.size);
     d_.versions_->bump(e.slot);
     charge(e, std::max(e.charged, e.memory.capacity()));
-    return encode(e.info());
+    return encode(e.info(*d_.contents_));
   }
 
   server& d_;
@@ -890,6 +938,7 @@ daemon_statistics server::statistics() const {
   for (const auto& [id, client] : connections_)
     for (const auto& [entry_id, holds] : client->holds) s.holds += holds;
   s.bytes = bytes_;
+  for (const auto& [id, e] : entries_) s.capacity += e->memory.capacity();
   for (const auto& [where, pool] : pools_) {
     const pool_statistics p = pool->statistics();
     s.pool_used += p.used_current;

@@ -115,7 +115,7 @@ tensor_view tensor_set::at(std::string_view name) const {
 
 tensor_set_builder::tensor_set_builder(client& store, std::string_view name, std::vector<tensor_info> tensors,
                                        location where, tensor_set_options options)
-    : store_(&store), name_(name), table_(std::move(tensors)) {
+    : store_(&store), name_(name), table_(std::move(tensors)), deduplicate_(options.deduplicate) {
   // The ends of the chunks before the table's (per_tensor), or none (one chunk).
   std::vector<std::uint64_t> ends;
   std::size_t granularity = 0;
@@ -192,7 +192,7 @@ tensor_set tensor_set_builder::commit() {
   if (committed_ || memory_.data() == nullptr)
     throw invalid_argument(fmt::format("vmm-store: tensor set \"{}\" is committed already", name_));
   const std::uint64_t table_bytes = memory_.size() - table_offset_;
-  store_->seal_set(name_, table_offset_, table_bytes);
+  store_->seal_set(name_, table_offset_, table_bytes, {.deduplicate = deduplicate_});
   // Sealed: the name stays whatever happens from here.
   committed_ = true;
   memory_.release();

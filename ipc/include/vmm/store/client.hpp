@@ -122,6 +122,15 @@ struct create_options {
   bool one_chunk = false;
 };
 
+/// How to seal.
+struct seal_options {
+  /// De-duplicate (docs/store.md, "De-duplication"): the daemon reads every byte of the
+  /// buffer once, and each physical chunk whose bytes equal a chunk of another de-duplicated
+  /// buffer at the same location is shared with it (stored and counted once). Handles made
+  /// before the seal keep mapping the buffer's former memory: get it again to share.
+  bool deduplicate = false;
+};
+
 /// How to get.
 struct get_options {
   /// Map the buffer at addresses that no other handle of this process shares: the cached
@@ -258,11 +267,12 @@ class client {
   [[nodiscard]] buffer create(std::string_view name, std::size_t size, location where,
                               create_options options = {});
   /// No writer any more: writable gets and growth are refused from now on; the buffer
-  /// stays until remove(), whoever holds it.
+  /// stays until remove(), whoever holds it. `options`: de-duplication (seal_options).
   /// @throws vmm::invalid_argument a bad name; nothing was sent.
-  /// @throws store_error not_found, denied; daemon_gone.
+  /// @throws store_error not_found, denied, out_of_memory (de-duplicating: nothing changed);
+  ///         daemon_gone.
   /// @throws vmm::ipc::protocol_error the reply is malformed.
-  void seal(std::string_view name);
+  void seal(std::string_view name, seal_options options = {});
   /// A hold on `name`, mapped with `access`. Read-write only while unsealed and only for
   /// the creator's process or a pid it granted.
   /// @throws vmm::invalid_argument a bad name, or `access` is none; nothing was sent.
@@ -281,12 +291,14 @@ class client {
   buffer_info grow(std::string_view name, std::size_t size);
   /// seal() of a tensor set: the daemon copies the table (tensors.hpp) this process wrote at
   /// [table_offset, table_offset + table_bytes) of `name`, checks it against the bytes
-  /// before table_offset, keeps it and seals. vmm::store::tensor_set_builder calls this.
+  /// before table_offset, keeps it and seals, de-duplicating as `options` say.
+  /// vmm::store::tensor_set_builder calls this.
   /// @throws vmm::invalid_argument a bad name; nothing was sent.
   /// @throws store_error not_found, sealed, denied, invalid (the table breaks a rule: the
-  ///         message names it; nothing changed); daemon_gone.
+  ///         message names it; nothing changed), out_of_memory (as seal); daemon_gone.
   /// @throws vmm::ipc::protocol_error the reply is malformed.
-  void seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes);
+  void seal_set(std::string_view name, std::uint64_t table_offset, std::uint64_t table_bytes,
+                seal_options options = {});
   /// The table of the tensor set that `held` maps, checked against its size.
   /// @throws vmm::invalid_argument `held` is empty.
   /// @throws store_error invalid (a plain buffer), not_found; daemon_gone.

@@ -25,11 +25,11 @@
 /// the word's value. A client that maps an entry already and reads that value still knows
 /// the entry unchanged: it takes a hold with a hold request (no reply) instead of a get.
 ///
-/// Wire format, version 4. Little-endian, no padding.
+/// Wire format, version 5. Little-endian, no padding.
 ///
 ///   request
 ///     0  4 magic    "VMMS" (0x534d4d56 read as a little-endian u32)
-///     4  2 version  4
+///     4  2 version  5
 ///     6  2 op       operation
 ///     8  .. body    by op, exactly (trailing bytes are refused):
 ///        hello       nothing
@@ -39,7 +39,10 @@
 ///                    as one physical chunk, and each grow maps exactly its growth as one
 ///                    more (a tensor set: one handle to import, or chunks that end where
 ///                    its tensors end)
-///        seal        name
+///        seal        flags u8 (bit 0: de-duplicate, below; the others 0), 7 bytes 0, name.
+///                    De-duplicate: each chunk whose bytes equal a chunk of another sealed,
+///                    de-duplicated entry at the same location maps that chunk instead
+///                    (docs/store.md, "De-duplication")
 ///        get         access u8 (1 read-only, 2 read-write), 7 bytes 0, cached entry u64,
 ///                    cached generation u64, cached end u64 (all 0: nothing cached), name
 ///        refresh     entry u64, generation u64, end u64
@@ -49,7 +52,8 @@
 ///        grant       pid u32, name
 ///        list, statistics   nothing
 ///        stat, remove       name
-///        seal_set    table offset u64, table bytes u64, name: seal a tensor set whose
+///        seal_set    flags u8 (as seal's), 7 bytes 0, table offset u64, table bytes u64,
+///                    name: seal a tensor set whose
 ///                    table (tensors.hpp) the creator wrote at [offset, offset + bytes) of
 ///                    the buffer, every tensor inside [0, offset)
 ///        tensors     entry u64 (one this client holds): the table of its tensor set
@@ -68,7 +72,7 @@
 ///
 ///   reply
 ///     0  4 magic    "VMMR" (0x524d4d56)
-///     4  2 version  4
+///     4  2 version  5
 ///     6  2 status   0 ok, else an error (status below)
 ///     8  .. body:   error: u16 length + message (UTF-8, at most 4096 bytes);
 ///                   ok: by the request's op (reply structs below, encoded field by field)
@@ -93,7 +97,7 @@ namespace vmm::store {
 inline constexpr std::uint32_t request_magic = 0x534d4d56;
 inline constexpr std::uint32_t reply_magic = 0x524d4d56;
 /// The version this library writes and the only one it reads.
-inline constexpr std::uint16_t protocol_version = 4;
+inline constexpr std::uint16_t protocol_version = 5;
 /// The longest name, in bytes.
 inline constexpr std::size_t max_name_bytes = 255;
 /// The largest request payload: every request fits in far less. Larger frames are refused
@@ -163,6 +167,7 @@ struct request {
   std::uint32_t pid = 0;                        ///< grant
   std::uint64_t table_offset = 0;               ///< seal_set
   std::uint64_t table_bytes = 0;                ///< seal_set, offer
+  bool deduplicate = false;                     ///< seal, seal_set: share chunks of equal bytes
   bool tensor_set = false;                      ///< offer: a tensor set, its table at table_offset
   std::uint64_t origin = 0;                     ///< offer: the instance of the daemon it came from
   std::uint32_t chunk_total = 0;                ///< offer: chunks of the whole offer
@@ -197,6 +202,11 @@ struct buffer_info {
   bool sealed = false;
   std::uint32_t tensors = 0;      ///< tensors of its set (0: a plain buffer)
   std::uint64_t named_bytes = 0;  ///< bytes its tensors name together
+  /// Bytes of physical memory counted to it (by the caps and daemon_statistics::bytes): its
+  /// capacity, less the chunks it shares that another buffer pays for (de-duplication).
+  std::uint64_t stored_bytes = 0;
+  /// Bytes of its capacity in chunks that another live buffer maps too.
+  std::uint64_t shared_bytes = 0;
   friend bool operator==(const buffer_info&, const buffer_info&) = default;
 };
 
@@ -238,7 +248,9 @@ struct daemon_statistics {
   std::uint64_t entries = 0;         ///< buffers alive, named or removed but still held
   std::uint64_t named_entries = 0;   ///< buffers that a name reaches
   std::uint64_t holds = 0;           ///< holds of every connection together
-  std::uint64_t bytes = 0;           ///< capacity of every live buffer (what the cap counts)
+  std::uint64_t bytes = 0;           ///< bytes stored: physical memory of every live buffer,
+                                     ///< each chunk once (what the cap counts)
+  std::uint64_t capacity = 0;        ///< bytes named: every live buffer's capacity added up
   std::uint64_t pool_used = 0;       ///< chunk pools' used_current, every location
   std::uint64_t pool_reserved = 0;   ///< chunk pools' reserved_current, every location
   std::uint64_t cached_exports = 0;  ///< the exporter's cached chunks

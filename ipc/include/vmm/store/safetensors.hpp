@@ -84,6 +84,9 @@ struct load_options {
   /// Called after each chunk with the bytes read and the bytes to read (may be empty), from
   /// the reading threads, one call at a time.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;
+  /// The set's layout and seal (tensor_set_options): per_tensor with deduplicate shares the
+  /// tensors whose bytes another de-duplicated set holds (vmm-store load --dedup).
+  tensor_set_options set;
 };
 
 /// The readers of a load whose load_options::readers is 0: half the cores, from 1 to 8.

@@ -60,9 +60,20 @@
 /// unsupported_version) reply, and its connection is closed once that reply is written. One
 /// connection's misbehaviour never changes another's state, nor delays another's replies.
 ///
-/// Caps. `cap` bounds the capacity of every live entry together (removed but held ones
-/// included), `client_cap` what one connection's live creations hold; each is checked
+/// Caps. `cap` bounds the physical memory of every live entry together (removed but held
+/// ones included), `client_cap` what one connection's live creations hold; each is checked
 /// before any memory is taken, and a refusal names the cap, its value and the need.
+///
+/// De-duplication. A seal that asks for it (request::deduplicate) compares the entry's chunks
+/// with those of the other de-duplicated entries (content_index.hpp): a chunk of equal bytes
+/// at the same location takes the place of the entry's own, which goes back to the pool, and
+/// the entry's memory becomes that fixed list of chunks mapped read-only here. A chunk that
+/// several entries map is counted once, to one of them: the caps and daemon_statistics::bytes
+/// count stored bytes, and buffer_info::stored_bytes says what each entry is counted for. When
+/// the entry counted for a chunk ends, the next one that maps it is counted for it (which no
+/// cap refuses). A writer that still maps the entry from before the seal writes memory that
+/// is no longer the entry's, or is shared: de-duplication trusts that nothing writes a sealed
+/// entry.
 
 #include <vmm/chunk_pool.hpp>
 #include <vmm/growable_buffer.hpp>
@@ -87,7 +98,8 @@ namespace vmm::store {
 
 namespace detail {
 class version_table;
-}
+class content_index;
+}  // namespace detail
 
 /// How a server runs.
 struct server_options {
@@ -113,6 +125,9 @@ struct server_options {
   /// written): entries beyond this many live at once get none, and their holders go to the
   /// daemon at every get. 0: no table.
   std::size_t version_slots = std::size_t{1} << 16;
+  /// For tests: every chunk hashes alike, so that each de-duplicating lookup finds every
+  /// chunk of its location and size, and only the comparison of bytes decides what is shared.
+  bool test_hash_collisions = false;
 };
 
 /// The daemon. See the file comment. Not thread-safe, except stop().
@@ -175,6 +190,7 @@ class server {
 
   server_options options_;
   std::unique_ptr<detail::version_table> versions_;  // version_table.hpp
+  std::unique_ptr<detail::content_index> contents_;  // content_index.hpp: de-duplicated chunks
   daemon_info info_;
   unique_fd listener_;
   unique_fd wake_read_, wake_write_;  // stop(): a byte on this pipe ends poll
@@ -186,7 +202,7 @@ class server {
   std::map<std::uint64_t, std::unique_ptr<connection>> connections_;
   std::uint64_t next_entry_ = 1;
   std::uint64_t next_connection_ = 1;
-  std::size_t bytes_ = 0;  // capacity of every live entry
+  std::size_t bytes_ = 0;  // physical memory of every live entry, each chunk once: what `cap` counts
 };
 
 }  // namespace vmm::store

@@ -34,6 +34,10 @@
 /// each tensor's range, and commit() writes the table and seals. A builder not committed
 /// (an exception, a refusal of the table) removes the name again: a failed put leaves
 /// nothing in the store. put() is a builder filled from pointers.
+///
+/// De-duplication (tensor_set_options::deduplicate). commit() drops the builder's writable
+/// mapping before it gets the set read-only, so the set this process holds maps the chunks
+/// the daemon kept: a put that shares memory leaves no second copy here either.
 
 #include <vmm/location.hpp>
 #include <vmm/store/client.hpp>
@@ -69,6 +73,11 @@ enum class set_layout : std::uint8_t {
 /// How to put a set.
 struct tensor_set_options {
   set_layout layout = set_layout::one_chunk;
+  /// Seal with de-duplication (seal_options::deduplicate; docs/store.md, "De-duplication"):
+  /// each chunk whose bytes equal a chunk of another de-duplicated set is stored once. The
+  /// unit is a chunk, so per_tensor is the layout that lets single tensors be shared. It costs
+  /// the daemon a read of every byte at the seal.
+  bool deduplicate = false;
 };
 
 /// A tensor of a set as this process maps it: read-only.
@@ -190,6 +199,7 @@ class tensor_set_builder {
   std::string name_;
   std::vector<tensor_info> table_;
   std::uint64_t table_offset_ = 0;
+  bool deduplicate_ = false;
   buffer memory_;
   bool committed_ = false;
 };
