@@ -370,6 +370,26 @@ void BM_load_safetensors(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * model_bytes()));
 }
 
+// What BM_load_safetensors costs without reading the file or copying: the set's memory made
+// (created and mapped by the daemon, imported by this process), sealed and got again.
+void BM_load_create_only(benchmark::State& state) {
+  const vmm::location where = have_gpu() ? vmm::location::device(0) : vmm::location::os_host();
+  std::vector<vmm::store::tensor_info> table;
+  for (const vmm::store::tensor_info& t : vmm::store::read_safetensors_header(model_path()).tensors)
+    table.push_back({.name = t.name, .type = t.type, .shape = t.shape});
+  for (auto _ : state) {
+    {
+      vmm::store::tensor_set_builder builder(*store, "bench/create", table, where);
+      const vmm::store::tensor_set set = builder.commit();
+      benchmark::DoNotOptimize(set.memory().data());
+    }
+    state.PauseTiming();
+    store->remove("bench/create");
+    state.ResumeTiming();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * model_bytes()));
+}
+
 void BM_load_pinned_h2d(benchmark::State& state) {
   if (!have_gpu()) return state.SkipWithError("no GPU: no host-to-device copy");
   const std::size_t chunk = std::size_t{16} << 20;
@@ -457,6 +477,7 @@ BENCHMARK(BM_own_copy)
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_load_safetensors)->Iterations(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_load_create_only)->Iterations(2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_load_pinned_h2d)->Iterations(2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_read_file)
     ->Apply([](benchmark::internal::Benchmark* b) {

@@ -503,7 +503,9 @@ TYPED_TEST(tensor_set_test, a_restarted_daemon_gets_a_set_back_from_the_clients_
   const store::daemon_statistics s = store.statistics();
   EXPECT_EQ(s.entries, 0u);
   EXPECT_EQ(s.bytes, 0u);
-  EXPECT_EQ(s.open_fds, empty_fds);  // `other`'s socket then, this client's now
+  EXPECT_EQ(s.open_fds, empty_fds)  // `other`'s socket then, this client's now
+      << "the daemon's descriptors now:\n"
+      << open_fd_targets(this->daemon_->process().pid());
 }
 
 // reoffer_after_restart: the client's own thread sees the daemon die, waits for the new
