@@ -169,7 +169,7 @@ class resource_stream_order : public gpu_test {
         for (int waited_ms = 0; waited_ms < 1000 && !(ran = !busy(b.get())); ++waited_ms)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         ran = ran && busy(a.get());  // b's kernel ended while a's was still held
-      }  // released and waited for
+      }                              // released and waited for
       b.synchronize();
       resource->deallocate(a.get(), held, page_);
       resource->deallocate(b.get(), other, page_);
