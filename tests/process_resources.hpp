@@ -71,6 +71,30 @@ inline std::vector<address_interval> process_mappings() {
   return ranges;
 }
 
+// The line of /proc/self/maps holding an address: its permissions ("r-", "rw") and its
+// file's inode (0: anonymous memory, or no line holds the address).
+struct mapped_at {
+  std::string perms;
+  std::uint64_t inode = 0;
+  friend bool operator==(const mapped_at&, const mapped_at&) = default;
+};
+
+inline mapped_at mapping_of(const void* data) {
+  const auto address = reinterpret_cast<std::uintptr_t>(data);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    std::istringstream fields(line);
+    std::string span, perms, offset, device;
+    std::uint64_t inode = 0;
+    fields >> span >> perms >> offset >> device >> inode;
+    const auto dash = span.find('-');
+    const std::uintptr_t start = std::stoull(span.substr(0, dash), nullptr, 16);
+    const std::uintptr_t end = std::stoull(span.substr(dash + 1), nullptr, 16);
+    if (address >= start && address < end) return {perms.substr(0, 2), inode};
+  }
+  return {};
+}
+
 inline std::size_t memfd_mappings(const std::vector<address_interval>& ranges) {
   return static_cast<std::size_t>(std::ranges::count_if(ranges, &address_interval::memfd));
 }

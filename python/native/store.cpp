@@ -54,6 +54,22 @@ struct python_private_bytes {
 // (name, dtype name, shape, data address): what put() takes and tensors() gives, per tensor.
 using tensor_row = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t>;
 
+// One buffer or set as a dict of `vmm-store ls --json`'s fields: what list() and stat() give.
+py::dict row_of(const vmm::store::buffer_info& info) {
+  py::dict row;
+  row["name"] = info.name;
+  row["location"] = name_of(info.where);
+  row["size"] = info.size;
+  row["capacity"] = info.capacity;
+  row["holders"] = info.holders;
+  row["sealed"] = info.sealed;
+  row["tensors"] = info.tensors;
+  row["named_bytes"] = info.named_bytes;
+  row["stored_bytes"] = info.stored_bytes;
+  row["shared_bytes"] = info.shared_bytes;
+  return row;
+}
+
 vmm::store::dtype dtype_named(const std::string& name) {
   const auto found = vmm::store::dtype_from_name(name);
   if (!found) throw vmm::invalid_argument(fmt::format("dtype \"{}\" is not a safetensors dtype", name));
@@ -187,40 +203,12 @@ void bind_store(py::module_& m) {
           "list",
           [](python_client& self) {
             py::list rows;
-            for (const vmm::store::buffer_info& info : self.client.list()) {
-              py::dict row;
-              row["name"] = info.name;
-              row["location"] = name_of(info.where);
-              row["size"] = info.size;
-              row["capacity"] = info.capacity;
-              row["holders"] = info.holders;
-              row["sealed"] = info.sealed;
-              row["tensors"] = info.tensors;
-              row["named_bytes"] = info.named_bytes;
-              row["stored_bytes"] = info.stored_bytes;
-              row["shared_bytes"] = info.shared_bytes;
-              rows.append(row);
-            }
+            for (const vmm::store::buffer_info& info : self.client.list()) rows.append(row_of(info));
             return rows;
           },
           "Every named buffer and set, as dicts of vmm-store ls --json's fields.")
       .def(
-          "stat",
-          [](python_client& self, const std::string& name) {
-            const vmm::store::buffer_info info = self.client.stat(name);
-            py::dict row;
-            row["name"] = info.name;
-            row["location"] = name_of(info.where);
-            row["size"] = info.size;
-            row["capacity"] = info.capacity;
-            row["holders"] = info.holders;
-            row["sealed"] = info.sealed;
-            row["tensors"] = info.tensors;
-            row["named_bytes"] = info.named_bytes;
-            row["stored_bytes"] = info.stored_bytes;
-            row["shared_bytes"] = info.shared_bytes;
-            return row;
-          },
+          "stat", [](python_client& self, const std::string& name) { return row_of(self.client.stat(name)); },
           py::arg("name"), "One buffer or set, as a dict of list()'s fields.")
       .def(
           "statistics",

@@ -20,6 +20,7 @@
 
 #include "helpers/store_peer_protocol.hpp"
 #include "memory_io.hpp"
+#include "process_resources.hpp"
 #include "provider_kinds.hpp"
 #include "vmm/store/client.hpp"
 #include "vmm/store/server.hpp"
@@ -30,24 +31,6 @@ namespace vmm::testing {
 namespace {
 
 using store::dtype;
-
-// The inode of the memfd that an address of this process maps (0: none found).
-std::uint64_t inode_of(const void* data) {
-  const auto address = reinterpret_cast<std::uintptr_t>(data);
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    std::string span, perms, offset, device;
-    std::uint64_t inode = 0;
-    fields >> span >> perms >> offset >> device >> inode;
-    const auto dash = span.find('-');
-    const std::uintptr_t start = std::stoull(span.substr(0, dash), nullptr, 16);
-    const std::uintptr_t end = std::stoull(span.substr(dash + 1), nullptr, 16);
-    if (address >= start && address < end) return inode;
-  }
-  return 0;
-}
 
 // One tensor to put: a name, a length in bytes (u8) and the seed of its pattern.
 struct tensor_spec {
@@ -182,9 +165,9 @@ TYPED_TEST(dedup_test, a_fine_tune_stores_only_the_chunks_it_changed) {
   EXPECT_EQ(this->read_elsewhere("base", "layer.1"), this->checksum_of(b[2]));
   if constexpr (TestFixture::os_host) {
     // The set put returned maps the base's memory where they share: no second copy here.
-    EXPECT_EQ(inode_of(tuned.at("embed").data), inode_of(base.at("embed").data));
-    EXPECT_EQ(inode_of(tuned.at("layer.0").data), inode_of(base.at("layer.0").data));
-    EXPECT_NE(inode_of(tuned.at("layer.1").data), inode_of(base.at("layer.1").data));
+    EXPECT_EQ(mapping_of(tuned.at("embed").data).inode, mapping_of(base.at("embed").data).inode);
+    EXPECT_EQ(mapping_of(tuned.at("layer.0").data).inode, mapping_of(base.at("layer.0").data).inode);
+    EXPECT_NE(mapping_of(tuned.at("layer.1").data).inode, mapping_of(base.at("layer.1").data).inode);
   }
 }
 
@@ -265,7 +248,7 @@ TYPED_TEST(dedup_test, one_embedding_in_two_different_models_is_stored_once) {
   EXPECT_EQ(this->read_elsewhere("two", "two.v"), this->checksum_of(two[1]));
   EXPECT_EQ(this->read_here(b, "tok_embeddings"), pattern(embed.bytes, embed.seed));
   if constexpr (TestFixture::os_host) {
-    EXPECT_EQ(inode_of(a.at("tok_embeddings").data), inode_of(b.at("tok_embeddings").data));
+    EXPECT_EQ(mapping_of(a.at("tok_embeddings").data).inode, mapping_of(b.at("tok_embeddings").data).inode);
   }
 }
 
@@ -348,7 +331,7 @@ TYPED_TEST(dedup_test, without_the_flag_nothing_is_shared) {
     EXPECT_EQ(store.stat(name).shared_bytes, 0u) << name;
   }
   if constexpr (TestFixture::os_host) {
-    EXPECT_NE(inode_of(base.at("embed").data), inode_of(copy.at("embed").data));
+    EXPECT_NE(mapping_of(base.at("embed").data).inode, mapping_of(copy.at("embed").data).inode);
   }
 }
 

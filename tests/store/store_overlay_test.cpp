@@ -20,6 +20,8 @@
 #include "fault_injection.hpp"  // vmm/src: test-only fault injection
 #include "helpers/store_peer_protocol.hpp"
 #include "memory_io.hpp"
+#include "message_of.hpp"
+#include "process_resources.hpp"
 #include "provider_kinds.hpp"
 #include "vmm/retirement.hpp"
 #include "vmm/store/client.hpp"
@@ -32,41 +34,6 @@ namespace {
 namespace fault = vmm::detail::fault;
 using store::dtype;
 using store::tensor_info;
-
-// What `run` throws, as a string; empty when it throws nothing of type E.
-template <class E, class F>
-std::string message_of(F&& run) {
-  try {
-    run();
-  } catch (const E& error) {
-    return error.what();
-  }
-  return {};
-}
-
-// The line of /proc/self/maps holding an address: its permissions and its file's inode.
-struct mapped_at {
-  std::string perms;
-  std::uint64_t inode = 0;
-  friend bool operator==(const mapped_at&, const mapped_at&) = default;
-};
-
-mapped_at mapping_of(const void* data) {
-  const auto address = reinterpret_cast<std::uintptr_t>(data);
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    std::string span, perms, offset, device;
-    std::uint64_t inode = 0;
-    fields >> span >> perms >> offset >> device >> inode;
-    const auto dash = span.find('-');
-    const std::uintptr_t start = std::stoull(span.substr(0, dash), nullptr, 16);
-    const std::uintptr_t end = std::stoull(span.substr(dash + 1), nullptr, 16);
-    if (address >= start && address < end) return {perms.substr(0, 2), inode};
-  }
-  return {};
-}
 
 template <class Kind>
 class overlay_test : public provider_test<Kind> {

@@ -19,6 +19,7 @@
 
 #include "helpers/store_peer_protocol.hpp"
 #include "memory_io.hpp"
+#include "message_of.hpp"
 #include "process_resources.hpp"
 #include "provider_kinds.hpp"
 #include "vmm/ipc/fd_channel.hpp"
@@ -33,17 +34,6 @@ namespace {
 using store::dtype;
 using store::status;
 using store::tensor_info;
-
-// What `run` throws, as a string; empty when it throws nothing of type E.
-template <class E, class F>
-std::string message_of(F&& run) {
-  try {
-    run();
-  } catch (const E& error) {
-    return error.what();
-  }
-  return {};
-}
 
 std::vector<tensor_info> three_tensors() {
   std::vector<tensor_info> table = {{.name = "embed.weight", .type = dtype::bf16, .shape = {4, 3}},
