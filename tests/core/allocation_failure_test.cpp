@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <new>
+#include <optional>
+#include <string>
 
 #include "vmm/chunk_pool.hpp"
 #include "vmm/ipc/fd_channel.hpp"
@@ -139,6 +141,105 @@ TEST(allocation_failure, the_store_daemon_serves_on_when_a_request_cannot_alloca
     if (!failed) break;  // the turn needed fewer than n allocations: each one has failed
   }
   EXPECT_GT(failures, 5);
+}
+
+// A de-duplicating seal that could not allocate entered part of its chunks in the daemon's
+// content index and was refused: asked again, it counted the entry twice on those chunks, and
+// once the entry ended the other one still reported them shared. Now a refused seal leaves
+// the index as it was. Every allocation of the seal's turn is made to fail, one after another;
+// both entries are two chunks of zeros, so the second shares both of the first's.
+TEST(allocation_failure, a_deduplicating_seal_that_cannot_allocate_leaves_the_index_as_it_was) {
+  using namespace std::chrono_literals;
+  constexpr std::size_t g = std::size_t{2} << 20;
+  const auto send = [](int socket, const store::request& r) { ipc::send_message(socket, store::encode(r)); };
+  const auto answer = [](int socket) {
+    return store::decode_reply(ipc::receive_message(socket, {}, 1000ms).payload);
+  };
+  int failures = 0;
+  for (int n = 1;; ++n) {
+    store::server daemon({});
+    const auto serve = [&] {
+      for (int turn = 0; turn < 4; ++turn) ASSERT_TRUE(daemon.serve_once(0ms)) << "allocation " << n;
+    };
+    const auto connect = [&] {
+      auto [client, served] = ipc::make_socket_pair();
+      daemon.add_connection(std::move(served), ::getpid(), ::getuid());
+      return std::move(client);
+    };
+    const auto stat = [&](int socket, const std::string& name) {
+      send(socket, {.op = store::operation::stat, .name = name});
+      serve();
+      const store::reply got = answer(socket);
+      return got.code == store::status::ok ? std::optional(store::decode_buffer_info(got.body))
+                                           : std::nullopt;
+    };
+    unique_fd client = connect();
+    // Two chunks of g, made with nothing failing.
+    const auto make = [&](const std::string& name) {
+      send(client.get(), {.op = store::operation::create,
+                          .name = name,
+                          .where = location::os_host(),
+                          .size = g,
+                          .max_size = 2 * g,
+                          .one_chunk = true});
+      serve();
+      const store::reply created = answer(client.get());
+      ASSERT_EQ(created.code, store::status::ok) << created.message;
+      (void)ipc::receive_message(client.get(), {}, 1000ms);  // the manifest (its fds close)
+      send(client.get(), {.op = store::operation::grow, .name = name, .size = 2 * g});
+      serve();
+      const store::reply grown = answer(client.get());
+      ASSERT_EQ(grown.code, store::status::ok) << grown.message;
+    };
+    make("first");
+    send(client.get(), {.op = store::operation::seal, .name = "first", .deduplicate = true});
+    serve();
+    ASSERT_EQ(answer(client.get()).code, store::status::ok);
+    make("second");
+    send(client.get(), {.op = store::operation::seal, .name = "second", .deduplicate = true});
+    fail_countdown = n;
+    serve();
+    const bool failed = fail_countdown.exchange(0) == 0;
+    failures += failed ? 1 : 0;
+    unique_fd other = connect();
+    const bool connected = daemon.statistics().connections == 2;
+    if (connected) {
+      const store::reply sealed = answer(client.get());
+      if (sealed.code != store::status::ok) {
+        EXPECT_TRUE(failed) << "allocation " << n << ": " << sealed.message;
+        EXPECT_EQ(sealed.code, store::status::out_of_memory) << "allocation " << n << ": " << sealed.message;
+        // Asked again, with nothing failing.
+        send(client.get(), {.op = store::operation::seal, .name = "second", .deduplicate = true});
+        serve();
+        ASSERT_EQ(answer(client.get()).code, store::status::ok) << "allocation " << n;
+      }
+    } else {
+      EXPECT_TRUE(failed) << "allocation " << n;
+    }
+    client.reset();  // its holds go; an unsealed "second" goes with its creator
+    serve();
+    const std::optional<store::buffer_info> second = stat(other.get(), "second");
+    if (second) {
+      EXPECT_TRUE(second->sealed) << "allocation " << n;
+      EXPECT_EQ(second->shared_bytes, 2 * g) << "allocation " << n;
+      EXPECT_EQ(second->stored_bytes, 0u) << "allocation " << n;
+      EXPECT_EQ(stat(other.get(), "first")->shared_bytes, 2 * g) << "allocation " << n;
+      send(other.get(), {.op = store::operation::remove, .name = "second"});
+      serve();
+      ASSERT_EQ(answer(other.get()).code, store::status::ok) << "allocation " << n;
+    } else {
+      EXPECT_FALSE(connected) << "allocation " << n << ": a refused seal lost its entry";
+    }
+    // "second" ended either way: "first" shares with nobody, and pays for its own two chunks.
+    const std::optional<store::buffer_info> first = stat(other.get(), "first");
+    ASSERT_TRUE(first) << "allocation " << n;
+    EXPECT_EQ(first->shared_bytes, 0u) << "allocation " << n;
+    EXPECT_EQ(first->stored_bytes, 2 * g) << "allocation " << n;
+    EXPECT_EQ(daemon.statistics().entries, 1u) << "allocation " << n;
+    EXPECT_EQ(daemon.statistics().bytes, 2 * g) << "allocation " << n;
+    if (!failed) break;  // the seal needed fewer than n allocations: each one has failed
+  }
+  EXPECT_GT(failures, 3);
 }
 
 }  // namespace

@@ -106,16 +106,29 @@ deduplicated_chunks content_index::deduplicate(std::span<const shared_chunk> chu
 
 std::size_t content_index::enter(std::uint64_t entry, const deduplicated_chunks& found) {
   std::size_t paid = 0;
-  for (std::size_t i = 0; i < found.chunks.size(); ++i) {
-    const shared_chunk& chunk = found.chunks[i];
-    if (const auto known = records_.find(chunk.get()); known != records_.end()) {
-      known->second.users.push_back(entry);
-      continue;
+  std::size_t i = 0;
+  try {
+    for (; i < found.chunks.size(); ++i) {
+      const shared_chunk& chunk = found.chunks[i];
+      if (const auto known = records_.find(chunk.get()); known != records_.end()) {
+        known->second.users.push_back(entry);
+        continue;
+      }
+      const key found_by{found.where, chunk->size(), found.hashes[i]};
+      const auto made = records_.emplace(chunk.get(), record{found_by, {entry}}).first;
+      try {
+        by_content_.emplace(found_by, chunk);
+      } catch (...) {
+        records_.erase(made);
+        throw;
+      }
+      paid += chunk->size();
     }
-    const key found_by{found.where, chunk->size(), found.hashes[i]};
-    records_.emplace(chunk.get(), record{found_by, {entry}});
-    by_content_.emplace(found_by, chunk);
-    paid += chunk->size();
+  } catch (...) {
+    // All or nothing: the chunks entered so far leave again (leave_one allocates nothing), so
+    // that a seal refused here and asked again does not count `entry` twice.
+    while (i-- > 0) (void)leave_one(entry, found.chunks[i]);
+    throw;
   }
   return paid;
 }

@@ -74,7 +74,8 @@ class content_index {
   [[nodiscard]] deduplicated_chunks deduplicate(std::span<const shared_chunk> chunks, const std::byte* base,
                                                 const std::shared_ptr<memory_provider>& provider) const;
   // `entry` maps found.chunks from now on: the chunks new to the index enter it, paid for by
-  // `entry`. Returns the bytes `entry` pays for. Throws std::bad_alloc.
+  // `entry`. Returns the bytes `entry` pays for. Throws std::bad_alloc, and then has entered
+  // nothing.
   std::size_t enter(std::uint64_t entry, const deduplicated_chunks& found);
 
   // `entry`, which mapped `chunks` (what it entered with), ended: it leaves each chunk's record,

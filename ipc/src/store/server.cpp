@@ -581,8 +581,9 @@ class server::dispatch {
     detail::deduplicated_chunks found = d_.contents_->deduplicate(own, e.memory.data(), e.memory.provider());
     std::optional<detail::entry_memory> composed;
     if (found.replaced != 0) composed.emplace(e.memory.provider(), found.chunks, e.memory.size());
-    e.indexed = found.chunks;
-    const std::size_t paid = d_.contents_->enter(e.id, found);
+    std::vector<shared_chunk> indexed = found.chunks;
+    const std::size_t paid = d_.contents_->enter(e.id, found);  // the last step that may fail
+    e.indexed = std::move(indexed);
     if (composed) {
       // Its own chunks that were replaced go back to the pool once nothing holds them: the
       // cached manifests (and the exporter's descriptors) of the old memory go too, so that no
@@ -870,8 +871,11 @@ void server::serve(connection& client, std::span<const std::byte> payload, std::
   std::vector<std::byte> reply;
   dispatch handler(*this, client);
   handler.fds = std::move(fds);
+  bool ran = false;  // the request took effect
   try {
-    reply = encode_ok(handler.run(asked));
+    const std::vector<std::byte> body = handler.run(asked);
+    ran = true;
+    reply = encode_ok(body);
   } catch (const refusal& refused) {
     reply = encode_error(refused.code, refused.message);
     handler.manifest = nullptr;
@@ -885,6 +889,9 @@ void server::serve(connection& client, std::span<const std::byte> payload, std::
     reply = encode_error(status::invalid, error.what());
     handler.manifest = nullptr;
   } catch (const std::bad_alloc&) {
+    // A request that took effect is never answered as refused: without memory for its reply,
+    // its connection closes instead (turn()), and the client finds out what happened anew.
+    if (ran) throw;
     reply =
         encode_error(status::out_of_memory, "vmm-store: the daemon ran out of host memory for this request");
     handler.manifest = nullptr;
