@@ -1,6 +1,7 @@
 // vmm::parse_byte_size and vmm::format_byte_size (vmm/byte_size.hpp): every spelling the
 // header allows, every one it refuses with the reason, the edges of 2^64.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -100,7 +101,7 @@ TEST(byte_size, bad_text_is_refused_with_the_text_quoted_and_the_reason) {
   for (const auto& [text, why] : cases) {
     const std::string message = refusal_of(text);
     EXPECT_NE(message.find(why), std::string::npos) << "\"" << text << "\": " << message;
-    EXPECT_NE(message.find("\"" + std::string(text) + "\""), std::string::npos) << message;
+    EXPECT_NE(message.find(fmt::format("\"{}\"", text)), std::string::npos) << message;
   }
   // Bytes outside printable ASCII are shown escaped, never raw.
   EXPECT_NE(refusal_of("64\tM").find("\"64\\x09M\": whitespace is not allowed"), std::string::npos);
