@@ -8,6 +8,8 @@
                                                            # the markdown on stdout, no plots
     python3 scripts/bench_report.py --self-test            # synthetic data, every section
     python3 scripts/bench_report.py --merge WORK DIR/bench.json   # bench.sh's merge step
+    python3 scripts/bench_report.py DIR/bench.json --fill-from EARLIER.json --out docs
+        # a run cut short: what it lacks from an earlier one, each section saying so
 
 More JSON files after the first add their multi-GPU rows to the striping section (a run on
 an x2 and one on an x4 machine give bandwidth against GPU count); every other section reads
@@ -253,6 +255,12 @@ class Program:
         self.why = data.get("why", "")
         self.context = data.get("context", {})
         self.runs = load_runs(data.get("benchmarks", []))
+        self.filled = ""  # what of it came from an earlier run (Document.fill_from), and why
+
+    def has_rows(self):
+        if self.kind == "google_benchmark":
+            return any(r.ok for r in self.runs)
+        return self.status == "ok"
 
     def rows(self, family=None, prefix=None):
         return [r for r in self.runs
@@ -290,6 +298,38 @@ class Document:
 
     def program(self, name):
         return self.programs.get(name)
+
+    def fill_from(self, earlier):
+        """Completes a run cut short with the rows of `earlier`, a run on the same kind of
+        machine: a program that did not run here, or ran no row, is taken whole; one that timed
+        out gets each group of rows (family / case: one table, whose ratios compare its rows)
+        that it did not finish, whole, so that every ratio stays between rows of one run. Each
+        program so filled says what came from where (Program.filled), beside its rows."""
+        source = f"`{os.path.basename(earlier.path)}` ({earlier.caption()})"
+        for name, old in earlier.programs.items():
+            if not old.has_rows():
+                continue
+            mine = self.programs.get(name)
+            if mine is None or not mine.has_rows():
+                why = "not in this run" if mine is None else mine.missing_note()
+                old.filled = f"every row of `{name}` is from {source}, not from this run ({why})"
+                self.programs[name] = old
+            elif mine.kind == "google_benchmark" and mine.status == "timed_out":
+                reached = {r.name for r in mine.runs}
+                groups = unique((r.family, r.case) for r in old.runs)
+                unfinished = [g for g in groups
+                              if any(r.name not in reached for r in old.runs if (r.family, r.case) == g)]
+                if not unfinished:
+                    continue
+                described = []
+                for group in unfinished:
+                    here = sum(1 for r in mine.runs if (r.family, r.case) == group)
+                    described.append("/".join(part for part in group if part)
+                                     + (f" (this run finished {here} of its rows)" if here else ""))
+                mine.runs = [r for r in mine.runs if (r.family, r.case) not in unfinished] + \
+                            [r for r in old.runs if (r.family, r.case) in unfinished]
+                mine.filled = (f"`{name}` timed out in this run ({mine.why}); the rows of "
+                               + ", ".join(described) + f" are all from {source}")
 
     @property
     def gpu(self):
@@ -404,6 +444,7 @@ class Report:
         self.plots = plots
         self.out = []
         self.shown = set()  # (program, run name) shown by a section
+        self.pending = []  # notes printed under the next heading (rows from an earlier run)
 
     def program(self, name):
         return self.doc.program(name)
@@ -416,6 +457,9 @@ class Report:
     def heading(self, text):
         self.out.append(f"## {text}")
         self.out.append("")
+        for pending in self.pending:
+            self.note(pending)
+        self.pending = []
 
     def note(self, text):
         self.out.append(f"_{text}_")
@@ -459,6 +503,10 @@ def section_context(report):
         rows.append(("mode", "--quick (short runs: min_time 0.05 s, fewer sizes)" if c["quick"] else "full"))
     if c.get("total_seconds"):
         rows.append(("time", f"{c['total_seconds']} s in all, of which build {c.get('build_seconds', '?')} s"))
+    filled = [p.name for p in doc.programs.values() if p.filled]
+    if filled:
+        rows.append(("rows from an earlier run", ", ".join(f"`{n}`" for n in filled)
+                     + " (each section says which rows, and from which run)"))
     if len(report.docs) > 1:
         rows.append(("more runs", ", ".join(f"{os.path.basename(d.path)} ({d.machine()})" for d in report.docs[1:])
                      + " (multi-GPU rows only)"))
@@ -488,6 +536,8 @@ def section_status(report):
             skipped = 1 - measured
             note = p.why
         seconds = p.data.get("seconds")
+        if p.filled:
+            note = "rows from an earlier run: see its section" + (f"; {note}" if note else "")
         rows.append([f"`{p.name}`", p.status, measured, skipped,
                      "–" if seconds is None else f"{float(seconds):.0f} s", note[:300]])
     table(report.out, ["program", "status", "rows measured", "rows skipped", "time", "note"], rows)
@@ -1202,6 +1252,8 @@ def section_fragmentation(report):
             values[(group, allocator)] = x
             body.append([group, f"PyTorch {allocator} ({ref.get('source', 'recorded with the trace')})",
                          f"{x:.3f}", "", ""])
+    # Where the live rows come from: this run, or the earlier one that filled it (fill_from).
+    torch_run = "this run" if torch is None or not torch.filled else "an earlier run, see the PyTorch section"
     if torch and torch.status == "ok":
         for allocator, result in torch.data.get("data", {}).get("results", {}).items():
             for workload, w in (result.get("workloads") or {}).items():
@@ -1210,7 +1262,7 @@ def section_fragmentation(report):
                     continue
                 group = f"{workload} (torch_allocators.py)"
                 values[(group, allocator)] = x
-                body.append([group, f"{allocator} (live, this run)", f"{x:.3f}",
+                body.append([group, f"{allocator} (live, {torch_run})", f"{x:.3f}",
                              fmt_bytes(w.get("peak_allocated")), fmt_bytes(w.get("peak_reserved"))])
     if not body:
         report.note("No trace replayed and no PyTorch figures: vmm_replay and torch_allocators are not in this run.")
@@ -1241,7 +1293,7 @@ def section_fragmentation(report):
         plots.save(fig, "fragmentation", "Fragmentation per trace and allocator", report.out,
                    "Peak memory held over peak memory in use (1.0: nothing wasted). Traces: vmm replayed in this "
                    "run, PyTorch's figures as recorded with the trace (bench/data); workloads: every allocator "
-                   "live in this run (bench/torch_allocators.py).")
+                   f"live in {torch_run} (bench/torch_allocators.py).")
 
 
 # -- kernels that append (vmm_bench_append) --
@@ -1343,6 +1395,8 @@ def section_other(report):
     for p, rest, known in blocks:
         report.out.append(f"### `{p.name}`" + (" (rows no section above shows)" if known else ""))
         report.out.append("")
+        if p.filled:
+            report.note(p.filled)
         if not any(r.ok for r in rest):
             report.note(f"{len(rest)} rows, every one skipped: " + "; ".join(unique(r.error for r in rest)[:2]))
             continue
@@ -1411,6 +1465,8 @@ def render(documents, folder=None, plots=True):
         if single and section not in (section_context, section_other) and not any(
                 single == p for p in section_programs(section)):
             continue
+        programs = [report.program(name) for name in section_programs(section)]
+        report.pending = [p.filled for p in programs if p is not None and p.filled]
         section(report)
     return "\n".join(report.out).rstrip() + "\n", report.plots
 
@@ -1420,7 +1476,8 @@ def section_programs(section):
             section_striping: ["vmm_bench_multi_gpu"], section_replicated: ["vmm_bench_replicated"],
             section_ipc: ["vmm_bench_ipc"],
             section_resource_ipc: ["vmm_bench_resource_ipc"], section_relayout: ["vmm_bench_relayout"],
-            section_resource: ["vmm_bench_resource"], section_append: ["vmm_bench_append"]}.get(section, [])
+            section_resource: ["vmm_bench_resource"], section_append: ["vmm_bench_append"],
+            section_torch: ["torch_allocators"]}.get(section, [])
 
 
 # ---- merging bench.sh's outputs into one JSON -----------------------------------------------
@@ -1868,6 +1925,29 @@ def self_test():
         markdown, _ = render([load_document(os.path.join(folder, "merged.json"))], None)
         expect("needs 2 GPUs" in markdown and "no GPU, and the budget is too small" in markdown,
                "the merged report does not say why rows are missing")
+        # A run cut short (the growth rows timed out after three, no torch_allocators), filled
+        # from the synthetic run: the rows it lacks come from there, each section says so.
+        short = synthetic_document(1)
+        grow = short["programs"]["vmm_bench_grow"]
+        grow["benchmarks"] = grow["benchmarks"][:3]
+        grow.update(status="timed_out", why="killed after 9 s")
+        del short["programs"]["torch_allocators"]
+        path = os.path.join(folder, "short.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(short, f)
+        doc = load_document(path)
+        reached = len(doc.program("vmm_bench_grow").runs)
+        doc.fill_from(load_document(first))
+        markdown, _ = render([doc], None)
+        expect(len(doc.program("vmm_bench_grow").runs) == len(load_document(first).program("vmm_bench_grow").runs),
+               "fill_from did not complete the rows cut short")
+        for text in ("`vmm_bench_grow` timed out in this run (killed after 9 s); the rows of grow/16GiB_by_256MiB"
+                     f" (this run finished {reached} of its rows)",
+                     "every row of `torch_allocators` is from `bench.json`", "Largest vector reachable",
+                     "rows from an earlier run", "PyTorch's allocators against vmm",
+                     "native (live, an earlier run, see the PyTorch section)"):
+            expect(text in markdown, f"the filled report lacks {text!r}")
+        expect("every row of `vmm_bench_driver`" not in markdown, "fill_from replaced a program that ran")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for failure in failures:
@@ -1897,6 +1977,9 @@ def main():
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument("--self-test", action="store_true", help="render synthetic data and check the result")
     parser.add_argument("--merge", metavar="WORK", help="merge bench.sh's work folder WORK into the one file given")
+    parser.add_argument("--fill-from", metavar="EARLIER", help="an earlier bench.json of the same kind of machine: "
+                        "the programs the first file lacks or ran no row of, and the rows of those that timed out "
+                        "there, are taken from it, each section saying so")
     args = parser.parse_args()
     if args.self_test:
         return self_test()
@@ -1918,6 +2001,8 @@ def main():
             pass
     try:
         documents = [load_document(path) for path in args.files]
+        if args.fill_from:
+            documents[0].fill_from(load_document(args.fill_from))
     except (OSError, ValueError, KeyError) as e:
         print(f"bench_report: {e}", file=sys.stderr)
         return 1
