@@ -34,7 +34,10 @@
 #   directory and merge it (python3 scripts/bench_report.py --merge WORK OUT.json). The last
 #   part's context.txt is the one kept.
 # Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
-#   (6-8 min on an H100 alone): expect 15-25 min; no budget unless --budget is given.
+#   (6-8 min on an H100 alone); no budget unless --budget is given. On an H200 (2026-12-02)
+#   vmm_bench_grow alone outlasted 464 s with 14 of its 34 rows done (its five repetitions
+#   at the default min time: expect 15-20 min for it), every other program and the replays
+#   took 6-7 min: expect 30-35 min in all, so split it with --only where calls are shorter.
 # vmm_bench_grow, vmm_bench_driver and vmm_bench_growth_ahead (issue 16's rows) run 5
 #   repetitions each, and the report takes their medians: single short runs of their rows
 #   moved by 10-30 % on the lent H100s (2026-11-24). Not interleaved, so that each row follows
@@ -58,7 +61,7 @@ while (($#)); do
     --budget) budget=$2; shift ;;
     --no-build) do_build=0 ;;
     --only) only=$2; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
