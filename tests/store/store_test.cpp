@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,6 +36,7 @@
 #include "vmm/store/client.hpp"
 #include "vmm/store/host_mirror.hpp"
 #include "vmm/store/protocol.hpp"
+#include "vmm/store/server.hpp"
 
 namespace vmm::testing {
 namespace {
@@ -965,6 +967,57 @@ TEST_F(store_daemon, the_command_line_client_lists_stats_and_removes) {
   const int missing = run({"stat", "cli"});
   EXPECT_TRUE(WIFEXITED(missing) && WEXITSTATUS(missing) == 1);
   EXPECT_TRUE(store.list().empty());
+}
+
+// A daemon with no descriptor left for a new connection: the client was left in the backlog,
+// waiting for an answer that never came (and the listener, always ready, made every turn of
+// the daemon return at once). Now it is accepted on the daemon's spare descriptor and refused,
+// naming the limit; the next client, once descriptors are free again, is served.
+TEST(store_server, a_client_the_daemon_has_no_descriptor_for_is_refused_naming_the_limit) {
+  using namespace std::chrono_literals;
+  temporary_directory directory;
+  store::server daemon({.socket_path = directory.path() + "/socket"});
+  const std::size_t fds_before = open_fd_count();
+  {
+    rlimit saved{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+    // The lowest free descriptor, then a limit that lets exactly one more be opened: the
+    // client's socket, and not the daemon's end of it.
+    const int lowest = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(lowest, 0);
+    ::close(lowest);
+    rlimit lowered = saved;
+    lowered.rlim_cur = static_cast<rlim_t>(lowest) + 1;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+    std::optional<unique_fd> client;
+    std::string failure;
+    try {
+      client.emplace(ipc::connect_unix(directory.path() + "/socket"));
+      const unique_fd another(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      EXPECT_FALSE(another) << "the limit left room for another descriptor";
+      EXPECT_EQ(errno, EMFILE);
+      ASSERT_TRUE(daemon.serve_once(0ms));
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+    ASSERT_EQ(failure, "");
+    ASSERT_TRUE(client);
+    const store::reply got = store::decode_reply(ipc::receive_message(client->get(), {}, 1000ms).payload);
+    EXPECT_EQ(got.code, store::status::unavailable) << got.message;
+    EXPECT_NE(got.message.find("no file descriptor left"), std::string::npos) << got.message;
+    EXPECT_NE(got.message.find(fmt::format("RLIMIT_NOFILE {}", lowest + 1)), std::string::npos)
+        << got.message;
+    EXPECT_EQ(daemon.statistics().connections, 0u);
+  }
+  // With descriptors free again, the next client is served.
+  const unique_fd next = ipc::connect_unix(directory.path() + "/socket");
+  ipc::send_message(next.get(), store::encode(store::request{.op = store::operation::list}));
+  for (int turn = 0; turn < 4; ++turn) ASSERT_TRUE(daemon.serve_once(0ms));
+  EXPECT_EQ(store::decode_reply(ipc::receive_message(next.get(), {}, 1000ms).payload).code,
+            store::status::ok);
+  EXPECT_EQ(daemon.statistics().connections, 1u);
+  EXPECT_EQ(open_fd_count(), fds_before + 2);  // the client's socket and the daemon's end of it
 }
 
 }  // namespace

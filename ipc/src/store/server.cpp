@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -152,6 +153,7 @@ server::server(server_options options)
     listener_ = ipc::listen_unix(options_.socket_path);
     if (::chmod(options_.socket_path.c_str(), 0600) != 0)
       throw os_error(errno, "vmm-store: chmod of the socket");
+    spare_ = unique_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));  // none: accept_pending() does without
   }
 }
 
@@ -205,7 +207,33 @@ void server::add_connection(unique_fd socket, pid_t pid, uid_t uid) {
 
 void server::accept_pending() {
   unique_fd socket(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-  if (!socket) return;  // the client gave up already, or no descriptor is left: try again later
+  if (!socket && (errno == EMFILE || errno == ENFILE) && spare_) {
+    // No descriptor left for the client. Left in the backlog it would wait for a reply that
+    // never comes, and keep the listener ready, so that every turn returned at once: the
+    // spare descriptor makes room to take it and tell it why, and is opened again after.
+    const int error = errno;
+    spare_.reset();
+    if (const unique_fd refused(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        refused) {
+      try {
+        rlimit files{};
+        const std::string limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0
+                                      ? fmt::format(" (RLIMIT_NOFILE {})", files.rlim_cur)
+                                      : std::string();
+        ipc::send_message(refused.get(),
+                          encode_error(status::unavailable,
+                                       fmt::format("vmm-store: the daemon has no file descriptor left for "
+                                                   "another connection: {}{}",
+                                                   std::strerror(error), limit)),
+                          {}, std::chrono::milliseconds(0));
+      } catch (const std::exception&) {
+        // The client is refused either way: the connection closes.
+      }
+    }
+    spare_ = unique_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    return;
+  }
+  if (!socket) return;  // the client gave up already, or a signal came: the next turn tries again
   ucred credentials{};
   socklen_t length = sizeof credentials;
   if (::getsockopt(socket.get(), SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return;

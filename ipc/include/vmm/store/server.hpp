@@ -155,7 +155,8 @@ class server {
   /// Adopts a connected socket as a client with these credentials (checked as accept's).
   /// For tests and the fuzzer; the daemon's own connections come from accept. A uid not
   /// allowed, or a connection past max_connections, is refused on the socket (status
-  /// denied) and closed. Throws nothing but std::bad_alloc.
+  /// denied) and closed; so is one the daemon has no descriptor for at accept (status
+  /// unavailable, naming RLIMIT_NOFILE). Throws nothing but std::bad_alloc.
   void add_connection(unique_fd socket, pid_t pid, uid_t uid);
 
   /// The daemon's counters. Throws nothing but std::bad_alloc.
@@ -193,6 +194,7 @@ class server {
   std::unique_ptr<detail::content_index> contents_;  // content_index.hpp: de-duplicated chunks
   daemon_info info_;
   unique_fd listener_;
+  unique_fd spare_;  // /dev/null, given up for a moment to refuse a client when no descriptor is left
   unique_fd wake_read_, wake_write_;  // stop(): a byte on this pipe ends poll
   bool stopped_ = false;
   std::map<location, std::shared_ptr<chunk_pool>> pools_;
