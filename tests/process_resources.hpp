@@ -1,8 +1,14 @@
 #pragma once
 // What this process holds from the OS, the way a leak check compares it: open file
-// descriptors, reservations and memfd mappings in /proc/self/maps.
+// descriptors, reservations and memfd mappings in /proc/self/maps; and its descriptor limit
+// lowered for a test of what happens when no descriptor is left.
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "vmm/error.hpp"
+
 namespace vmm::testing {
 
 inline std::size_t open_fd_count() {
@@ -19,6 +27,32 @@ inline std::size_t open_fd_count() {
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++count;
   return count;
 }
+
+// The number the next descriptor opened would get: the lowest one free.
+inline int lowest_free_descriptor() {
+  const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw vmm::os_error(errno, "open /dev/null");
+  ::close(fd);
+  return fd;
+}
+
+// Lowers RLIMIT_NOFILE's soft limit for its scope and restores it after. A test lowers it to
+// lowest_free_descriptor() + n to leave exactly n descriptors to open.
+class descriptor_limit {
+ public:
+  explicit descriptor_limit(rlim_t soft_limit) {
+    if (::getrlimit(RLIMIT_NOFILE, &saved_) != 0) throw vmm::os_error(errno, "getrlimit");
+    rlimit lowered = saved_;
+    lowered.rlim_cur = soft_limit;
+    if (::setrlimit(RLIMIT_NOFILE, &lowered) != 0) throw vmm::os_error(errno, "setrlimit");
+  }
+  descriptor_limit(const descriptor_limit&) = delete;
+  descriptor_limit& operator=(const descriptor_limit&) = delete;
+  ~descriptor_limit() { ::setrlimit(RLIMIT_NOFILE, &saved_); }
+
+ private:
+  rlimit saved_{};
+};
 
 // What the descriptors of process `pid` name (/proc/PID/fd), counted by target with the
 // numbers of each ("socket: 3 (4, 7, 9)"), for the message of a leak check that fails.

@@ -53,6 +53,14 @@ void operator delete[](void* p, std::size_t) noexcept {
 namespace vmm {
 namespace {
 
+// One request to the store daemon, and the reply it has written, through a socket of a pair.
+void send(int socket, const store::request& r) {
+  ipc::send_message(socket, store::encode(r));
+}
+store::reply answer(int socket) {
+  return store::decode_reply(ipc::receive_message(socket, {}, std::chrono::milliseconds(1000)).payload);
+}
+
 // 11. The idle chunk's map node could not be allocated inside give_back: the memory was
 // released, but reserved_current was never decremented, and with a cap the pool refused
 // every later acquire.
@@ -82,10 +90,6 @@ TEST(allocation_failure, a_give_back_that_cannot_allocate_keeps_the_books_right)
 // one turn is made to fail, one after another.
 TEST(allocation_failure, the_store_daemon_serves_on_when_a_request_cannot_allocate) {
   using namespace std::chrono_literals;
-  const auto send = [](int socket, const store::request& r) { ipc::send_message(socket, store::encode(r)); };
-  const auto answer = [](int socket) {
-    return store::decode_reply(ipc::receive_message(socket, {}, 1000ms).payload);
-  };
   int failures = 0;
   for (int n = 1;; ++n) {
     store::server daemon({.cap = std::size_t{64} << 20, .client_cap = std::size_t{32} << 20});
@@ -151,10 +155,6 @@ TEST(allocation_failure, the_store_daemon_serves_on_when_a_request_cannot_alloca
 TEST(allocation_failure, a_deduplicating_seal_that_cannot_allocate_leaves_the_index_as_it_was) {
   using namespace std::chrono_literals;
   constexpr std::size_t g = std::size_t{2} << 20;
-  const auto send = [](int socket, const store::request& r) { ipc::send_message(socket, store::encode(r)); };
-  const auto answer = [](int socket) {
-    return store::decode_reply(ipc::receive_message(socket, {}, 1000ms).payload);
-  };
   int failures = 0;
   for (int n = 1;; ++n) {
     store::server daemon({});

@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include "process_resources.hpp"
+
 extern char** environ;
 
 namespace {
@@ -47,14 +49,9 @@ namespace {
 using vmm::unique_fd;
 using vmm::ipc::frame_header;
 using vmm::ipc::message;
-
-std::size_t open_fd_count() {
-  std::size_t count = 0;
-  for ([[maybe_unused]] auto const& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    ++count;
-  }
-  return count;
-}
+using vmm::testing::descriptor_limit;
+using vmm::testing::lowest_free_descriptor;
+using vmm::testing::open_fd_count;
 
 std::vector<std::byte> to_bytes(std::string_view text) {
   auto const bytes = std::as_bytes(std::span{text});
@@ -155,23 +152,6 @@ class temporary_directory {
 
  private:
   std::filesystem::path path_;
-};
-
-/// Lowers RLIMIT_NOFILE's soft limit for the scope and restores it after.
-class descriptor_limit {
- public:
-  explicit descriptor_limit(rlim_t soft_limit) {
-    if (::getrlimit(RLIMIT_NOFILE, &saved_) != 0) throw vmm::os_error(errno, "getrlimit");
-    rlimit lowered = saved_;
-    lowered.rlim_cur = soft_limit;
-    if (::setrlimit(RLIMIT_NOFILE, &lowered) != 0) throw vmm::os_error(errno, "setrlimit");
-  }
-  descriptor_limit(const descriptor_limit&) = delete;
-  descriptor_limit& operator=(const descriptor_limit&) = delete;
-  ~descriptor_limit() { ::setrlimit(RLIMIT_NOFILE, &saved_); }
-
- private:
-  rlimit saved_{};
 };
 
 TEST(fd_channel, round_trip_carries_payload_and_three_descriptors) {
@@ -503,9 +483,7 @@ TEST(fd_channel, truncated_descriptors_are_an_error_and_leak_nothing) {
   std::size_t const before = open_fd_count();
   // With the soft limit just above the lowest free descriptor number, the kernel can
   // install one of the three descriptors and must truncate the rest (MSG_CTRUNC).
-  int const lowest_free = ::dup(memfd.get());
-  ASSERT_GE(lowest_free, 0);
-  ::close(lowest_free);
+  int const lowest_free = lowest_free_descriptor();
   std::exception_ptr failure;
   {
     // Only catch under the lowered limit: UBSan's vptr check opens a pipe, and would

@@ -979,28 +979,23 @@ TEST(store_server, a_client_the_daemon_has_no_descriptor_for_is_refused_naming_t
   store::server daemon({.socket_path = directory.path() + "/socket"});
   const std::size_t fds_before = open_fd_count();
   {
-    rlimit saved{};
-    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
-    // The lowest free descriptor, then a limit that lets exactly one more be opened: the
-    // client's socket, and not the daemon's end of it.
-    const int lowest = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    ASSERT_GE(lowest, 0);
-    ::close(lowest);
-    rlimit lowered = saved;
-    lowered.rlim_cur = static_cast<rlim_t>(lowest) + 1;
-    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+    // A limit that lets exactly one more descriptor be opened: the client's socket, and not
+    // the daemon's end of it.
+    const int lowest = lowest_free_descriptor();
     std::optional<unique_fd> client;
     std::string failure;
-    try {
-      client.emplace(ipc::connect_unix(directory.path() + "/socket"));
-      const unique_fd another(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-      EXPECT_FALSE(another) << "the limit left room for another descriptor";
-      EXPECT_EQ(errno, EMFILE);
-      ASSERT_TRUE(daemon.serve_once(0ms));
-    } catch (const std::exception& error) {
-      failure = error.what();
+    {
+      const descriptor_limit limit{static_cast<rlim_t>(lowest) + 1};
+      try {
+        client.emplace(ipc::connect_unix(directory.path() + "/socket"));
+        const unique_fd another(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        EXPECT_FALSE(another) << "the limit left room for another descriptor";
+        EXPECT_EQ(errno, EMFILE);
+        ASSERT_TRUE(daemon.serve_once(0ms));
+      } catch (const std::exception& error) {
+        failure = error.what();
+      }
     }
-    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
     ASSERT_EQ(failure, "");
     ASSERT_TRUE(client);
     const store::reply got = store::decode_reply(ipc::receive_message(client->get(), {}, 1000ms).payload);
