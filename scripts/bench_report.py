@@ -9,7 +9,8 @@
     python3 scripts/bench_report.py --self-test            # synthetic data, every section
     python3 scripts/bench_report.py --merge WORK DIR/bench.json   # bench.sh's merge step
     python3 scripts/bench_report.py DIR/bench.json --fill-from EARLIER.json --out docs
-        # a run cut short: what it lacks from an earlier one, each section saying so
+        # a run cut short: what it lacks from another run of the same kind of machine, each
+        # section saying so (--fill-from again: what is still missing from a third)
 
 More JSON files after the first add their multi-GPU rows to the striping section (a run on
 an x2 and one on an x4 machine give bandwidth against GPU count); every other section reads
@@ -255,7 +256,11 @@ class Program:
         self.why = data.get("why", "")
         self.context = data.get("context", {})
         self.runs = load_runs(data.get("benchmarks", []))
-        self.filled = ""  # what of it came from an earlier run (Document.fill_from), and why
+        self.filled = ""  # what of it came from another run (Document.fill_from), and why
+
+    def run_label(self, section):
+        """Where its rows come from, for a row's label: this run, or another (see `section`)."""
+        return f"another run, see {section}" if self.filled else "this run"
 
     def has_rows(self):
         if self.kind == "google_benchmark":
@@ -299,26 +304,30 @@ class Document:
     def program(self, name):
         return self.programs.get(name)
 
-    def fill_from(self, earlier):
-        """Completes a run cut short with the rows of `earlier`, a run on the same kind of
-        machine: a program that did not run here, or ran no row, is taken whole; one that timed
-        out gets each group of rows (family / case: one table, whose ratios compare its rows)
-        that it did not finish, whole, so that every ratio stays between rows of one run. Each
-        program so filled says what came from where (Program.filled), beside its rows."""
-        source = f"`{os.path.basename(earlier.path)}` ({earlier.caption()})"
-        for name, old in earlier.programs.items():
-            if not old.has_rows():
+    def fill_from(self, other):
+        """Completes a run cut short with the rows of `other`, a run on the same kind of machine
+        (ValueError otherwise): a program that did not run here, or ran no row, is taken whole;
+        one that timed out gets each group of rows (family / case: one table, whose ratios
+        compare its rows) that it did not finish, whole, so that every ratio stays between rows
+        of one run. Called again with a third run, it fills what is still missing. Each program
+        so filled says what came from where (Program.filled), beside its rows."""
+        if (self.gpu, self.machine()) != (other.gpu, other.machine()):
+            raise ValueError(f"{other.path} is a run on {other.machine()}, this one on {self.machine()}: "
+                             "a report's rows come from one kind of machine")
+        source = f"`{os.path.basename(other.path)}` ({other.caption()})"
+        for name, theirs in other.programs.items():
+            if not theirs.has_rows():
                 continue
             mine = self.programs.get(name)
             if mine is None or not mine.has_rows():
                 why = "not in this run" if mine is None else mine.missing_note()
-                old.filled = f"every row of `{name}` is from {source}, not from this run ({why})"
-                self.programs[name] = old
+                theirs.filled = f"every row of `{name}` is from {source}, not from this run ({why})"
+                self.programs[name] = theirs
             elif mine.kind == "google_benchmark" and mine.status == "timed_out":
                 reached = {r.name for r in mine.runs}
-                groups = unique((r.family, r.case) for r in old.runs)
+                groups = unique((r.family, r.case) for r in theirs.runs)
                 unfinished = [g for g in groups
-                              if any(r.name not in reached for r in old.runs if (r.family, r.case) == g)]
+                              if any(r.name not in reached for r in theirs.runs if (r.family, r.case) == g)]
                 if not unfinished:
                     continue
                 described = []
@@ -327,9 +336,10 @@ class Document:
                     described.append("/".join(part for part in group if part)
                                      + (f" (this run finished {here} of its rows)" if here else ""))
                 mine.runs = [r for r in mine.runs if (r.family, r.case) not in unfinished] + \
-                            [r for r in old.runs if (r.family, r.case) in unfinished]
-                mine.filled = (f"`{name}` timed out in this run ({mine.why}); the rows of "
-                               + ", ".join(described) + f" are all from {source}")
+                            [r for r in theirs.runs if (r.family, r.case) in unfinished]
+                note = "the rows of " + ", ".join(described) + f" are all from {source}"
+                mine.filled = (f"{mine.filled}; " if mine.filled else
+                               f"`{name}` timed out in this run ({mine.why}); ") + note
 
     @property
     def gpu(self):
@@ -444,7 +454,7 @@ class Report:
         self.plots = plots
         self.out = []
         self.shown = set()  # (program, run name) shown by a section
-        self.pending = []  # notes printed under the next heading (rows from an earlier run)
+        self.pending = []  # notes printed under the next heading (rows from another run)
 
     def program(self, name):
         return self.doc.program(name)
@@ -505,7 +515,7 @@ def section_context(report):
         rows.append(("time", f"{c['total_seconds']} s in all, of which build {c.get('build_seconds', '?')} s"))
     filled = [p.name for p in doc.programs.values() if p.filled]
     if filled:
-        rows.append(("rows from an earlier run", ", ".join(f"`{n}`" for n in filled)
+        rows.append(("rows from another run", ", ".join(f"`{n}`" for n in filled)
                      + " (each section says which rows, and from which run)"))
     if len(report.docs) > 1:
         rows.append(("more runs", ", ".join(f"{os.path.basename(d.path)} ({d.machine()})" for d in report.docs[1:])
@@ -537,7 +547,7 @@ def section_status(report):
             note = p.why
         seconds = p.data.get("seconds")
         if p.filled:
-            note = "rows from an earlier run: see its section" + (f"; {note}" if note else "")
+            note = "rows from another run: see its section" + (f"; {note}" if note else "")
         rows.append([f"`{p.name}`", p.status, measured, skipped,
                      "–" if seconds is None else f"{float(seconds):.0f} s", note[:300]])
     table(report.out, ["program", "status", "rows measured", "rows skipped", "time", "note"], rows)
@@ -1231,6 +1241,9 @@ def section_fragmentation(report):
     out = report.out
     replay = report.program("vmm_replay")
     torch = report.program("torch_allocators")
+    # Where the rows come from: this run, or the one that filled them (Document.fill_from).
+    replay_run = replay.run_label("the note under this heading") if replay else "this run"
+    torch_run = torch.run_label("the PyTorch section") if torch else "this run"
     refs = report.doc.references
     values = {}  # (group, allocator) -> ratio
     body = []
@@ -1241,7 +1254,7 @@ def section_fragmentation(report):
             group = f"trace {name}"
             values[(group, "vmm")] = r["reserved_over_live"]
             where = r.get("location", "?") + (", simulated" if r.get("simulated") else "")
-            body.append([group, f"vmm (vmm-replay on {where}, this run)",
+            body.append([group, f"vmm (vmm-replay on {where}, {replay_run})",
                          f"{r['reserved_over_live']:.4f}", fmt_bytes(r.get("peak_live_bytes")),
                          fmt_bytes(r.get("peak_reserved_bytes"))])
         else:
@@ -1252,8 +1265,6 @@ def section_fragmentation(report):
             values[(group, allocator)] = x
             body.append([group, f"PyTorch {allocator} ({ref.get('source', 'recorded with the trace')})",
                          f"{x:.3f}", "", ""])
-    # Where the live rows come from: this run, or the earlier one that filled it (fill_from).
-    torch_run = "this run" if torch is None or not torch.filled else "an earlier run, see the PyTorch section"
     if torch and torch.status == "ok":
         for allocator, result in torch.data.get("data", {}).get("results", {}).items():
             for workload, w in (result.get("workloads") or {}).items():
@@ -1291,8 +1302,8 @@ def section_fragmentation(report):
         grouped_bars(ax, groups, allocators, values, unit="peak reserved / peak live", labels="%.3f")
         ax.axhline(1.0, color="gray", linewidth=0.8)
         plots.save(fig, "fragmentation", "Fragmentation per trace and allocator", report.out,
-                   "Peak memory held over peak memory in use (1.0: nothing wasted). Traces: vmm replayed in this "
-                   "run, PyTorch's figures as recorded with the trace (bench/data); workloads: every allocator "
+                   "Peak memory held over peak memory in use (1.0: nothing wasted). Traces: vmm replayed in "
+                   f"{replay_run}, PyTorch's figures as recorded with the trace (bench/data); workloads: every allocator "
                    f"live in {torch_run} (bench/torch_allocators.py).")
 
 
@@ -1477,7 +1488,7 @@ def section_programs(section):
             section_ipc: ["vmm_bench_ipc"],
             section_resource_ipc: ["vmm_bench_resource_ipc"], section_relayout: ["vmm_bench_relayout"],
             section_resource: ["vmm_bench_resource"], section_append: ["vmm_bench_append"],
-            section_torch: ["torch_allocators"]}.get(section, [])
+            section_fragmentation: ["vmm_replay"], section_torch: ["torch_allocators"]}.get(section, [])
 
 
 # ---- merging bench.sh's outputs into one JSON -----------------------------------------------
@@ -1925,29 +1936,48 @@ def self_test():
         markdown, _ = render([load_document(os.path.join(folder, "merged.json"))], None)
         expect("needs 2 GPUs" in markdown and "no GPU, and the budget is too small" in markdown,
                "the merged report does not say why rows are missing")
-        # A run cut short (the growth rows timed out after three, no torch_allocators), filled
-        # from the synthetic run: the rows it lacks come from there, each section says so.
+        # A run cut short (the growth rows timed out after three; no replay, no
+        # torch_allocators), filled from two others in turn: a run without torch_allocators,
+        # then the whole synthetic run; each section says which rows came from where, and a run
+        # on another kind of machine is refused.
+        def written(name, document):
+            path = os.path.join(folder, name)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(document, f)
+            return path
         short = synthetic_document(1)
         grow = short["programs"]["vmm_bench_grow"]
         grow["benchmarks"] = grow["benchmarks"][:3]
         grow.update(status="timed_out", why="killed after 9 s")
-        del short["programs"]["torch_allocators"]
-        path = os.path.join(folder, "short.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(short, f)
-        doc = load_document(path)
+        del short["programs"]["torch_allocators"], short["programs"]["vmm_replay"]
+        doc = load_document(written("short.json", short))
         reached = len(doc.program("vmm_bench_grow").runs)
+        no_torch = synthetic_document(1)
+        del no_torch["programs"]["torch_allocators"]
+        doc.fill_from(load_document(written("no_torch.json", no_torch)))
+        expect(doc.program("torch_allocators") is None, "fill_from invented torch_allocators' rows")
         doc.fill_from(load_document(first))
         markdown, _ = render([doc], None)
         expect(len(doc.program("vmm_bench_grow").runs) == len(load_document(first).program("vmm_bench_grow").runs),
                "fill_from did not complete the rows cut short")
         for text in ("`vmm_bench_grow` timed out in this run (killed after 9 s); the rows of grow/16GiB_by_256MiB"
                      f" (this run finished {reached} of its rows)",
-                     "every row of `torch_allocators` is from `bench.json`", "Largest vector reachable",
-                     "rows from an earlier run", "PyTorch's allocators against vmm",
-                     "native (live, an earlier run, see the PyTorch section)"):
+                     "are all from `no_torch.json`", "every row of `torch_allocators` is from `bench.json`",
+                     "every row of `vmm_replay` is from `no_torch.json`", "Largest vector reachable",
+                     "rows from another run", "PyTorch's allocators against vmm",
+                     "native (live, another run, see the PyTorch section)",
+                     "vmm (vmm-replay on gpu 0, another run, see the note under this heading)"):
             expect(text in markdown, f"the filled report lacks {text!r}")
+        expect("`bench.json` (NVIDIA H100 80GB HBM3, driver 560.35.03 (CUDA 12.6), 2026-11-23); " not in markdown
+               and markdown.count("are all from") == 1, "the second fill replaced rows the first had filled")
         expect("every row of `vmm_bench_driver`" not in markdown, "fill_from replaced a program that ran")
+        other_gpu = synthetic_document(1)
+        other_gpu["context"]["gpu_names"] = ["NVIDIA H200"]
+        try:
+            load_document(written("short.json", short)).fill_from(load_document(written("h200.json", other_gpu)))
+            expect(False, "fill_from took rows of another kind of machine")
+        except ValueError as e:
+            expect("on NVIDIA H200, this one on NVIDIA H100 80GB HBM3" in str(e), f"the refusal does not say why: {e}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for failure in failures:
@@ -1977,9 +2007,10 @@ def main():
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument("--self-test", action="store_true", help="render synthetic data and check the result")
     parser.add_argument("--merge", metavar="WORK", help="merge bench.sh's work folder WORK into the one file given")
-    parser.add_argument("--fill-from", metavar="EARLIER", help="an earlier bench.json of the same kind of machine: "
-                        "the programs the first file lacks or ran no row of, and the rows of those that timed out "
-                        "there, are taken from it, each section saying so")
+    parser.add_argument("--fill-from", metavar="OTHER", action="append", default=[],
+                        help="another bench.json of the same kind of machine: the programs the first file lacks "
+                        "or ran no row of, and the rows of those that timed out there, are taken from it, each "
+                        "section saying so; given again, the next fills what is still missing")
     args = parser.parse_args()
     if args.self_test:
         return self_test()
@@ -2001,8 +2032,8 @@ def main():
             pass
     try:
         documents = [load_document(path) for path in args.files]
-        if args.fill_from:
-            documents[0].fill_from(load_document(args.fill_from))
+        for other in args.fill_from:
+            documents[0].fill_from(load_document(other))
     except (OSError, ValueError, KeyError) as e:
         print(f"bench_report: {e}", file=sys.stderr)
         return 1
