@@ -35,9 +35,11 @@
 #   part's context.txt is the one kept.
 # Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
 #   (6-8 min on an H100 alone); no budget unless --budget is given. On an H200 (2026-12-02)
-#   vmm_bench_grow alone outlasted 464 s with 14 of its 34 rows done (its five repetitions
-#   at the default min time: expect 15-20 min for it), every other program and the replays
-#   took 6-7 min: expect 30-35 min in all, so split it with --only where calls are shorter.
+#   vmm_bench_grow took about 13 min (its five repetitions at the default min time: 464 s
+#   for its first 14 rows, 325 s for the other 24), every other program and the replays
+#   6-7 min, and torch_allocators.py had not finished after 480 s (the largest-batch search
+#   runs one process per attempt and allocator): expect 30-35 min in all, so split it with
+#   --only where calls are shorter, torch_allocators in a part of its own.
 # vmm_bench_grow, vmm_bench_driver and vmm_bench_growth_ahead (issue 16's rows) run 5
 #   repetitions each, and the report takes their medians: single short runs of their rows
 #   moved by 10-30 % on the lent H100s (2026-11-24). Not interleaved, so that each row follows
