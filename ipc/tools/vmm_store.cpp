@@ -8,6 +8,7 @@
 #include <vmm/store/server.hpp>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -48,6 +50,25 @@ void print_json(const json& value) {
 }
 
 // ---- serve ---------------------------------------------------------------------------------
+
+// Raises the soft limit of open descriptors to the hard one, and returns the soft limit in
+// force. Every connection holds one, and so does every chunk an offer brings back after a
+// restart (docs/store.md): the usual soft limit of 1024 is below the daemon's own default
+// max_connections (4096). The daemon waits with poll(), so descriptors past 1024 are safe.
+// An unlimited hard limit is as far as the kernel goes, fs.nr_open.
+rlim_t raise_descriptor_limit() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0) return 0;
+  rlim_t wanted = files.rlim_max;
+  if (wanted == RLIM_INFINITY) {
+    std::ifstream nr_open("/proc/sys/fs/nr_open");
+    if (!(nr_open >> wanted)) return files.rlim_cur;
+  }
+  if (files.rlim_cur >= wanted) return files.rlim_cur;
+  rlimit raised = files;
+  raised.rlim_cur = wanted;
+  return ::setrlimit(RLIMIT_NOFILE, &raised) == 0 ? wanted : files.rlim_cur;
+}
 
 command add_serve(CLI::App& app) {
   struct settings {
@@ -107,6 +128,7 @@ command add_serve(CLI::App& app) {
             options.reply_timeout = std::chrono::milliseconds(s->reply_timeout_ms);
             options.version_slots = s->version_slots;
             if (default_path) vmm::store::prepare_socket_directory(options.socket_path);
+            const rlim_t descriptors = raise_descriptor_limit();
             vmm::store::server daemon(options);
             running = &daemon;
             struct sigaction handler {};
@@ -116,10 +138,11 @@ command add_serve(CLI::App& app) {
             sigaction(SIGTERM, &handler, nullptr);
             signal(SIGPIPE, SIG_IGN);
             fmt::print(
-                "vmm-store daemon: serving {} (pid {}, protocol {}, instance {:#018x}); starting empty: an "
-                "earlier daemon's sealed buffers come back only as clients that map them reconnect\n",
+                "vmm-store daemon: serving {} (pid {}, protocol {}, instance {:#018x}, up to {} open "
+                "descriptors); starting empty: an earlier daemon's sealed buffers come back only as clients "
+                "that map them reconnect\n",
                 daemon.options().socket_path, daemon.info().pid, daemon.info().version,
-                daemon.info().instance);
+                daemon.info().instance, descriptors);
             std::fflush(stdout);
             if (s->ready_fd >= 0) {
               const char byte = 'r';

@@ -7,12 +7,14 @@ VERSION is project(VERSION) of the top-level CMakeLists.txt. Each tool (and each
 command) answers --help with exit 0 and lists every option with its default, --version with
 exit 0 and "NAME VERSION", and a bad option with exit 2 naming it. vmm-info --json parses;
 vmm-store's ls, stat and stats print JSON of the documented fields from a daemon started
-here (empty: the C++ store tests fill one).
+here (empty: the C++ store tests fill one), started with a low soft descriptor limit, which
+serve raises to the hard one.
 """
 
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -74,11 +76,20 @@ def main():
         os.chmod(directory, 0o700)
         socket = os.path.join(directory, "socket")
         ready_read, ready_write = os.pipe()
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        low = min(256, hard)
         daemon = subprocess.Popen([store, "serve", "--socket", socket, "--cap", "64M", "--ready-fd", str(ready_write)],
-                                  pass_fds=(ready_write,), stdout=subprocess.DEVNULL)
+                                  pass_fds=(ready_write,), stdout=subprocess.PIPE, text=True,
+                                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard)))
         os.close(ready_write)
         try:
             expect(os.read(ready_read, 1) == b"r", "the daemon did not say it was ready")
+            if hard == resource.RLIM_INFINITY:
+                with open("/proc/sys/fs/nr_open") as f:
+                    hard = int(f.read())
+            with open(f"/proc/{daemon.pid}/limits") as f:
+                files = next(line for line in f if line.startswith("Max open files")).split()
+            expect(files[3] == str(hard), f"serve left its soft descriptor limit at {files[3]}, not the hard {hard}")
             result = run(store, "ls", "--socket", socket, "--json")
             expect(result.returncode == 0 and json.loads(result.stdout or "null") == {"buffers": []},
                    f"ls --json: exit {result.returncode}, {result.stdout!r} {result.stderr!r}")
@@ -95,8 +106,9 @@ def main():
             expect(result.returncode == 1 and '"absent"' in result.stderr, f"stat absent: {result.stderr!r}")
         finally:
             daemon.terminate()
-            daemon.wait(timeout=60)
+            said, _ = daemon.communicate(timeout=60)
             os.close(ready_read)
+        expect(f"up to {hard} open descriptors" in said, f"serve did not say its descriptor limit: {said!r}")
 
     for failure in failures:
         print("FAILED:", failure)
