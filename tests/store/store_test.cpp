@@ -1015,5 +1015,81 @@ TEST(store_server, a_client_the_daemon_has_no_descriptor_for_is_refused_naming_t
   EXPECT_EQ(open_fd_count(), fds_before + 2);  // the client's socket and the daemon's end of it
 }
 
+// The offers under way hold at most max_offer_descriptors descriptors, every connection's
+// together: a frame that would pass the bound is refused, naming it, and its offer ends; an
+// offer that completes, is refused or is abandoned with its connection counts no more.
+TEST(store_server, offers_under_way_hold_no_more_descriptors_than_the_bound) {
+  using namespace std::chrono_literals;
+  store::server daemon({.max_offer_descriptors = 3});
+  const std::size_t g = provider_for(location::os_host())->capabilities().granularity;
+  const auto connect = [&] {
+    auto [client, served] = ipc::make_socket_pair();
+    daemon.add_connection(std::move(served), ::getpid(), ::getuid());
+    return std::move(client);
+  };
+  const auto serve = [&] {
+    for (int turn = 0; turn < 4; ++turn) ASSERT_TRUE(daemon.serve_once(0ms));
+  };
+  // `r` sent with a sealed memfd of one granule for each of its chunks, and served.
+  const auto send = [&](int socket, const store::request& r) {
+    std::vector<unique_fd> owned;
+    std::vector<int> fds;
+    for (std::size_t i = 0; i < r.chunk_sizes.size(); ++i) {
+      owned.emplace_back(::memfd_create("offered", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      ASSERT_TRUE(owned.back());
+      ASSERT_EQ(::ftruncate(owned.back().get(), static_cast<off_t>(g)), 0);
+      ASSERT_EQ(::fcntl(owned.back().get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+      fds.push_back(owned.back().get());
+    }
+    ipc::send_message(socket, store::encode(r), fds);
+    serve();
+  };
+  std::uint64_t entry = 0;
+  // The first frame of an offer of `total` chunks that sends `first` of them.
+  const auto offer = [&](const std::string& name, std::uint32_t total, std::size_t first) {
+    return store::request{.op = store::operation::offer,
+                          .name = name,
+                          .where = location::os_host(),
+                          .size = total * g,
+                          .entry = ++entry,
+                          .origin = 0x1234,
+                          .chunk_total = total,
+                          .chunk_sizes = std::vector<std::uint64_t>(first, g)};
+  };
+  const store::request one_more{.op = store::operation::offer_more, .chunk_sizes = {g}};
+  const auto answer = [](int socket) {
+    return store::decode_reply(ipc::receive_message(socket, {}, 1000ms).payload);
+  };
+
+  const unique_fd a = connect();
+  send(a.get(), offer("a", 2, 1));  // one descriptor held
+  const unique_fd b = connect();
+  const std::size_t fds_before_refusal = open_fd_count();
+  send(b.get(), offer("b", 3, 3));  // one and three: past the bound
+  const store::reply refused = answer(b.get());
+  EXPECT_EQ(open_fd_count(), fds_before_refusal) << "the refused offer's descriptors stayed open";
+  EXPECT_EQ(refused.code, store::status::unavailable) << refused.message;
+  EXPECT_NE(refused.message.find("the offers under way would hold 4, past the daemon's bound of 3"),
+            std::string::npos)
+      << refused.message;
+  send(a.get(), one_more);  // two held, and the offer is whole: adopted
+  EXPECT_EQ(answer(a.get()).code, store::status::ok);
+  send(b.get(), offer("b", 3, 3));  // nothing else under way
+  EXPECT_EQ(answer(b.get()).code, store::status::ok);
+  const std::size_t fds_before_abandoning = open_fd_count();
+  {
+    const unique_fd c = connect();
+    send(c.get(), offer("c", 2, 1));  // one held, then its connection closes
+  }
+  serve();
+  EXPECT_EQ(open_fd_count(), fds_before_abandoning) << "the abandoned offer's descriptor stayed open";
+  const unique_fd d = connect();
+  send(d.get(), offer("d", 3, 3));  // refused if c's descriptor still counted
+  EXPECT_EQ(answer(d.get()).code, store::status::ok);
+  ipc::send_message(d.get(), store::encode(store::request{.op = store::operation::list}));
+  serve();
+  EXPECT_EQ(store::decode_buffer_infos(answer(d.get()).body).size(), 3u);  // a, b and d
+}
+
 }  // namespace
 }  // namespace vmm::testing

@@ -114,11 +114,24 @@ struct server::connection {
   // The descriptors that came with the request being received (offer and offer_more only).
   std::vector<unique_fd> inbox_fds;
   // An offer whose chunks are still coming (offer_more): its first request, every chunk's
-  // size and descriptor so far.
+  // size and descriptor so far. Its descriptors count in the daemon's offer_fds_ for as long
+  // as it lives, however it ends (complete, refused, or its connection closed).
   struct pending_offer {
+    explicit pending_offer(std::size_t& daemon_count) : counted_in(daemon_count) {}
+    pending_offer(const pending_offer&) = delete;
+    pending_offer& operator=(const pending_offer&) = delete;
+    ~pending_offer() { counted_in -= counted; }
+    void add(std::vector<unique_fd>& more) {
+      for (unique_fd& fd : more) fds.push_back(std::move(fd));
+      counted_in += more.size();
+      counted += more.size();
+    }
+
     request first;
     std::vector<std::uint64_t> sizes;
     std::vector<unique_fd> fds;
+    std::size_t& counted_in;
+    std::size_t counted = 0;
   };
   std::unique_ptr<pending_offer> offer;
 
@@ -691,7 +704,7 @@ class server::dispatch {
         throw refusal{status::invalid,
                       fmt::format("vmm-store: an offer of {} chunks sends {} in its first frame",
                                   r.chunk_total, r.chunk_sizes.size())};
-      c_.offer = std::make_unique<connection::pending_offer>();
+      c_.offer = std::make_unique<connection::pending_offer>(d_.offer_fds_);
       c_.offer->first = r;
     } else if (!c_.offer) {
       throw refusal{status::invalid, "vmm-store: offer_more without an offer under way"};
@@ -702,11 +715,27 @@ class server::dispatch {
                                 c_.offer->sizes.size())};
     }
     connection::pending_offer& pending = *c_.offer;
+    if (const std::size_t bound = offer_descriptor_bound(); d_.offer_fds_ + fds.size() > bound)
+      throw refusal{status::unavailable,
+                    fmt::format("vmm-store: the offer of \"{}\" is refused: with its {} more descriptors the "
+                                "offers under way would hold {}, past the daemon's bound of {} "
+                                "(max_offer_descriptors{}); offer it again once they are done",
+                                pending.first.name, fds.size(), d_.offer_fds_ + fds.size(), bound,
+                                d_.options_.max_offer_descriptors == 0 ? ": half of RLIMIT_NOFILE" : "")};
     pending.sizes.insert(pending.sizes.end(), r.chunk_sizes.begin(), r.chunk_sizes.end());
-    for (unique_fd& fd : fds) pending.fds.push_back(std::move(fd));
+    pending.add(fds);
     if (pending.sizes.size() < pending.first.chunk_total) return {};  // more to come
     const std::unique_ptr<connection::pending_offer> whole = std::move(c_.offer);
     return adopt(whole->first, whole->sizes, std::move(whole->fds));
+  }
+
+  // options_.max_offer_descriptors, or half the soft descriptor limit where it is 0.
+  [[nodiscard]] std::size_t offer_descriptor_bound() const {
+    if (d_.options_.max_offer_descriptors != 0) return d_.options_.max_offer_descriptors;
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY)
+      return std::numeric_limits<std::size_t>::max();
+    return static_cast<std::size_t>(files.rlim_cur / 2);
   }
 
   // Makes an entry of a complete offer: imported read-only, its table checked, sealed.

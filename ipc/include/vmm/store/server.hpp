@@ -121,6 +121,11 @@ struct server_options {
   std::chrono::milliseconds reply_timeout{5000};
   /// Connections beyond this are refused.
   std::size_t max_connections = 4096;
+  /// The most descriptors the offers under way (every connection's together, between an
+  /// offer's first frame and its last) may hold; an offer frame that would pass it is refused
+  /// (status unavailable) and its offer ends, so that no client's unfinished offer takes the
+  /// descriptors others need. 0: half the soft RLIMIT_NOFILE, read at each offer frame.
+  std::size_t max_offer_descriptors = 0;
   /// Words of the version table (8 bytes each, in a memfd that holds only the pages
   /// written): entries beyond this many live at once get none, and their holders go to the
   /// daemon at every get. 0: no table.
@@ -201,6 +206,9 @@ class server {
   ipc::exporter exporter_;
   std::map<std::uint64_t, std::unique_ptr<entry>> entries_;  // by entry id
   std::map<std::string, std::uint64_t, std::less<>> names_;  // name -> entry id
+  // Descriptors the offers under way hold (max_offer_descriptors); before connections_,
+  // whose pending offers count themselves out of it as they go.
+  std::size_t offer_fds_ = 0;
   std::map<std::uint64_t, std::unique_ptr<connection>> connections_;
   std::uint64_t next_entry_ = 1;
   std::uint64_t next_connection_ = 1;
