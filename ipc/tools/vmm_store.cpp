@@ -78,6 +78,8 @@ command add_serve(CLI::App& app) {
     std::uint64_t request_timeout_ms = 0;
     std::uint64_t reply_timeout_ms = 0;
     std::uint64_t version_slots = 0;
+    std::uint64_t max_connections = 0;
+    std::uint64_t max_offer_descriptors = 0;
     int ready_fd = -1;
   };
   auto s = std::make_shared<settings>();
@@ -86,6 +88,8 @@ command add_serve(CLI::App& app) {
   s->request_timeout_ms = static_cast<std::uint64_t>(s->options.request_timeout.count());
   s->reply_timeout_ms = static_cast<std::uint64_t>(s->options.reply_timeout.count());
   s->version_slots = s->options.version_slots;
+  s->max_connections = s->options.max_connections;
+  s->max_offer_descriptors = s->options.max_offer_descriptors;
   CLI::App* serve =
       app.add_subcommand("serve", "Run the daemon until SIGINT or SIGTERM (which remove its socket)");
   serve->add_option("--socket", s->options.socket_path, "The socket to listen on")
@@ -101,17 +105,32 @@ command add_serve(CLI::App& app) {
                    "Uids besides the daemon's own that may connect (a list: 1001,1002; repeatable)")
       ->type_name("UID,...")
       ->delimiter(',')
-      ->default_str("none: the daemon's uid only");
+      ->default_str("none: the daemon's uid only")
+      ->check(CLI::NonNegativeNumber);
   serve
       ->add_option("--request-timeout", s->request_timeout_ms,
                    "Milliseconds a request may take to arrive once its first byte came")
-      ->type_name("MS");
+      ->type_name("MS")
+      ->check(CLI::NonNegativeNumber);
   serve->add_option("--reply-timeout", s->reply_timeout_ms, "Milliseconds a reply may take to be read")
-      ->type_name("MS");
+      ->type_name("MS")
+      ->check(CLI::NonNegativeNumber);
   serve
       ->add_option("--version-slots", s->version_slots,
                    "Words of the version table that lets clients get unchanged buffers locally (0: none)")
-      ->type_name("N");
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  serve
+      ->add_option("--max-connections", s->max_connections,
+                   "Connections at once; one past it is refused, naming the bound")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--max-offer-descriptors", s->max_offer_descriptors,
+                   "Descriptors the offers under way may hold, every connection's together (0: half "
+                   "the soft RLIMIT_NOFILE)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
   serve
       ->add_option("--ready-fd", s->ready_fd,
                    "Once listening, write one byte to descriptor N and close it (for supervisors and tests)")
@@ -127,6 +146,8 @@ command add_serve(CLI::App& app) {
             options.request_timeout = std::chrono::milliseconds(s->request_timeout_ms);
             options.reply_timeout = std::chrono::milliseconds(s->reply_timeout_ms);
             options.version_slots = s->version_slots;
+            options.max_connections = s->max_connections;
+            options.max_offer_descriptors = s->max_offer_descriptors;
             if (default_path) vmm::store::prepare_socket_directory(options.socket_path);
             const rlim_t descriptors = raise_descriptor_limit();
             vmm::store::server daemon(options);

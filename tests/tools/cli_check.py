@@ -8,13 +8,14 @@ command) answers --help with exit 0 and lists every option with its default, --v
 exit 0 and "NAME VERSION", and a bad option with exit 2 naming it. vmm-info --json parses;
 vmm-store's ls, stat and stats print JSON of the documented fields from a daemon started
 here (empty: the C++ store tests fill one), started with a low soft descriptor limit, which
-serve raises to the hard one.
+serve raises to the hard one, and with --max-connections 2, past which a client is refused.
 """
 
 import json
 import os
 import re
 import resource
+import socket as sock
 import subprocess
 import sys
 import tempfile
@@ -72,13 +73,20 @@ def main():
     expect(result.returncode == 2 and "--cap" in result.stderr and '"1.5Q"' in result.stderr,
            f"vmm-store serve --cap 1.5Q: exit {result.returncode}, stderr {result.stderr!r}")
 
+    # Unsigned options would take -1 as 2^64 - 1 without their checks.
+    for option, value in (("--max-connections", "0"), ("--max-offer-descriptors", "-1"), ("--request-timeout", "-1"),
+                          ("--reply-timeout", "-1"), ("--version-slots", "-1"), ("--allow-uid", "-1")):
+        result = run(store, "serve", "--socket", os.devnull + "/none", option, value)
+        expect(result.returncode == 2 and option in result.stderr,
+               f"vmm-store serve {option} {value}: exit {result.returncode}, stderr {result.stderr!r}")
+
     with tempfile.TemporaryDirectory() as directory:
         os.chmod(directory, 0o700)
         socket = os.path.join(directory, "socket")
         ready_read, ready_write = os.pipe()
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         low = min(256, hard)
-        daemon = subprocess.Popen([store, "serve", "--socket", socket, "--cap", "64M", "--ready-fd", str(ready_write)],
+        daemon = subprocess.Popen([store, "serve", "--socket", socket, "--cap", "64M", "--max-connections", "2", "--ready-fd", str(ready_write)],
                                   pass_fds=(ready_write,), stdout=subprocess.PIPE, text=True,
                                   preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard)))
         os.close(ready_write)
@@ -104,6 +112,17 @@ def main():
                    f"stats: {result.stdout!r}")
             result = run(store, "stat", "absent", "--socket", socket, "--json")
             expect(result.returncode == 1 and '"absent"' in result.stderr, f"stat absent: {result.stderr!r}")
+            # Two connections held open fill --max-connections 2: a third is refused, naming the bound.
+            held = [sock.socket(sock.AF_UNIX, sock.SOCK_STREAM) for _ in range(2)]
+            try:
+                for client in held:
+                    client.connect(socket)
+                result = run(store, "ls", "--socket", socket)
+                expect(result.returncode != 0 and "2 connections already" in result.stderr,
+                       f"ls past --max-connections 2: exit {result.returncode}, stderr {result.stderr!r}")
+            finally:
+                for client in held:
+                    client.close()
         finally:
             daemon.terminate()
             said, _ = daemon.communicate(timeout=60)
@@ -112,7 +131,8 @@ def main():
 
     for failure in failures:
         print("FAILED:", failure)
-    print(f"{len(commands)} commands' --help and bad options, 3 --version, 4 JSON outputs checked")
+    print(f"{len(commands)} commands' --help and bad options, 3 --version, 4 JSON outputs, "
+          "6 serve bounds checked")
     return 1 if failures else 0
 
 
