@@ -1291,6 +1291,7 @@ def main():
         "vmm_headroom": arguments.vmm_headroom,
         "cpus": sorted(os.sched_getaffinity(0)) if arguments.cpus is not None else None,
         "cudnn_attention": arguments.cudnn_attention,
+        "max_batch_search": search,
         "settings": settings(arguments.quick, arguments.steps),
         "seconds": time.time() - started,
         "results": results,

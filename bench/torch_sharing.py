@@ -12,7 +12,10 @@ Each allocator runs in a process of its own (this script runs itself with --chil
 A round: the sender puts the tensor into a Queue; the receiver (a spawned process, started
 once) gets it, reads it with a kernel (the sum of its first and last bytes), answers, and
 drops it. Timed from the put to the answer: median and minimum milliseconds of the timed
-rounds after two warm-up rounds. Leaks: --leak-rounds more rounds of a 64 MiB tensor; the
+rounds after two warm-up rounds. For vmm also the driver's part of a round alone
+("in_process"): the tensor shared and opened again in its own process, read and dropped,
+no transport (its share over the whole round: how much of the round the pages' export,
+import and mapping take). Leaks: --leak-rounds more rounds of a 64 MiB tensor; the
 descriptors open in both processes, the GPU memory in use (cudaMemGetInfo) and, for vmm,
 the frees still held for receivers, before and after. Prints one JSON object (and writes
 it to --json).
@@ -117,6 +120,37 @@ def host_transport(size, timed):
     return result
 
 
+def in_process_rounds(torch, tensor, count):
+    """What a round costs vmm with no second process and no transport: the same tensor
+    shared and opened again in this process, read by the same kernel and dropped. Its share
+    (exporting every page and making the lease) and its open (importing, mapping and granting
+    every page, then unmapping and releasing them) are the driver's work a round needs."""
+    import vmm
+
+    shares, opens, pages = [], [], 0
+    for _ in range(count):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        handle = vmm.share(tensor)
+        shared = time.perf_counter()
+        pages = len(handle.fds) - int(handle.lease)
+        opened = vmm.open(handle)
+        handle.close()
+        assert int(opened[0]) + int(opened[-1]) == int(tensor[0]) + int(tensor[-1])
+        del opened
+        torch.cuda.synchronize()
+        done = time.perf_counter()
+        shares.append((shared - start) * 1e3)
+        opens.append((done - shared) * 1e3)
+    shares, opens = shares[2:], opens[2:]
+    return {
+        "pages": pages,
+        "share_median_ms": statistics.median(shares),
+        "open_read_drop_median_ms": statistics.median(opens),
+        "share_open_median_ms": statistics.median([a + b for a, b in zip(shares, opens)]),
+    }
+
+
 def child(allocator, size, timed, leak_rounds):
     import multiprocessing
 
@@ -134,6 +168,7 @@ def child(allocator, size, timed, leak_rounds):
     torch.cuda.synchronize()
     times, _ = rounds(torch, context, tensor, timed + 2)
     times = times[2:]
+    floor = in_process_rounds(torch, tensor, timed + 2) if allocator == "vmm" else None
     del tensor
 
     small = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
@@ -159,6 +194,9 @@ def child(allocator, size, timed, leak_rounds):
         "receiver_fds_after_leak_rounds": receiver_fds,
         "gpu_free_change_bytes": free_after - free_before,
     }
+    if floor is not None:
+        result["in_process"] = floor
+        result["in_process_over_round"] = floor["share_open_median_ms"] / result["median_ms"]
     if allocator == "vmm":
         stats = vmm.torch.memory_stats()
         result["held_for_receivers_frees"] = stats["vmm.held_for_receivers.frees"]

@@ -45,6 +45,9 @@
 #   moved by 10-30 % on the lent H100s (2026-11-24). Not interleaved, so that each row follows
 #   its own repetitions; and cold rows wait for the driver to finish with the memory the run
 #   before released (bench/settle.hpp).
+# VMM_BENCH_TORCH_ARGS: more arguments for torch_allocators.py, split at spaces (e.g.
+#   "--max-batch off" for a full run without the largest-batch search, which fits in a
+#   shorter session); its JSON says whether the search ran (max_batch_search).
 # Nothing here enforces a target: the exit status is 0 when bench.json was written.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -248,6 +251,8 @@ fi
 if [ -n "$torch_python" ]; then
   torch_args=(bench/torch_allocators.py --json "$work/torch/torch_allocators.json")
   if [ "$quick" = 1 ]; then torch_args+=(--quick --timeout 240); fi
+  read -r -a extra <<<"${VMM_BENCH_TORCH_ARGS:-}"
+  torch_args+=("${extra[@]}")
   echo "bench.sh: torch_allocators.py with $torch_python (${torch_args[*]:3})"
   run_timed 3600 "$work/torch/torch_allocators" "$torch_python" "${torch_args[@]}"
 elif wanted torch_allocators; then  # a part left out by --only leaves no record to merge
