@@ -72,32 +72,22 @@ rlim_t raise_descriptor_limit() {
 
 command add_serve(CLI::App& app) {
   struct settings {
+    // The options bind to server_options' fields, except the two timeouts (std::chrono),
+    // which are read as milliseconds and converted when the command runs.
     vmm::store::server_options options;
-    std::uint64_t cap = 0;
-    std::uint64_t client_cap = 0;
-    std::uint64_t request_timeout_ms = 0;
-    std::uint64_t reply_timeout_ms = 0;
-    std::uint64_t version_slots = 0;
-    std::uint64_t max_connections = 0;
-    std::uint64_t max_offer_descriptors = 0;
+    std::uint64_t request_timeout_ms = static_cast<std::uint64_t>(options.request_timeout.count());
+    std::uint64_t reply_timeout_ms = static_cast<std::uint64_t>(options.reply_timeout.count());
     int ready_fd = -1;
   };
   auto s = std::make_shared<settings>();
-  s->cap = s->options.cap;
-  s->client_cap = s->options.client_cap;
-  s->request_timeout_ms = static_cast<std::uint64_t>(s->options.request_timeout.count());
-  s->reply_timeout_ms = static_cast<std::uint64_t>(s->options.reply_timeout.count());
-  s->version_slots = s->options.version_slots;
-  s->max_connections = s->options.max_connections;
-  s->max_offer_descriptors = s->options.max_offer_descriptors;
   CLI::App* serve =
       app.add_subcommand("serve", "Run the daemon until SIGINT or SIGTERM (which remove its socket)");
   serve->add_option("--socket", s->options.socket_path, "The socket to listen on")
       ->type_name("PATH")
       ->default_str(vmm::store::default_socket_path() + " (its directory made with mode 0700)");
-  vmm::tools::add_byte_size(*serve, "--cap", s->cap, "The most capacity every buffer together may hold", 0,
-                            UINT64_MAX, "none");
-  vmm::tools::add_byte_size(*serve, "--client-cap", s->client_cap,
+  vmm::tools::add_byte_size(*serve, "--cap", s->options.cap,
+                            "The most capacity every buffer together may hold", 0, UINT64_MAX, "none");
+  vmm::tools::add_byte_size(*serve, "--client-cap", s->options.client_cap,
                             "The most capacity one connection's live creations may hold", 0, UINT64_MAX,
                             "none");
   serve
@@ -116,17 +106,17 @@ command add_serve(CLI::App& app) {
       ->type_name("MS")
       ->check(CLI::NonNegativeNumber);
   serve
-      ->add_option("--version-slots", s->version_slots,
+      ->add_option("--version-slots", s->options.version_slots,
                    "Words of the version table that lets clients get unchanged buffers locally (0: none)")
       ->type_name("N")
       ->check(CLI::NonNegativeNumber);
   serve
-      ->add_option("--max-connections", s->max_connections,
+      ->add_option("--max-connections", s->options.max_connections,
                    "Connections at once; one past it is refused, naming the bound")
       ->type_name("N")
       ->check(CLI::PositiveNumber);
   serve
-      ->add_option("--max-offer-descriptors", s->max_offer_descriptors,
+      ->add_option("--max-offer-descriptors", s->options.max_offer_descriptors,
                    "Descriptors the offers under way may hold, every connection's together (0: half "
                    "the soft RLIMIT_NOFILE)")
       ->type_name("N")
@@ -141,13 +131,8 @@ command add_serve(CLI::App& app) {
             vmm::store::server_options& options = s->options;
             const bool default_path = serve->count("--socket") == 0;
             if (default_path) options.socket_path = vmm::store::default_socket_path();
-            options.cap = s->cap;
-            options.client_cap = s->client_cap;
             options.request_timeout = std::chrono::milliseconds(s->request_timeout_ms);
             options.reply_timeout = std::chrono::milliseconds(s->reply_timeout_ms);
-            options.version_slots = s->version_slots;
-            options.max_connections = s->max_connections;
-            options.max_offer_descriptors = s->max_offer_descriptors;
             if (default_path) vmm::store::prepare_socket_directory(options.socket_path);
             const rlim_t descriptors = raise_descriptor_limit();
             vmm::store::server daemon(options);
