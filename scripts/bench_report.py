@@ -74,6 +74,7 @@ class Run:
     before any "name:value" argument) and its arguments; time in seconds."""
 
     def __init__(self, entry):
+        self.source = None  # the caption of the run it came from when another run filled it in
         name = entry.get("run_name") or entry.get("name", "?")
         parts = [p for p in name.split("/") if not RUN_SUFFIX.match(p)]
         self.name = "/".join(parts)
@@ -322,6 +323,8 @@ class Document:
             if mine is None or not mine.has_rows():
                 why = "not in this run" if mine is None else mine.missing_note()
                 theirs.filled = f"every row of `{name}` is from {source}, not from this run ({why})"
+                for r in theirs.runs:
+                    r.source = r.source or other.caption()
                 self.programs[name] = theirs
             elif mine.kind == "google_benchmark" and mine.status == "timed_out":
                 reached = {r.name for r in mine.runs}
@@ -335,8 +338,10 @@ class Document:
                     here = sum(1 for r in mine.runs if (r.family, r.case) == group)
                     described.append("/".join(part for part in group if part)
                                      + (f" (this run finished {here} of its rows)" if here else ""))
-                mine.runs = [r for r in mine.runs if (r.family, r.case) not in unfinished] + \
-                            [r for r in theirs.runs if (r.family, r.case) in unfinished]
+                taken = [r for r in theirs.runs if (r.family, r.case) in unfinished]
+                for r in taken:
+                    r.source = r.source or other.caption()
+                mine.runs = [r for r in mine.runs if (r.family, r.case) not in unfinished] + taken
                 note = "the rows of " + ", ".join(described) + f" are all from {source}"
                 mine.filled = (f"{mine.filled}; " if mine.filled else
                                f"`{name}` timed out in this run ({mine.why}); ") + note
@@ -405,9 +410,11 @@ class Plots:
                                       squeeze=False)
         return fig, list(axes[0])
 
-    def save(self, fig, name, title, out, caption_text):
-        """Writes <folder>/bench/<name>.png and the markdown that shows it."""
-        fig.suptitle(f"{title}\n{self.caption}", fontsize=10)
+    def save(self, fig, name, title, out, caption_text, rows=()):
+        """Writes <folder>/bench/<name>.png and the markdown that shows it. Its caption names
+        the run of the report, or the runs its `rows` came from where another run filled them."""
+        caption = " and ".join(unique(r.source or self.caption for r in rows)) or self.caption
+        fig.suptitle(f"{title}\n{caption}", fontsize=10)
         fig.tight_layout()
         os.makedirs(os.path.join(self.folder, "bench"), exist_ok=True)
         path = os.path.join(self.folder, "bench", f"{name}.png")
@@ -416,7 +423,7 @@ class Plots:
         self.files.append(path)
         out.append(f"![{title}](bench/{name}.png)")
         out.append("")
-        out.append(f"*{caption_text} {self.caption}.*")
+        out.append(f"*{caption_text} {caption}.*")
         out.append("")
 
 
@@ -711,7 +718,7 @@ def plot_growth(report, runs):
     left.legend(fontsize=6)
     plots.save(fig, "growth", "Growing a buffer: time and peak memory against size", report.out,
                "Time to grow from 0 and write each appended slice once (left, log scale) and the "
-               "peak of memory held (right), for every contender.")
+               "peak of memory held (right), for every contender.", ok)
 
 
 def grow_once_table(rows, is_gpu, out, floor_note):
@@ -769,7 +776,7 @@ def plot_grow_once(report, rows):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     plots.save(fig, "grow_once", "One grow by one chunk (warm pool) against chunk size", report.out,
-               "Host time of one grow by one chunk with a warm pool, vmm against the raw calls it needs.")
+               "Host time of one grow by one chunk with a warm pool, vmm against the raw calls it needs.", ok)
 
 
 def reach_lines(rows, out):
@@ -1954,6 +1961,7 @@ def self_test():
         reached = len(doc.program("vmm_bench_grow").runs)
         no_torch = synthetic_document(1)
         del no_torch["programs"]["torch_allocators"]
+        no_torch["context"]["date"] = "2026-11-24T09:00:00Z"  # its plots' captions say so
         doc.fill_from(load_document(written("no_torch.json", no_torch)))
         expect(doc.program("torch_allocators") is None, "fill_from invented torch_allocators' rows")
         doc.fill_from(load_document(first))
@@ -1971,6 +1979,12 @@ def self_test():
         expect("`bench.json` (NVIDIA H100 80GB HBM3, driver 560.35.03 (CUDA 12.6), 2026-11-23); " not in markdown
                and markdown.count("are all from") == 1, "the second fill replaced rows the first had filled")
         expect("every row of `vmm_bench_driver`" not in markdown, "fill_from replaced a program that ran")
+        if plots_available():
+            plotted, _ = render([doc], os.path.join(folder, "filled"))
+            caption = [line for line in plotted.splitlines() if line.startswith("*Time to grow from 0")]
+            expect(caption and caption[0].endswith("driver 580.159.04 (CUDA 13.0), 2026-11-24, --quick.*")
+                   and "2026-11-23" not in caption[0],
+                   f"the growth plot, every row of it filled from no_torch.json, does not name that run: {caption}")
         other_gpu = synthetic_document(1)
         other_gpu["context"]["gpu_names"] = ["NVIDIA H200"]
         try:
