@@ -6,7 +6,8 @@
 // weights, written once as a safetensors file in a temporary directory (from the page cache
 // afterwards). Without a GPU every dimension is divided by 64 (a few MiB: the rows run on the
 // OS host-memory provider, the legacy rows skip with the reason); --scale=N divides them by
-// N (scripts/bench.sh --quick passes 4).
+// N (scripts/bench.sh --quick passes 4). --layers=N sets the depth (default 32; 41 layers
+// make 15.95 GiB, the 16 GiB set of the GPU run's issue).
 //
 // Rows, each for N = 1, 2, 4, 8 processes started together (this program again, "child"),
 // each reporting when its first tensor is usable (its first element read back) and when
@@ -39,6 +40,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <new>
@@ -47,6 +49,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -68,7 +71,8 @@ using clock_type = std::chrono::steady_clock;
 constexpr const char* set_name = "bench/llama-7b";
 std::string program;
 std::string directory;
-std::uint64_t scale = 0;  // every dimension divided by it (--scale=N); 0: 1 on a GPU, else 64
+std::uint64_t scale = 0;    // every dimension divided by it (--scale=N); 0: 1 on a GPU, else 64
+std::uint64_t layers = 32;  // the model's depth (--layers=N)
 
 bool have_gpu() {
   static const bool gpu = vmm::gpu_available();
@@ -93,7 +97,7 @@ std::vector<vmm::store::tensor_info> model_tensors() {
     t.push_back({.name = std::move(name), .type = vmm::store::dtype::bf16, .shape = std::move(shape)});
   };
   add("model.embed_tokens.weight", {vocab, hidden});
-  for (int l = 0; l < 32; ++l) {
+  for (std::uint64_t l = 0; l < layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
       add(p + "self_attn." + proj + ".weight", {hidden, hidden});
@@ -249,7 +253,8 @@ running_child start_child(const std::string& mode) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, to[0], 0);
   posix_spawn_file_actions_adddup2(&actions, from[1], 1);
-  std::vector<std::string> argv = {program, "child", mode, directory, std::to_string(scale)};
+  std::vector<std::string> argv = {
+      program, "child", mode, directory, std::to_string(scale), std::to_string(layers)};
   std::vector<char*> pointers;
   for (std::string& word : argv) pointers.push_back(word.data());
   pointers.push_back(nullptr);
@@ -488,24 +493,40 @@ BENCHMARK(BM_read_file)
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond);
 
+// Whether `word` is the option `prefix` (--name=); then its value, a whole number from low to
+// high, is put into `into`. @throws std::invalid_argument a value that is not one, naming it.
+bool own_option(const std::string_view word, const std::string_view prefix, std::uint64_t low,
+                std::uint64_t high, std::uint64_t& into) {
+  if (!word.starts_with(prefix)) return false;
+  const std::string_view text = word.substr(prefix.size());
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || value < low || value > high)
+    throw std::invalid_argument(std::string(word) + ": a whole number from " + std::to_string(low) + " to " +
+                                std::to_string(high));
+  into = value;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   program = argv[0];
-  if (argc >= 5 && std::string(argv[1]) == "child") {
+  if (argc >= 6 && std::string(argv[1]) == "child") {
     directory = argv[3];
     scale = std::stoull(argv[4]);
+    layers = std::stoull(argv[5]);
     return child(argv[2]);
   }
-  // --scale=N (this program's own option): taken out before Google Benchmark reads the rest.
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]).rfind("--scale=", 0) == 0) {
-      scale = std::stoull(std::string(argv[i]).substr(8));
-      if (scale == 0 || scale > 4096) throw std::invalid_argument("--scale: from 1 to 4096");
-      std::copy(argv + i + 1, argv + argc, argv + i);
-      --argc;
-      --i;
-    }
+  // This program's own options, taken out before Google Benchmark reads the rest.
+  for (int i = 1; i < argc; ++i) {
+    const bool taken =
+        own_option(argv[i], "--scale=", 1, 4096, scale) || own_option(argv[i], "--layers=", 1, 1024, layers);
+    if (!taken) continue;
+    std::copy(argv + i + 1, argv + argc, argv + i);
+    --argc;
+    --i;
+  }
   ::signal(SIGPIPE, SIG_IGN);
   char temporary[] = "/tmp/vmm-tensor-set-bench-XXXXXX";
   if (::mkdtemp(temporary) == nullptr) throw vmm::os_error(errno, "mkdtemp");
