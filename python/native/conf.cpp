@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <charconv>
 #include <string>
 #include <system_error>
@@ -18,7 +19,7 @@ namespace vmm_python {
 namespace {
 
 constexpr std::array known_keys{std::string_view("max_size"), std::string_view("release_threshold"),
-                                std::string_view("headroom")};
+                                std::string_view("headroom"), std::string_view("large_page_size")};
 
 std::string_view trimmed(std::string_view text) {
   const std::size_t first = text.find_first_not_of(" \t\n\r\f\v");
@@ -52,6 +53,12 @@ double share_of(std::string_view key, std::string_view value) {
 
 }  // namespace
 
+void check_large_page_size(std::size_t bytes, std::string_view who) {
+  if (bytes != 0 && (!std::has_single_bit(bytes) || bytes > max_large_page_size))
+    throw vmm::invalid_argument(fmt::format(
+        "{}: large_page_size {} is not a power of two up to 1GiB (2MiB, 32MiB, 256MiB, ...)", who, bytes));
+}
+
 conf_settings parse_conf(std::string_view text) {
   conf_settings settings;
   if (trimmed(text).empty()) return settings;
@@ -67,9 +74,9 @@ conf_settings parse_conf(std::string_view text) {
     if (colon == std::string_view::npos || key.empty() || value.empty())
       throw vmm::invalid_argument(
           fmt::format("VMM_CONF: \"{}\" is not key:value (in \"{}\")", shown(trimmed(item)), shown(text)));
-    const bool repeated = (key == known_keys[0] && settings.max_size) ||
-                          (key == known_keys[1] && settings.release_threshold) ||
-                          (key == known_keys[2] && settings.headroom);
+    const bool repeated =
+        (key == known_keys[0] && settings.max_size) || (key == known_keys[1] && settings.release_threshold) ||
+        (key == known_keys[2] && settings.headroom) || (key == known_keys[3] && settings.large_page_size);
     if (repeated) throw vmm::invalid_argument(fmt::format("VMM_CONF: {} is given twice", key));
     if (key == known_keys[0]) {
       settings.max_size = bytes_of(key, value);
@@ -79,6 +86,9 @@ conf_settings parse_conf(std::string_view text) {
       settings.release_threshold = never ? std::optional<std::size_t>() : bytes_of(key, value);
     } else if (key == known_keys[2]) {
       settings.headroom = share_of(key, value);
+    } else if (key == known_keys[3]) {
+      settings.large_page_size = bytes_of(key, value);
+      check_large_page_size(*settings.large_page_size, "VMM_CONF");
     } else {
       throw vmm::invalid_argument(
           fmt::format("VMM_CONF: unknown key \"{}\" (known: {})", shown(key), fmt::join(known_keys, ", ")));

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "conf.hpp"
 #include "last_error.hpp"
 #include "receiver_leases.hpp"
 #include "vmm/chunk_pool.hpp"
@@ -156,7 +157,9 @@ vmm::memory_resource& resource_of(int device, device_state& state) {
   // pointer export (resource_exporter) refuses such a resource; exporting the pages under
   // an allocation (pages_of, vmm::ipc::exporter) works.
   properties.large_page_size =
-      provider->capabilities().granularity * vmm::memory_resource::default_large_page_granules;
+      shared.settings.large_page_size != 0
+          ? shared.settings.large_page_size
+          : provider->capabilities().granularity * vmm::memory_resource::default_large_page_granules;
   auto* made = new vmm::memory_resource(where, properties);  // never destroyed
   if (!shared.any_made)
     shared.previous_handler.store(vmm::set_cleanup_failure_handler(&keep_cleanup_failure));
@@ -295,6 +298,7 @@ void configure(const resource_settings& settings) {
   std::lock_guard lock(state.settings_mutex);
   if (!(settings.headroom >= 0 && settings.headroom <= 1))  // NaN too
     throw vmm::invalid_argument(fmt::format("headroom {} is not a share from 0 to 1", settings.headroom));
+  check_large_page_size(settings.large_page_size, "configure");
   if (state.any_made)
     throw vmm::invalid_argument("a resource exists already; configure before the first allocation");
   state.settings = settings;

@@ -36,6 +36,9 @@ struct resource_settings {
   /// The most idle memory a resource learns to keep, a share of its peak from 0 to 1 (0:
   /// vmm's default).
   double headroom = 0;
+  /// The pages of large requests (memory_resource_properties::large_page_size; 0: vmm's
+  /// default, 16 times the granularity).
+  std::size_t large_page_size = 0;
 };
 
 /// The number of devices a process may use (device ordinals are below it).

@@ -178,10 +178,10 @@ void bind_resources(py::module_& m) {
       py::arg("ptr"), py::arg("size"), py::arg("device"), py::arg("stream") = 0, "Frees in stream order.");
   m.def(
       "configure",
-      [](std::size_t max_size, std::size_t release_threshold, double headroom) {
-        vmm_python::configure({max_size, release_threshold, headroom});
+      [](std::size_t max_size, std::size_t release_threshold, double headroom, std::size_t large_page_size) {
+        vmm_python::configure({max_size, release_threshold, headroom, large_page_size});
       },
-      py::arg("max_size"), py::arg("release_threshold"), py::arg("headroom"),
+      py::arg("max_size"), py::arg("release_threshold"), py::arg("headroom"), py::arg("large_page_size") = 0,
       "Settings of the resources made from now on.");
   m.def("use_host_memory", &vmm_python::use_host_memory,
         "For tests: every device from now on is host memory of the OS provider.");
@@ -235,6 +235,7 @@ void bind_resources(py::module_& m) {
           result["release_threshold"] =
               settings.release_threshold->has_value() ? py::cast(**settings.release_threshold) : py::none();
         if (settings.headroom) result["headroom"] = *settings.headroom;
+        if (settings.large_page_size) result["large_page_size"] = *settings.large_page_size;
         return result;
       },
       py::arg("text"),

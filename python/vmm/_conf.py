@@ -8,6 +8,7 @@ Keys (every option of vmm.torch.use()):
   max_size           bytes (4096, 512MiB, 40G, ...): the most each device's resource reserves
   release_threshold  bytes, or "none" (keep idle pages until trim())
   headroom           a share from 0 to 1
+  large_page_size    bytes: a power of two up to 1GiB (32MiB by default; 2MiB turns large pages off)
 
 Parsing is strict: an unknown key, a repeated key, a missing value or a bad one raises
 vmm.InvalidArgumentError naming it, and nothing is applied. The parser is the native
@@ -20,7 +21,7 @@ from . import _vmm
 
 VARIABLE = "VMM_CONF"
 
-KEYS = ("max_size", "release_threshold", "headroom")
+KEYS = ("max_size", "release_threshold", "headroom", "large_page_size")
 
 
 def parse(text):

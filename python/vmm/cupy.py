@@ -65,7 +65,7 @@ def _malloc(nbytes):
     return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, nbytes, owner, device), 0)
 
 
-def use(*, max_size=None, release_threshold=None, headroom=None):
+def use(*, max_size=None, release_threshold=None, headroom=None, large_page_size=None):
     """Makes vmm CuPy's device allocator (cupy.cuda.set_allocator) on every device.
 
     A second call does nothing. Settings as vmm.torch.use() (and $VMM_CONF).
@@ -79,7 +79,7 @@ def use(*, max_size=None, release_threshold=None, headroom=None):
     with _lock:
         if _in_use:
             return
-        _vmm_torch._configure(max_size, release_threshold, headroom)
+        _vmm_torch._configure(max_size, release_threshold, headroom, large_page_size)
         cupy.cuda.set_allocator(_malloc)
         _in_use = True
 

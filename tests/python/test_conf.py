@@ -15,8 +15,9 @@ def test_every_option_is_parsed():
         "release_threshold": 8 * GIB,
     }
     assert _conf.parse(" release_threshold : none ") == {"release_threshold": None}
+    assert _conf.parse("large_page_size:256MiB") == {"large_page_size": 256 << 20}
     assert _conf.parse("") == {} and _conf.parse(None) == {}
-    assert set(_conf.KEYS) == {"max_size", "release_threshold", "headroom"}
+    assert set(_conf.KEYS) == {"max_size", "release_threshold", "headroom", "large_page_size"}
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,10 @@ def test_every_option_is_parsed():
         ("headroom:nan", "headroom:nan"),
         ("release_threshold:1X", "release_threshold:1X"),
         ("max_size:1G,max_size:2G", "max_size is given twice"),
+        ("large_page_size:3MiB", "large_page_size 3145728 is not a power of two up to 1GiB"),
+        ("large_page_size:2GiB", "large_page_size 2147483648 is not a power of two up to 1GiB"),
+        ("large_page_size:big", "large_page_size:big"),
+        ("large_page_size:64M,large_page_size:64M", "large_page_size is given twice"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_it(text, named):
@@ -69,6 +74,45 @@ def test_vmm_conf_configures_the_resources_and_arguments_override_it(scenario):
         _vmm.deallocate(_vmm.allocate(16 << 20, 0), 16 << 20, 0)
         """,
         env={"VMM_CONF": "max_size:8MiB"},
+    )
+
+
+def test_large_page_size_sets_the_pages_of_large_allocations(scenario):
+    # 512 MiB of one allocation: 16 pages of the default 32 MiB; 4 of 128 MiB, from VMM_CONF
+    # or from the argument; the pages are what share() exports, a descriptor each.
+    code = """
+        from vmm import _sharing, _vmm
+        vmm.torch._configure({argument})
+        ptr = _vmm.allocate(512 << 20, 0)
+        handle = _sharing._share_allocation(ptr, 512 << 20, 0)
+        assert len(handle.fds) - 1 == {pages}, len(handle.fds)
+        handle.close()
+        _vmm.deallocate(ptr, 512 << 20, 0)
+        """
+    scenario(code.format(argument="max_size=1 << 30", pages=16))
+    scenario(code.format(argument="", pages=4), env={"VMM_CONF": "large_page_size:128MiB"})
+    scenario(code.format(argument="large_page_size=128 << 20", pages=4), env={"VMM_CONF": "large_page_size:64MiB"})
+
+
+def test_a_bad_large_page_size_is_refused_before_any_resource_is_made(scenario):
+    scenario(
+        """
+        from vmm import _vmm
+        for bad, named in ((3 << 20, "large_page_size 3145728 is not a power of two"), (-1, "large_page_size")):
+            try:
+                vmm.torch._configure(large_page_size=bad)
+            except vmm.InvalidArgumentError as error:
+                assert named in str(error), error
+            else:
+                raise AssertionError(f"large_page_size={bad} was taken")
+        vmm.torch._configure(large_page_size=1 << 20)  # a power of two below the granularity
+        try:
+            _vmm.allocate(4096, 0)
+        except vmm.InvalidArgumentError as error:
+            assert "large_page_size 1048576 is not the granularity" in str(error), error
+        else:
+            raise AssertionError("a large page below the granularity was taken")
+        """
     )
 
 

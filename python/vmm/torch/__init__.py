@@ -88,10 +88,11 @@ def _optional_size(value, name):
     return None if value is None else _checks.count(value, name)
 
 
-def _settings(max_size, release_threshold, headroom):
+def _settings(max_size, release_threshold, headroom, large_page_size):
     """$VMM_CONF's settings, overridden by the keyword arguments given (not None)."""
     settings = dict(_environment_settings)
-    for name, value in (("max_size", max_size), ("release_threshold", release_threshold)):
+    sizes = (("max_size", max_size), ("release_threshold", release_threshold), ("large_page_size", large_page_size))
+    for name, value in sizes:
         if value is not None:
             settings[name] = _optional_size(value, name)
     if headroom is not None:
@@ -101,17 +102,18 @@ def _settings(max_size, release_threshold, headroom):
     return settings
 
 
-def _configure(max_size=None, release_threshold=None, headroom=None):
+def _configure(max_size=None, release_threshold=None, headroom=None, large_page_size=None):
     global _configured
-    given = any(value is not None for value in (max_size, release_threshold, headroom))
+    given = any(value is not None for value in (max_size, release_threshold, headroom, large_page_size))
     if not given and (_configured or not _environment_settings):
         return  # nothing new: a resource may exist already, and configure() would refuse
-    settings = _settings(max_size, release_threshold, headroom)
+    settings = _settings(max_size, release_threshold, headroom, large_page_size)
     release = settings.get("release_threshold")
     _vmm.configure(
         settings.get("max_size") or 0,
         (1 << 64) - 1 if release is None else release,
         settings.get("headroom", 0.0),
+        settings.get("large_page_size", 0),
     )
     _configured = True
 
@@ -139,7 +141,7 @@ def _too_late_message(torch, cause=None):
     return text
 
 
-def use(*, max_size=None, release_threshold=None, headroom=None):
+def use(*, max_size=None, release_threshold=None, headroom=None, large_page_size=None):
     """Makes vmm PyTorch's CUDA allocator for the whole process (every device).
 
     Must run before CUDA is initialized. A second call does nothing. PyTorch's own
@@ -153,6 +155,12 @@ def use(*, max_size=None, release_threshold=None, headroom=None):
             (default: keep them for reuse until trim()).
         headroom: the most idle memory each resource learns to keep mapped, as a share of
             its peak use, from 0 to 1 (default 1/128).
+        large_page_size: the pages of requests of two of them or more, a power of two up to
+            1 GiB (default 32 MiB; 2 MiB, the granularity, turns them off). Larger pages mean
+            fewer physical handles for a large tensor: fewer driver calls to map it again
+            after layouts change, and to share it with another process (its receiver imports
+            and maps each page), for up to a large page more memory at each end of a run of
+            large blocks.
 
     Raises:
         vmm.Error: CUDA is initialized already (the message says what to do instead), or
@@ -172,7 +180,7 @@ def use(*, max_size=None, release_threshold=None, headroom=None):
             )
         if torch.cuda.is_initialized():
             raise Error(_too_late_message(torch))
-        _configure(max_size, release_threshold, headroom)
+        _configure(max_size, release_threshold, headroom, large_page_size)
         # vmm_alloc_throwing: torch does not check a pluggable allocator's result for NULL
         # here (see vmm_torch.h); a failure must be an exception to reach Python.
         allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "vmm_alloc_throwing", "vmm_free")
