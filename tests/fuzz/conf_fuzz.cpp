@@ -4,11 +4,12 @@
 ///
 /// Whatever the bytes, parse_conf either throws vmm::invalid_argument, whose message starts
 /// with "VMM_CONF: " and holds printable ASCII only (outside bytes are escaped), or returns
-/// settings: a headroom from 0 to 1, and settings that, written back in VMM_CONF's form,
-/// parse to the same settings.
+/// settings: a headroom from 0 to 1, a large page size of 0 or a power of two up to 1 GiB, and
+/// settings that, written back in VMM_CONF's form, parse to the same settings.
 
 #include <fmt/format.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -45,6 +46,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   if (settings.headroom && !(*settings.headroom >= 0 && *settings.headroom <= 1))
     finding(fmt::format("accepted a headroom of {}", *settings.headroom));
+  if (settings.large_page_size && *settings.large_page_size != 0 &&
+      (!std::has_single_bit(*settings.large_page_size) ||
+       *settings.large_page_size > vmm_python::max_large_page_size))
+    finding(fmt::format("accepted a large page size of {}", *settings.large_page_size));
   std::string again;
   const auto add = [&again](const std::string& pair) { again += (again.empty() ? "" : ",") + pair; };
   if (settings.max_size) add(fmt::format("max_size:{}", *settings.max_size));
@@ -53,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             ? fmt::format("release_threshold:{}", **settings.release_threshold)
             : std::string("release_threshold:none"));
   if (settings.headroom) add(fmt::format("headroom:{}", *settings.headroom));  // shortest round trip
+  if (settings.large_page_size) add(fmt::format("large_page_size:{}", *settings.large_page_size));
   vmm_python::conf_settings reread;
   try {
     reread = vmm_python::parse_conf(again);
@@ -60,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     finding(fmt::format("the settings written back as \"{}\" do not parse: {}", again, error.what()));
   }
   if (reread.max_size != settings.max_size || reread.release_threshold != settings.release_threshold ||
-      reread.headroom != settings.headroom)
+      reread.headroom != settings.headroom || reread.large_page_size != settings.large_page_size)
     finding(fmt::format("the settings written back as \"{}\" parse to other settings", again));
   return 0;
 }
