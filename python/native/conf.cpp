@@ -54,7 +54,7 @@ double share_of(std::string_view key, std::string_view value) {
 }  // namespace
 
 void check_large_page_size(std::size_t bytes, std::string_view who) {
-  if (bytes != 0 && (!std::has_single_bit(bytes) || bytes > max_large_page_size))
+  if (bytes != 0 && (!std::has_single_bit(bytes) || bytes > vmm::memory_resource::largest_large_page_size))
     throw vmm::invalid_argument(fmt::format(
         "{}: large_page_size {} is not a power of two up to 1GiB (2MiB, 32MiB, 256MiB, ...)", who, bytes));
 }

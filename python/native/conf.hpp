@@ -13,6 +13,8 @@
 #include <optional>
 #include <string_view>
 
+#include "vmm/memory_resource.hpp"
+
 namespace vmm_python {
 
 /// What a VMM_CONF text sets; an absent key is nullopt.
@@ -24,10 +26,8 @@ struct conf_settings {
   std::optional<std::size_t> large_page_size;
 };
 
-/// The most a large page may be (memory_resource_properties::large_page_size's bound).
-inline constexpr std::size_t max_large_page_size = std::size_t{1} << 30;
-
-/// Refuses a large page size that is not 0 (vmm's default) or a power of two up to 1 GiB,
+/// Refuses a large page size that is not 0 (vmm's default) or a power of two up to
+/// vmm::memory_resource::largest_large_page_size (1 GiB),
 /// the message starting with `who`. The resource checks the rest when it is made: a multiple
 /// of its location's granularity (2 MiB on NVIDIA GPUs; the granularity itself turns large
 /// pages off).

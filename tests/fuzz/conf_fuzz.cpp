@@ -48,7 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     finding(fmt::format("accepted a headroom of {}", *settings.headroom));
   if (settings.large_page_size && *settings.large_page_size != 0 &&
       (!std::has_single_bit(*settings.large_page_size) ||
-       *settings.large_page_size > vmm_python::max_large_page_size))
+       *settings.large_page_size > vmm::memory_resource::largest_large_page_size))
     finding(fmt::format("accepted a large page size of {}", *settings.large_page_size));
   std::string again;
   const auto add = [&again](const std::string& pair) { again += (again.empty() ? "" : ",") + pair; };

@@ -208,6 +208,8 @@ class memory_resource {
   /// Large pages unless memory_resource_properties::large_page_size says otherwise: this
   /// many times the granularity.
   static constexpr std::size_t default_large_page_granules = 16;
+  /// The most memory_resource_properties::large_page_size may be.
+  static constexpr std::size_t largest_large_page_size = std::size_t{1} << 30;
 
   /// A resource over the default chunk pool of `where`.
   /// @throws vmm::invalid_argument the location does not exist, a property is bad

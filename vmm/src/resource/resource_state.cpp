@@ -20,7 +20,6 @@ constexpr std::uint64_t unit = std::uint64_t{1} << free_index::unit_shift;
 constexpr std::uint32_t frees_per_point = 32;  // frees on a stream between points
 // Requests of at least this many large pages get large pages.
 constexpr std::uint64_t large_page_factor = 2;
-constexpr std::size_t largest_large_page = std::size_t{1} << 30;
 constexpr std::uint64_t largest_request = std::uint64_t{1} << 48;
 
 // std::has_single_bit is a popcount, a library call where the target lacks the instruction.
@@ -51,12 +50,12 @@ memory_resource_properties checked(const chunk_pool& pool, memory_resource_prope
                     to_string(offered.where)));
   if (properties.max_size == 0) properties.max_size = offered.physical_memory_size;
   properties.max_size = round_up(properties.max_size, page);
-  if (large_page < page || large_page > largest_large_page || large_page % page != 0 ||
+  if (large_page < page || large_page > memory_resource::largest_large_page_size || large_page % page != 0 ||
       !power_of_two(large_page / page))
     throw invalid_argument(
         fmt::format("memory_resource: large_page_size {} is not the granularity {} times a power of two "
                     "of at most {} bytes",
-                    large_page, page, largest_large_page));
+                    large_page, page, memory_resource::largest_large_page_size));
   properties.large_page_size = large_page;
   if (!(properties.headroom >= 0 && properties.headroom <= 1))  // NaN too
     throw invalid_argument(
