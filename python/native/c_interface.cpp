@@ -123,6 +123,15 @@ int vmm_torch_configure(size_t max_size, size_t release_threshold, double headro
       [] { return std::string("vmm_torch_configure"); }));
 }
 
+int vmm_torch_configure_large_pages(size_t max_size, size_t release_threshold, double headroom,
+                                    size_t large_page_size) {
+  return status_of(guarded(
+      [&] {
+        vmm_python::configure({max_size, release_threshold, headroom, large_page_size});
+      },
+      [] { return std::string("vmm_torch_configure_large_pages"); }));
+}
+
 uint32_t vmm_torch_set_tag(uint32_t tag) {
   return vmm_python::set_tag(tag);
 }

@@ -109,6 +109,13 @@ VMM_TORCH_API int vmm_torch_allocate(int device, struct CUstream_st* stream, siz
  * to 1), as in vmm::memory_resource_properties. Returns 0, or -1 once a resource has been
  * made (the settings would not apply to it) or for a headroom outside [0, 1]. */
 VMM_TORCH_API int vmm_torch_configure(size_t max_size, size_t release_threshold, double headroom);
+/* vmm_torch_configure with the page size of large requests too (0: vmm's default, 16 times
+ * the granularity; else a power of two up to 1 GiB, at least the granularity, which the
+ * resource checks when it is made): the Python package's large_page_size. -1 also for a
+ * large_page_size that is not a power of two up to 1 GiB; vmm_torch_configure is this
+ * function with 0. */
+VMM_TORCH_API int vmm_torch_configure_large_pages(size_t max_size, size_t release_threshold, double headroom,
+                                                  size_t large_page_size);
 
 /* The calling thread's tag for its later allocations; returns the previous one. */
 VMM_TORCH_API uint32_t vmm_torch_set_tag(uint32_t tag);

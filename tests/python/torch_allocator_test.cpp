@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -42,6 +44,11 @@ const auto* const environment = ::testing::AddGlobalTestEnvironment(new host_mem
 
 std::string last_error() {
   return host_memory_environment::last_error();
+}
+
+// How a refusal of large_page_size `bytes` names it.
+std::string refusal_of_large_page_size(std::size_t bytes) {
+  return "large_page_size " + std::to_string(bytes) + " is not a power of two";
 }
 
 vmm_torch_statistics statistics_of(int device) {
@@ -343,7 +350,52 @@ TEST(torch_allocator, devices_lists_the_resources_made_and_settings_come_first) 
     EXPECT_EQ(vmm_torch_configure(0, SIZE_MAX, bad), -1) << bad;
     EXPECT_NE(last_error().find("headroom"), std::string::npos) << last_error();
   }
+  EXPECT_EQ(vmm_torch_configure_large_pages(0, SIZE_MAX, 0, 0), -1);
+  EXPECT_NE(last_error().find("configure before"), std::string::npos) << last_error();
+  // A bad page size is refused naming it, before the check that a resource exists.
+  for (const std::size_t bad : {std::size_t{3} << 20, std::size_t{2} << 30, std::size_t{3}}) {
+    EXPECT_EQ(vmm_torch_configure_large_pages(0, SIZE_MAX, 0, bad), -1) << bad;
+    EXPECT_NE(last_error().find(refusal_of_large_page_size(bad)), std::string::npos) << last_error();
+  }
   EXPECT_EQ(vmm_torch_testing_use_host_memory(), -1);
+}
+
+// vmm_torch_configure_large_pages before a process's first allocation: a 64 MiB request
+// takes pages of the size given (8 pages of 8 MiB, where vmm's default of 16 granules takes
+// 2 of the OS provider's), and a size below the granularity is refused by the resource
+// when it is made, naming it. Each case in a process of its own (a death test of the
+// threadsafe style runs the program again), where only the environment has configured.
+int large_pages_in_a_fresh_process(std::size_t large_page_size) {
+  constexpr int device = 30;
+  constexpr std::size_t bytes = std::size_t{64} << 20;
+  if (vmm_torch_configure_large_pages(host_memory_environment::limit, SIZE_MAX, 0, large_page_size) != 0) {
+    std::fprintf(stderr, "configure: %s\n", last_error().c_str());
+    return 1;
+  }
+  void* const p = vmm_alloc(bytes, device, nullptr);
+  if (p == nullptr) {
+    std::fprintf(stderr, "refused: %s\n", last_error().c_str());
+    return 2;
+  }
+  vmm_torch_statistics s{};
+  if (vmm_torch_statistics_of(device, &s) != 0) return 1;
+  const std::uint64_t pages = bytes / large_page_size;
+  if (s.handles != pages || large_page_size == 16 * s.page_size) {
+    std::fprintf(stderr, "%llu pages of granularity %llu, not %llu\n",
+                 static_cast<unsigned long long>(s.handles), static_cast<unsigned long long>(s.page_size),
+                 static_cast<unsigned long long>(pages));
+    return 1;
+  }
+  vmm_free(p, bytes, device, nullptr);
+  return 0;
+}
+
+TEST(torch_allocator, configure_large_pages_sets_the_pages_of_large_requests) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::_Exit(large_pages_in_a_fresh_process(std::size_t{8} << 20)), ::testing::ExitedWithCode(0),
+              "");
+  EXPECT_EXIT(std::_Exit(large_pages_in_a_fresh_process(std::size_t{1} << 20)), ::testing::ExitedWithCode(2),
+              "refused: .*large_page_size 1048576 is not the granularity");
 }
 
 // Threads allocate and free while the main thread puts the device to sleep and wakes it,
