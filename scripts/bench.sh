@@ -33,6 +33,10 @@
 #   several shorter sessions: each writes its own DIR/bench-logs.tar.gz; unpack them into one
 #   directory and merge it (python3 scripts/bench_report.py --merge WORK OUT.json). The last
 #   part's context.txt is the one kept.
+# --filter REGEX: Google Benchmark's --benchmark_filter for every program that runs (with
+#   --only to pick one): splits one long program over several calls. The merged JSON marks
+#   such a program "partial"; bench_report.py --fill-from completes it from the other parts'
+#   JSON (whole tables, as for a program cut short by its time limit).
 # Full run: Google Benchmark's default min time, 1 Gi keys, torch_allocators.py in full
 #   (6-8 min on an H100 alone); no budget unless --budget is given. On an H200 (2026-12-02)
 #   vmm_bench_grow took about 13 min (its five repetitions at the default min time: 464 s
@@ -58,6 +62,7 @@ build=${VMM_BENCH_BUILD:-build-bench}
 budget=""
 do_build=1
 only=""
+filter=""
 while (($#)); do
   case $1 in
     --quick) quick=1 ;;
@@ -66,6 +71,7 @@ while (($#)); do
     --budget) budget=$2; shift ;;
     --no-build) do_build=0 ;;
     --only) only=$2; shift ;;
+    --filter) filter=$2; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -185,6 +191,7 @@ for program in "$build"/bench/vmm_bench_*; do
   if [ "$quick" = 1 ]; then
     args+=(--benchmark_min_time=0.05)
   fi
+  [ -n "$filter" ] && args+=(--benchmark_filter="$filter")
   case "$name" in
     vmm_bench_grow | vmm_bench_driver | vmm_bench_growth_ahead) args+=(--benchmark_repetitions=5) ;;
     # A 7B model's 291 tensors, 12.6 GiB in BF16, for up to 8 processes (up to 9 copies on

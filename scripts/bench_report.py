@@ -311,7 +311,9 @@ class Document:
         one that timed out gets each group of rows (family / case: one table, whose ratios
         compare its rows) that it did not finish, whole, so that every ratio stays between rows
         of one run. Called again with a third run, it fills what is still missing. Each program
-        so filled says what came from where (Program.filled), beside its rows."""
+        so filled says what came from where (Program.filled), beside its rows. A program that ran
+        only the rows of a --benchmark_filter (status "partial", bench.sh --filter) is completed
+        as one that timed out."""
         if (self.gpu, self.machine()) != (other.gpu, other.machine()):
             raise ValueError(f"{other.path} is a run on {other.machine()}, this one on {self.machine()}: "
                              "a report's rows come from one kind of machine")
@@ -326,7 +328,7 @@ class Document:
                 for r in theirs.runs:
                     r.source = r.source or other.caption()
                 self.programs[name] = theirs
-            elif mine.kind == "google_benchmark" and mine.status == "timed_out":
+            elif mine.kind == "google_benchmark" and mine.status in ("timed_out", "partial"):
                 reached = {r.name for r in mine.runs}
                 groups = unique((r.family, r.case) for r in theirs.runs)
                 unfinished = [g for g in groups
@@ -343,8 +345,8 @@ class Document:
                     r.source = r.source or other.caption()
                 mine.runs = [r for r in mine.runs if (r.family, r.case) not in unfinished] + taken
                 note = "the rows of " + ", ".join(described) + f" are all from {source}"
-                mine.filled = (f"{mine.filled}; " if mine.filled else
-                               f"`{name}` timed out in this run ({mine.why}); ") + note
+                cut = "timed out" if mine.status == "timed_out" else "ran a part of its rows"
+                mine.filled = (f"{mine.filled}; " if mine.filled else f"`{name}` {cut} in this run ({mine.why}); ") + note
 
     @property
     def gpu(self):
@@ -1568,10 +1570,14 @@ def merge_google_benchmark(base):
     tail = log_tail(base)
     data = load_benchmark_json(base + ".json")
     status, why = status_of(st, data is not None, tail)
+    command = read_text(base + ".command").strip()
+    chosen = re.search(r"--benchmark_filter=(\S+)", command)
+    if status == "ok" and chosen:  # a part of a program split over several runs (bench.sh --filter)
+        status, why = "partial", f"only the rows matching --benchmark_filter={chosen.group(1)} ran"
     if status == "timed_out" and data and data.get("benchmarks"):
         why += f" (the {len(data['benchmarks'])} rows finished before are kept)"
     return {"kind": "google_benchmark", "status": status, "why": why, "seconds": st["seconds"],
-            "command": read_text(base + ".command").strip(), "log_tail": tail,
+            "command": command, "log_tail": tail,
             "context": (data or {}).get("context", {}), "benchmarks": (data or {}).get("benchmarks", [])}
 
 
@@ -1933,7 +1939,18 @@ def self_test():
             f.write("skipped\t0\tno GPU, and the budget is too small\n")
         with open(os.path.join(work, "torch", "torch_allocators.status"), "w") as f:
             f.write("skipped\t0\tno GPU\n")
+        # A part of a program split over runs (bench.sh --filter): its command names the filter.
+        grow_16 = [b for b in synthetic_document()["programs"]["vmm_bench_grow"]["benchmarks"]
+                   if b["name"].startswith("grow/16GiB")]
+        for suffix, text in ((".status", "exited\t2.0\t0\n"),
+                             (".command", "build/bench/vmm_bench_driver --benchmark_filter=^grow/16GiB\n"),
+                             (".json", json.dumps({"context": {"vmm_bench_set": "os"}, "benchmarks": grow_16}))):
+            with open(os.path.join(work, "programs", "vmm_bench_driver" + suffix), "w") as f:
+                f.write(text)
         merged = merge(work, os.path.join(folder, "merged.json"))
+        expect(merged["programs"]["vmm_bench_driver"]["status"] == "partial" and
+               "--benchmark_filter=^grow/16GiB" in merged["programs"]["vmm_bench_driver"]["why"],
+               "merge took a filtered part for a whole program")
         expect(merged["programs"]["vmm_bench_grow"]["status"] == "ok" and
                len(merged["programs"]["vmm_bench_grow"]["benchmarks"]) > 10, "merge lost a cut-off JSON's rows")
         expect(merged["programs"]["vmm_bench_multi_gpu"]["status"] == "no_output" and
@@ -1985,6 +2002,25 @@ def self_test():
             caption = [line for line in plotted.splitlines() if line.startswith("*Time to grow from 0")]
             expect(caption and caption[0].endswith(f" {filler.caption()}.*") and doc.caption() not in caption[0],
                    f"the growth plot, every row of it filled from no_torch.json, does not name that run: {caption}")
+        # A run of only the 16 GiB rows (a part, bench.sh --filter), completed from a whole run:
+        # its own rows stay, the other tables come whole from the other run.
+        part = synthetic_document(1)
+        part_grow = part["programs"]["vmm_bench_grow"]
+        part_grow["benchmarks"] = [b for b in part_grow["benchmarks"] if b["name"].startswith("grow/16GiB")]
+        part_grow.update(status="partial", why="only the rows matching --benchmark_filter=^grow/16GiB ran")
+        part["context"]["date"] = "2026-11-25T09:00:00Z"
+        doc = load_document(written("part.json", part))
+        own = {r.name for r in doc.program("vmm_bench_grow").runs}
+        doc.fill_from(load_document(first))
+        grown = doc.program("vmm_bench_grow")
+        expect(len(grown.runs) == len(load_document(first).program("vmm_bench_grow").runs) and
+               all(r.source is None for r in grown.runs if r.name in own) and
+               all(r.source for r in grown.runs if r.name not in own),
+               "fill_from did not complete a filtered part with the other run's tables, keeping its own")
+        expect("`vmm_bench_grow` ran a part of its rows in this run (only the rows matching "
+               "--benchmark_filter=^grow/16GiB ran); the rows of grow/4GiB_by_16MiB, grow_once/2MiB" in grown.filled
+               and "grow/16GiB" not in grown.filled.split("; ", 1)[1],
+               f"the filled part does not say what came from where: {grown.filled}")
         other_gpu = synthetic_document(1)
         other_gpu["context"]["gpu_names"] = ["NVIDIA H200"]
         try:
