@@ -43,7 +43,8 @@
 #   for its first 14 rows, 325 s for the other 24), every other program and the replays
 #   6-7 min, and torch_allocators.py had not finished after 480 s (the largest-batch search
 #   runs one process per attempt and allocator): expect 30-35 min in all, so split it with
-#   --only where calls are shorter, torch_allocators in a part of its own.
+#   --only where calls are shorter (vmm_bench_grow with --filter '^grow/16GiB', then
+#   --filter '^(grow/4GiB|grow_once|reach)'), torch_allocators in a part of its own.
 # vmm_bench_grow, vmm_bench_driver and vmm_bench_growth_ahead (issue 16's rows) run 5
 #   repetitions each, and the report takes their medians: single short runs of their rows
 #   moved by 10-30 % on the lent H100s (2026-11-24). Not interleaved, so that each row follows

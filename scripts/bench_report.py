@@ -1574,6 +1574,8 @@ def merge_google_benchmark(base):
     chosen = re.search(r"--benchmark_filter=(\S+)", command)
     if status == "ok" and chosen:  # a part of a program split over several runs (bench.sh --filter)
         status, why = "partial", f"only the rows matching --benchmark_filter={chosen.group(1)} ran"
+    elif status == "no_output" and chosen and any(line.startswith("Failed to match any benchmarks") for line in tail):
+        why = f"no row of this machine's set matches --benchmark_filter={chosen.group(1)}"
     if status == "timed_out" and data and data.get("benchmarks"):
         why += f" (the {len(data['benchmarks'])} rows finished before are kept)"
     return {"kind": "google_benchmark", "status": status, "why": why, "seconds": st["seconds"],
@@ -1947,7 +1949,18 @@ def self_test():
                              (".json", json.dumps({"context": {"vmm_bench_set": "os"}, "benchmarks": grow_16}))):
             with open(os.path.join(work, "programs", "vmm_bench_driver" + suffix), "w") as f:
                 f.write(text)
+        # A filter that matches no row of the set: said so, not the program's first line.
+        for suffix, text in ((".status", "exited\t0.0\t0\n"),
+                             (".command", "build/bench/vmm_bench_append --benchmark_filter=^none\n"),
+                             (".log", "vmm_bench_append: no GPU set; running the OS-provider set\n"
+                                      "Failed to match any benchmarks against regex: ^none\n")):
+            with open(os.path.join(work, "programs", "vmm_bench_append" + suffix), "w") as f:
+                f.write(text)
         merged = merge(work, os.path.join(folder, "merged.json"))
+        expect(merged["programs"]["vmm_bench_append"]["status"] == "no_output" and
+               merged["programs"]["vmm_bench_append"]["why"] ==
+               "no row of this machine's set matches --benchmark_filter=^none",
+               f"merge does not say that the filter matched nothing: {merged['programs']['vmm_bench_append']['why']}")
         expect(merged["programs"]["vmm_bench_driver"]["status"] == "partial" and
                "--benchmark_filter=^grow/16GiB" in merged["programs"]["vmm_bench_driver"]["why"],
                "merge took a filtered part for a whole program")
