@@ -67,6 +67,11 @@ int status_of(outcome result) noexcept {
   return -1;
 }
 
+// vmm_python::configure for the C entry `name`: 0, or -1 with the message kept.
+int configure_as(const char* name, const vmm_python::resource_settings& settings) noexcept {
+  return status_of(guarded([&] { vmm_python::configure(settings); }, [name] { return std::string(name); }));
+}
+
 std::span<const std::uint32_t> tags_of(const std::uint32_t* tags, std::size_t count) {
   if (count != 0 && tags == nullptr)
     throw vmm::invalid_argument(fmt::format("vmm_torch: {} tags at NULL", count));
@@ -116,20 +121,13 @@ int vmm_torch_allocate(int device, CUstream_st* stream, size_t size, void** out)
 }
 
 int vmm_torch_configure(size_t max_size, size_t release_threshold, double headroom) {
-  return status_of(guarded(
-      [&] {
-        vmm_python::configure({max_size, release_threshold, headroom});
-      },
-      [] { return std::string("vmm_torch_configure"); }));
+  return configure_as("vmm_torch_configure", {max_size, release_threshold, headroom});
 }
 
 int vmm_torch_configure_large_pages(size_t max_size, size_t release_threshold, double headroom,
                                     size_t large_page_size) {
-  return status_of(guarded(
-      [&] {
-        vmm_python::configure({max_size, release_threshold, headroom, large_page_size});
-      },
-      [] { return std::string("vmm_torch_configure_large_pages"); }));
+  return configure_as("vmm_torch_configure_large_pages",
+                      {max_size, release_threshold, headroom, large_page_size});
 }
 
 uint32_t vmm_torch_set_tag(uint32_t tag) {

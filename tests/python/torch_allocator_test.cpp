@@ -46,11 +46,6 @@ std::string last_error() {
   return host_memory_environment::last_error();
 }
 
-// How a refusal of large_page_size `bytes` names it.
-std::string refusal_of_large_page_size(std::size_t bytes) {
-  return "large_page_size " + std::to_string(bytes) + " is not a power of two";
-}
-
 vmm_torch_statistics statistics_of(int device) {
   vmm_torch_statistics s{};
   EXPECT_EQ(vmm_torch_statistics_of(device, &s), 0) << last_error();
@@ -355,7 +350,9 @@ TEST(torch_allocator, devices_lists_the_resources_made_and_settings_come_first) 
   // A bad page size is refused naming it, before the check that a resource exists.
   for (const std::size_t bad : {std::size_t{3} << 20, std::size_t{2} << 30, std::size_t{3}}) {
     EXPECT_EQ(vmm_torch_configure_large_pages(0, SIZE_MAX, 0, bad), -1) << bad;
-    EXPECT_NE(last_error().find(refusal_of_large_page_size(bad)), std::string::npos) << last_error();
+    EXPECT_NE(last_error().find("large_page_size " + std::to_string(bad) + " is not a power of two"),
+              std::string::npos)
+        << last_error();
   }
   EXPECT_EQ(vmm_torch_testing_use_host_memory(), -1);
 }
